@@ -1,0 +1,84 @@
+//! Per-handler policy: what `#[idempotent(...)]` writes down for one handler.
+
+use std::time::Duration;
+
+use crate::fingerprint::FingerprintMode;
+
+/// What happens to the claim when the handler answers with a 5xx status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnServerError {
+    /// Delete the claim so a retry runs the handler again (the default): a 5xx usually
+    /// means the operation did not happen.
+    #[default]
+    Release,
+    /// Store the 5xx and replay it like any other answer.
+    Store,
+}
+
+/// The policy of one idempotent handler. Unset durations fall back to the engine's
+/// defaults ([`crate::IdempotencyBuilder::default_ttl`], `default_lease`).
+///
+/// All setters are `const fn` so the attribute macro can build a `const` config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandlerConfig {
+    /// How long a key is remembered after it was first claimed.
+    pub ttl: Option<Duration>,
+    /// How long a claim stays owned without a heartbeat.
+    pub lease: Option<Duration>,
+    /// What a 5xx answer does to the claim.
+    pub on_server_error: OnServerError,
+    /// How the request is fingerprinted.
+    pub fingerprint: FingerprintMode,
+    /// Extra response headers (lower-case names) to store and replay besides the
+    /// defaults (`content-type`, `location`, `etag`, `last-modified`, `content-location`).
+    pub replay_headers: &'static [&'static str],
+}
+
+impl HandlerConfig {
+    /// The defaults: engine TTL and lease, release on 5xx, raw fingerprint.
+    pub const fn new() -> Self {
+        Self {
+            ttl: None,
+            lease: None,
+            on_server_error: OnServerError::Release,
+            fingerprint: FingerprintMode::Raw,
+            replay_headers: &[],
+        }
+    }
+
+    /// Sets the TTL.
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Sets the lease.
+    pub const fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Sets the 5xx policy.
+    pub const fn on_server_error(mut self, policy: OnServerError) -> Self {
+        self.on_server_error = policy;
+        self
+    }
+
+    /// Sets the fingerprint mode.
+    pub const fn fingerprint(mut self, mode: FingerprintMode) -> Self {
+        self.fingerprint = mode;
+        self
+    }
+
+    /// Sets the extra replayed headers (lower-case names).
+    pub const fn replay_headers(mut self, names: &'static [&'static str]) -> Self {
+        self.replay_headers = names;
+        self
+    }
+}
+
+impl Default for HandlerConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,102 @@
+//! RFC 9457 `application/problem+json` responses with a stable `code`.
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use serde::Serialize;
+
+/// The media type of problem documents.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// A problem document (RFC 9457) with a stable machine-readable `code`.
+///
+/// `type` is `urn:idempotent:problem:<code>`; clients should branch on `code`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// A URI naming the problem type.
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    /// A short, human-readable summary of the problem type.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// A human-readable explanation of this occurrence.
+    pub detail: String,
+    /// A stable machine-readable code, e.g. `idempotency_key_reused`.
+    pub code: String,
+    /// A finer machine-readable reason, where a code has several (e.g. `too_long`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Seconds after which a retry may succeed (also sent as `Retry-After`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
+}
+
+impl Problem {
+    /// A problem with the given status, code, title and detail.
+    pub fn new(
+        status: StatusCode,
+        code: &str,
+        title: impl Into<String>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_uri: format!("urn:idempotent:problem:{code}"),
+            title: title.into(),
+            status: status.as_u16(),
+            detail: detail.into(),
+            code: code.to_owned(),
+            reason: None,
+            retry_after: None,
+        }
+    }
+
+    /// Adds a finer `reason`.
+    pub fn with_reason(mut self, reason: &str) -> Self {
+        self.reason = Some(reason.to_owned());
+        self
+    }
+
+    /// Adds `Retry-After` (seconds), in the body and as a header.
+    pub fn with_retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// The problem document as JSON bytes.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a problem document always serialises")
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (status, self.to_json()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// The stable problem codes this crate answers with.
+pub mod codes {
+    /// No `Idempotency-Key` header (`400`).
+    pub const KEY_MISSING: &str = "idempotency_key_missing";
+    /// A key that is blank, too long, has bad characters or bad quoting, or is sent
+    /// twice (`400`); `reason` says which.
+    pub const KEY_INVALID: &str = "idempotency_key_invalid";
+    /// The key was used with another request (`422`).
+    pub const KEY_REUSED: &str = "idempotency_key_reused";
+    /// The original request with this key is still running (`409` + `Retry-After`).
+    pub const IN_PROGRESS: &str = "request_in_progress";
+    /// The store cannot be reached; the handler did not run (`503`).
+    pub const STORE_UNAVAILABLE: &str = "idempotency_store_unavailable";
+    /// The handler panicked; its claim was released (`500`).
+    pub const HANDLER_PANICKED: &str = "internal_error";
+    /// A replay of a response whose body was over the store cap: the operation ran and
+    /// its status and headers are replayed, the body was not kept.
+    pub const RESPONSE_NOT_STORED: &str = "idempotency_response_not_stored";
+}

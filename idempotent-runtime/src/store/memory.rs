@@ -1,0 +1,199 @@
+//! [`MemoryStore`]: records in a mutex-guarded map.
+//!
+//! **Single process only.** Two instances of an app each have their own map, so a retry
+//! landing on the other instance runs the handler again, and a restart forgets every
+//! key. Use it for tests and single-process demos; use `SqliteStore` on one host and
+//! `PostgresStore` across hosts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{
+    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse,
+    retry_after_from_millis,
+};
+use crate::clock::{Clock, SystemClock, millis};
+use crate::fingerprint::Fingerprint;
+
+/// An in-memory [`Store`] for tests and single-process demos (see the module docs).
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    records: Arc<Mutex<HashMap<(String, String), Record>>>,
+    clock: Arc<dyn Clock>,
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    fingerprint: Fingerprint,
+    token: FencingToken,
+    expires_at: i64,
+    state: State,
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    InProgress { lease_expires_at: i64 },
+    Completed(StoredResponse),
+}
+
+impl MemoryStore {
+    /// An empty store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// An empty store on `clock`.
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            records: Arc::default(),
+            clock,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Record>> {
+        // A panic while holding the lock cannot leave a record half-written: every
+        // mutation below is a single insert, remove or field assignment.
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn with_owned_record<R>(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        f: impl FnOnce(&mut HashMap<(String, String), Record>, (String, String), i64) -> R,
+        otherwise: R,
+    ) -> R {
+        let now = self.clock.now_millis();
+        let mut records = self.lock();
+        let id = (scope.to_owned(), key.to_owned());
+        match records.get(&id) {
+            Some(r) if r.token == token && matches!(r.state, State::InProgress { .. }) => {
+                f(&mut records, id, now)
+            }
+            _ => otherwise,
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let now = self.clock.now_millis();
+        let mut records = self.lock();
+        let id = (claim.scope.to_owned(), claim.key.to_owned());
+        if let Some(existing) = records.get(&id)
+            && existing.expires_at > now
+        {
+            let same = existing.fingerprint == *claim.fingerprint;
+            match (&existing.state, same) {
+                (_, false) => return Ok(ClaimOutcome::Mismatch),
+                (State::Completed(response), true) => {
+                    return Ok(ClaimOutcome::Replay(response.clone()));
+                }
+                (State::InProgress { lease_expires_at }, true) if *lease_expires_at > now => {
+                    return Ok(ClaimOutcome::InProgress {
+                        retry_after: retry_after_from_millis(lease_expires_at - now),
+                    });
+                }
+                // Lease ran out, same fingerprint: take over below.
+                (State::InProgress { .. }, true) => {}
+            }
+        }
+        records.insert(
+            id,
+            Record {
+                fingerprint: *claim.fingerprint,
+                token: claim.token,
+                expires_at: now.saturating_add(millis(claim.ttl)),
+                state: State::InProgress {
+                    lease_expires_at: now.saturating_add(millis(claim.lease)),
+                },
+            },
+        );
+        Ok(ClaimOutcome::Claimed { token: claim.token })
+    }
+
+    async fn renew(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_owned_record(
+            scope,
+            key,
+            token,
+            |records, id, now| {
+                if let Some(record) = records.get_mut(&id) {
+                    record.state = State::InProgress {
+                        lease_expires_at: now.saturating_add(millis(lease)),
+                    };
+                }
+                true
+            },
+            false,
+        ))
+    }
+
+    async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_owned_record(
+            scope,
+            key,
+            token,
+            |records, id, _| {
+                if let Some(record) = records.get_mut(&id) {
+                    record.state = State::Completed(response.clone());
+                }
+                true
+            },
+            false,
+        ))
+    }
+
+    async fn release(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_owned_record(
+            scope,
+            key,
+            token,
+            |records, id, _| records.remove(&id).is_some(),
+            false,
+        ))
+    }
+
+    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        let now = self.clock.now_millis();
+        let mut records = self.lock();
+        let expired: Vec<_> = records
+            .iter()
+            .filter(|(_, r)| r.expires_at <= now)
+            .map(|(id, _)| id.clone())
+            .take(limit as usize)
+            .collect();
+        for id in &expired {
+            records.remove(id);
+        }
+        Ok(expired.len() as u64)
+    }
+}

@@ -1,0 +1,4 @@
+//! Postgres store: implemented by the store work.
+/// placeholder
+#[derive(Debug)]
+pub struct PostgresStore;

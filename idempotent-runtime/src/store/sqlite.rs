@@ -1,0 +1,4 @@
+//! SQLite store: implemented by the store work.
+/// placeholder
+#[derive(Debug)]
+pub struct SqliteStore;
