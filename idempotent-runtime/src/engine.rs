@@ -217,11 +217,19 @@ impl Idempotency {
         };
         match outcome {
             ClaimOutcome::Replay(stored) => {
-                info!(event = "replayed", status = stored.status, "replaying stored response");
+                info!(
+                    event = "replayed",
+                    status = stored.status,
+                    "replaying stored response"
+                );
                 replay(stored)
             }
             ClaimOutcome::InProgress { retry_after } => {
-                info!(event = "in_progress", retry_after_secs = retry_after.as_secs(), "original request still running");
+                info!(
+                    event = "in_progress",
+                    retry_after_secs = retry_after.as_secs(),
+                    "original request still running"
+                );
                 in_progress(retry_after)
             }
             ClaimOutcome::Mismatch => {
@@ -280,8 +288,14 @@ impl Idempotency {
                 ticker.tick().await;
                 match engine.purge_expired(1000).await {
                     Ok(0) => {}
-                    Ok(n) => debug!(event = "purged", records = n, "purged expired idempotency records"),
-                    Err(err) => warn!(event = "store_error", error = %err, "purging expired records failed"),
+                    Ok(n) => debug!(
+                        event = "purged",
+                        records = n,
+                        "purged expired idempotency records"
+                    ),
+                    Err(err) => {
+                        warn!(event = "store_error", error = %err, "purging expired records failed")
+                    }
                 }
             }
         })
@@ -324,7 +338,11 @@ impl Execution {
                 response
             }
             Err(_panic) => {
-                error!(event = "released", reason = "panic", "handler panicked; claim released");
+                error!(
+                    event = "released",
+                    reason = "panic",
+                    "handler panicked; claim released"
+                );
                 self.release().await;
                 internal_error("the handler failed; it is safe to retry with the same key")
             }
@@ -352,7 +370,8 @@ impl Execution {
     /// store never stalls the handler.
     fn heartbeat(&self) -> impl Future<Output = ()> + Send + 'static {
         let store = self.engine.inner.store.clone();
-        let (scope, key, token, lease) = (self.scope.clone(), self.key.clone(), self.token, self.lease);
+        let (scope, key, token, lease) =
+            (self.scope.clone(), self.key.clone(), self.token, self.lease);
         async move {
             let period = (lease / 3).max(Duration::from_millis(10));
             let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -362,10 +381,15 @@ impl Execution {
                 match store.renew(&scope, &key, token, lease).await {
                     Ok(true) => debug!(event = "renewed", "lease renewed"),
                     Ok(false) => {
-                        warn!(event = "lease_lost", "lease was taken over while the handler ran");
+                        warn!(
+                            event = "lease_lost",
+                            "lease was taken over while the handler ran"
+                        );
                         return;
                     }
-                    Err(err) => warn!(event = "store_error", error = %err, "renewing the lease failed"),
+                    Err(err) => {
+                        warn!(event = "store_error", error = %err, "renewing the lease failed")
+                    }
                 }
             }
         }
@@ -373,13 +397,26 @@ impl Execution {
 
     /// One attempt to record `stored`; `true` when there is nothing left to do.
     async fn try_complete(&self, stored: &StoredResponse) -> bool {
-        match self.engine.inner.store.complete(&self.scope, &self.key, self.token, stored).await {
+        match self
+            .engine
+            .inner
+            .store
+            .complete(&self.scope, &self.key, self.token, stored)
+            .await
+        {
             Ok(true) => {
-                info!(event = "completed", status = stored.status, "response recorded");
+                info!(
+                    event = "completed",
+                    status = stored.status,
+                    "response recorded"
+                );
                 true
             }
             Ok(false) => {
-                warn!(event = "lease_lost", "lease was taken over before completion; response not recorded");
+                warn!(
+                    event = "lease_lost",
+                    "lease was taken over before completion; response not recorded"
+                );
                 true
             }
             Err(err) => {
@@ -390,10 +427,24 @@ impl Execution {
     }
 
     async fn release(&self) {
-        match self.engine.inner.store.release(&self.scope, &self.key, self.token).await {
-            Ok(true) => info!(event = "released", "claim released; a retry runs the handler again"),
-            Ok(false) => warn!(event = "released", "claim was no longer ours to release (lease taken over)"),
-            Err(err) => warn!(event = "store_error", error = %err, "releasing the claim failed; it frees when the lease runs out"),
+        match self
+            .engine
+            .inner
+            .store
+            .release(&self.scope, &self.key, self.token)
+            .await
+        {
+            Ok(true) => info!(
+                event = "released",
+                "claim released; a retry runs the handler again"
+            ),
+            Ok(false) => warn!(
+                event = "released",
+                "claim was no longer ours to release (lease taken over)"
+            ),
+            Err(err) => {
+                warn!(event = "store_error", error = %err, "releasing the claim failed; it frees when the lease runs out")
+            }
         }
     }
 
@@ -404,8 +455,12 @@ impl Execution {
             body: (body.len() <= self.engine.inner.max_stored_body).then(|| body.clone()),
         };
         if stored.body.is_none() {
-            warn!(event = "completed", body_len = body.len(), cap = self.engine.inner.max_stored_body,
-                "response body over the stored-response cap; replays will carry status and headers only");
+            warn!(
+                event = "completed",
+                body_len = body.len(),
+                cap = self.engine.inner.max_stored_body,
+                "response body over the stored-response cap; replays will carry status and headers only"
+            );
         }
         complete_with_retries(self, stored).await;
         Response::from_parts(parts, Body::from(body))
@@ -429,7 +484,10 @@ async fn complete_with_retries(execution: Execution, stored: StoredResponse) {
             let mut delay = Duration::from_millis(400);
             while !execution.try_complete(&stored).await {
                 if tokio::time::Instant::now() + delay > deadline {
-                    error!(event = "store_error", "gave up recording the response; the claim frees when its lease runs out");
+                    error!(
+                        event = "store_error",
+                        "gave up recording the response; the claim frees when its lease runs out"
+                    );
                     return;
                 }
                 tokio::time::sleep(delay).await;
@@ -446,7 +504,8 @@ fn replayable_headers(headers: &http::HeaderMap, extra: &[&str]) -> Vec<(String,
         .iter()
         .filter(|(name, _)| {
             let name = name.as_str();
-            DEFAULT_REPLAY_HEADERS.contains(&name) || extra.iter().any(|e| e.eq_ignore_ascii_case(name))
+            DEFAULT_REPLAY_HEADERS.contains(&name)
+                || extra.iter().any(|e| e.eq_ignore_ascii_case(name))
         })
         .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
         .collect()
@@ -476,12 +535,16 @@ fn replay(stored: StoredResponse) -> Response {
         if !body_kept && name == "content-type" {
             continue;
         }
-        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::from_bytes(&value)) {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::from_bytes(&value))
+        {
             headers.append(name, value);
         }
     }
     if !body_kept {
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(crate::problem::PROBLEM_JSON));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::problem::PROBLEM_JSON),
+        );
     }
     headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     response

@@ -54,7 +54,9 @@ macro_rules! scope_for_integers {
         }
     )*};
 }
-scope_for_integers!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+scope_for_integers!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
+);
 
 /// The first argument of an `#[idempotent]` handler: the parsed `Idempotency-Key` and
 /// the engine, found in the router state through `FromRef`.
@@ -238,7 +240,11 @@ impl IdempotencyKey {
     /// ```
     pub fn derive(&self, purpose: &str) -> String {
         let mut hasher = Sha256::new();
-        for part in [self.scope.as_bytes(), self.key.as_bytes(), purpose.as_bytes()] {
+        for part in [
+            self.scope.as_bytes(),
+            self.key.as_bytes(),
+            purpose.as_bytes(),
+        ] {
             hasher.update((part.len() as u64).to_be_bytes());
             hasher.update(part);
         }

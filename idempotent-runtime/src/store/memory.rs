@@ -53,6 +53,16 @@ impl MemoryStore {
         }
     }
 
+    /// How many records the store holds (expired ones included until purged).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether the store holds no records.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Record>> {
         // A panic while holding the lock cannot leave a record half-written: every
         // mutation below is a single insert, remove or field assignment.

@@ -21,11 +21,11 @@ use bytes::Bytes;
 use crate::fingerprint::Fingerprint;
 
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod record;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-#[cfg(feature = "postgres")]
-mod postgres;
 
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -153,8 +153,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<bool, StoreError>;
 
     /// Deletes the in-progress claim the token owns. `Ok(false)`: it owned nothing.
-    async fn release(&self, scope: &str, key: &str, token: FencingToken)
-    -> Result<bool, StoreError>;
+    async fn release(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError>;
 
     /// Deletes up to `limit` records whose TTL ran out; returns how many.
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError>;

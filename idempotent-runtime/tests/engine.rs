@@ -1,0 +1,567 @@
+//! The engine with plain closures as handlers, on the memory store and on stores that
+//! fail on purpose.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use http_body_util::BodyExt;
+use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::{
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency,
+    OnServerError, Store, StoreError, StoredResponse,
+};
+use tokio::sync::Notify;
+
+const CONFIG: HandlerConfig = HandlerConfig::new();
+
+fn fingerprint(n: u8) -> Fingerprint {
+    Fingerprint {
+        version: 1,
+        digest: [n; 32],
+    }
+}
+
+async fn body_of(response: Response) -> (StatusCode, HeaderMap, Vec<u8>) {
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.expect("body").to_bytes().to_vec();
+    (parts.status, parts.headers, bytes)
+}
+
+fn problem_code(body: &[u8]) -> String {
+    let value: serde_json::Value = serde_json::from_slice(body).expect("problem json");
+    value["code"].as_str().expect("code").to_owned()
+}
+
+/// A handler that counts its runs and answers `201` with a `Location`, a `Date` and an
+/// opt-in header.
+fn created(
+    runs: &Arc<AtomicUsize>,
+) -> impl FnOnce(idempotent_runtime::IdempotencyKey) -> std::future::Ready<Response> + Send + 'static
+{
+    let runs = runs.clone();
+    move |_key| {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut response = (StatusCode::CREATED, format!("{{\"run\":{n}}}")).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            header::LOCATION,
+            HeaderValue::from_static("/payments/pay_1"),
+        );
+        headers.insert(
+            header::DATE,
+            HeaderValue::from_static("Mon, 30 Nov 2026 00:00:00 GMT"),
+        );
+        headers.insert("x-request-cost", HeaderValue::from_static("3"));
+        headers.insert("x-trace-id", HeaderValue::from_static("abc"));
+        std::future::ready(response)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_status_headers_and_body_without_rerunning() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let config = HandlerConfig::new().replay_headers(&["x-request-cost"]);
+
+    let first = engine
+        .run(&config, "alice", "k1", fingerprint(1), created(&runs))
+        .await;
+    let (status, headers, body) = body_of(first).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(body, b"{\"run\":1}");
+
+    let again = engine
+        .run(&config, "alice", "k1", fingerprint(1), created(&runs))
+        .await;
+    let (status2, headers2, body2) = body_of(again).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(status2, StatusCode::CREATED);
+    assert_eq!(body2, body);
+    assert_eq!(headers2["idempotent-replayed"], "true");
+    assert_eq!(headers2[header::LOCATION], "/payments/pay_1");
+    assert_eq!(headers2[header::CONTENT_TYPE], "application/json");
+    assert_eq!(headers2["x-request-cost"], "3", "opted-in header replayed");
+    assert!(headers2.get(header::DATE).is_none(), "Date is per request");
+    assert!(headers2.get("x-trace-id").is_none(), "not opted in");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_fingerprint_is_422_and_running_original_is_409() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let gate = Arc::new(Notify::new());
+    let started = Arc::new(Notify::new());
+    let original = {
+        let (engine, gate, started) = (engine.clone(), gate.clone(), started.clone());
+        tokio::spawn(async move {
+            engine
+                .run(&CONFIG, "alice", "k", fingerprint(1), move |_| async move {
+                    started.notify_one();
+                    gate.notified().await;
+                    StatusCode::CREATED
+                })
+                .await
+        })
+    };
+    started.notified().await;
+
+    let (status, headers, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), |_| async {
+                StatusCode::OK
+            })
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(problem_code(&body), "request_in_progress");
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    let retry_after: u64 = headers[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=30).contains(&retry_after), "retry-after {retry_after}");
+
+    let (status, _, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(2), |_| async {
+                StatusCode::OK
+            })
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem_code(&body), "idempotency_key_reused");
+
+    gate.notify_one();
+    assert_eq!(original.await.unwrap().status(), StatusCode::CREATED);
+    let (status, _, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(2), |_| async {
+                StatusCode::OK
+            })
+            .await,
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "completed, other fingerprint"
+    );
+    assert_eq!(problem_code(&body), "idempotency_key_reused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_request_future_still_records_the_outcome() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(Notify::new());
+    let started = Arc::new(Notify::new());
+    let request = {
+        let (engine, gate, started, runs) =
+            (engine.clone(), gate.clone(), started.clone(), runs.clone());
+        tokio::spawn(async move {
+            engine
+                .run(&CONFIG, "alice", "k", fingerprint(1), move |_| async move {
+                    started.notify_one();
+                    gate.notified().await;
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    (StatusCode::CREATED, "charged")
+                })
+                .await
+        })
+    };
+    started.notified().await;
+    // The client hangs up: Hyper drops the request future.
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    gate.notify_one();
+
+    // The retry replays once the detached handler recorded its outcome.
+    let mut replayed = None;
+    for _ in 0..200 {
+        let response = engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), |_| async {
+                (StatusCode::CREATED, "second run")
+            })
+            .await;
+        if response.status() != StatusCode::CONFLICT {
+            replayed = Some(body_of(response).await);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, headers, body) = replayed.expect("the original completed");
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, b"charged");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_answers_500_and_releases_the_claim() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let (status, headers, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), |_| async {
+                if true {
+                    panic!("gateway client bug");
+                }
+                StatusCode::CREATED
+            })
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert_eq!(problem_code(&body), "internal_error");
+
+    let retry = engine
+        .run(&CONFIG, "alice", "k", fingerprint(1), |_| async {
+            StatusCode::CREATED
+        })
+        .await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(
+        retry.headers().get("idempotent-replayed").is_none(),
+        "ran again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_error_releases_by_default_and_is_stored_on_request() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let unavailable = |runs: &Arc<AtomicUsize>| {
+        let runs = runs.clone();
+        move |_| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::SERVICE_UNAVAILABLE, "gateway down")
+        }
+    };
+    for _ in 0..2 {
+        let response = engine
+            .run(
+                &CONFIG,
+                "alice",
+                "release",
+                fingerprint(1),
+                unavailable(&runs),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(response.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "released: the retry ran again"
+    );
+
+    let store_5xx = HandlerConfig::new().on_server_error(OnServerError::Store);
+    runs.store(0, Ordering::SeqCst);
+    engine
+        .run(
+            &store_5xx,
+            "alice",
+            "store",
+            fingerprint(1),
+            unavailable(&runs),
+        )
+        .await;
+    let replay = engine
+        .run(
+            &store_5xx,
+            "alice",
+            "store",
+            fingerprint(1),
+            unavailable(&runs),
+        )
+        .await;
+    assert_eq!(replay.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_are_stored_and_replayed() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let declined = |runs: &Arc<AtomicUsize>| {
+        let runs = runs.clone();
+        move |_| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::PAYMENT_REQUIRED, "card declined")
+        }
+    };
+    engine
+        .run(&CONFIG, "alice", "k", fingerprint(1), declined(&runs))
+        .await;
+    let (status, headers, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), declined(&runs))
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body.as_slice()),
+        (StatusCode::PAYMENT_REQUIRED, &b"card declined"[..])
+    );
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_over_the_cap_is_answered_once_and_never_rerun() {
+    let engine = Idempotency::builder(MemoryStore::new())
+        .max_stored_body(16)
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let big = |runs: &Arc<AtomicUsize>| {
+        let runs = runs.clone();
+        move |_| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let mut response = (StatusCode::CREATED, "x".repeat(17)).into_response();
+            response
+                .headers_mut()
+                .insert(header::LOCATION, HeaderValue::from_static("/reports/7"));
+            response
+        }
+    };
+    let (status, _, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), big(&runs))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body.len(), 17, "the first answer is whole");
+
+    let (status, headers, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), big(&runs))
+            .await,
+    )
+    .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never re-run");
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "the original status is replayed"
+    );
+    assert_eq!(headers[header::LOCATION], "/reports/7");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert_eq!(problem_code(&body), "idempotency_response_not_stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_keeps_a_slow_handler_owned() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let config = HandlerConfig::new().lease(Duration::from_millis(300));
+    let gate = Arc::new(Notify::new());
+    let original = {
+        let (engine, gate) = (engine.clone(), gate.clone());
+        tokio::spawn(async move {
+            engine
+                .run(&config, "alice", "k", fingerprint(1), move |_| async move {
+                    gate.notified().await;
+                    StatusCode::CREATED
+                })
+                .await
+        })
+    };
+    // Well past several leases: without renewal a duplicate would take over.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let duplicate = engine
+        .run(&config, "alice", "k", fingerprint(1), |_| async {
+            StatusCode::OK
+        })
+        .await;
+    assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+    gate.notify_one();
+    assert_eq!(original.await.unwrap().status(), StatusCode::CREATED);
+}
+
+/// A store whose every call fails, as if the database were unreachable.
+#[derive(Debug)]
+struct UnreachableStore;
+
+fn unreachable() -> StoreError {
+    StoreError::Open {
+        location: "test".into(),
+        reason: "unreachable".into(),
+    }
+}
+
+#[async_trait]
+impl Store for UnreachableStore {
+    async fn try_claim(&self, _: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        Err(unreachable())
+    }
+    async fn renew(
+        &self,
+        _: &str,
+        _: &str,
+        _: FencingToken,
+        _: Duration,
+    ) -> Result<bool, StoreError> {
+        Err(unreachable())
+    }
+    async fn complete(
+        &self,
+        _: &str,
+        _: &str,
+        _: FencingToken,
+        _: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        Err(unreachable())
+    }
+    async fn release(&self, _: &str, _: &str, _: FencingToken) -> Result<bool, StoreError> {
+        Err(unreachable())
+    }
+    async fn purge_expired(&self, _: u32) -> Result<u64, StoreError> {
+        Err(unreachable())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_store_is_503_and_the_handler_never_runs() {
+    let engine = Idempotency::new(UnreachableStore);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (status, headers, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), created(&runs))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert_eq!(problem_code(&body), "idempotency_store_unavailable");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// The memory store, but `complete` fails the first `failures` times.
+#[derive(Debug)]
+struct FlakyCompletion {
+    inner: MemoryStore,
+    failures: AtomicU32,
+}
+
+#[async_trait]
+impl Store for FlakyCompletion {
+    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.inner.try_claim(claim).await
+    }
+    async fn renew(
+        &self,
+        s: &str,
+        k: &str,
+        t: FencingToken,
+        l: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.renew(s, k, t, l).await
+    }
+    async fn complete(
+        &self,
+        s: &str,
+        k: &str,
+        t: FencingToken,
+        r: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(unreachable());
+        }
+        self.inner.complete(s, k, t, r).await
+    }
+    async fn release(&self, s: &str, k: &str, t: FencingToken) -> Result<bool, StoreError> {
+        self.inner.release(s, k, t).await
+    }
+    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_is_retried_until_the_store_answers() {
+    for failures in [2, 6] {
+        // 2: recorded inline before answering; 6: answered first, recorded in the background.
+        let engine = Idempotency::new(FlakyCompletion {
+            inner: MemoryStore::new(),
+            failures: AtomicU32::new(failures),
+        });
+        let runs = Arc::new(AtomicUsize::new(0));
+        let first = engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), created(&runs))
+            .await;
+        assert_eq!(first.status(), StatusCode::CREATED);
+        let mut replayed = false;
+        for _ in 0..100 {
+            let retry = engine
+                .run(&CONFIG, "alice", "k", fingerprint(1), created(&runs))
+                .await;
+            if retry.headers().get("idempotent-replayed").is_some() {
+                replayed = true;
+                break;
+            }
+            assert_eq!(
+                retry.status(),
+                StatusCode::CONFLICT,
+                "still recording, never re-run"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(replayed, "recorded after {failures} failures");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeper_purges_expired_records() {
+    let clock = idempotent_runtime::ManualClock::new();
+    let store = MemoryStore::with_clock(Arc::new(clock.clone()));
+    let engine = Idempotency::new(store.clone());
+    let store_len = move |_: &Idempotency| store.len();
+    let config = HandlerConfig::new().ttl(Duration::from_secs(60));
+    let runs = Arc::new(AtomicUsize::new(0));
+    for key in ["a", "b", "c"] {
+        engine
+            .run(&config, "alice", key, fingerprint(1), created(&runs))
+            .await;
+    }
+    clock.advance(Duration::from_secs(61));
+    engine
+        .run(&config, "alice", "fresh", fingerprint(1), created(&runs))
+        .await;
+    assert_eq!(
+        engine.purge_expired(2).await.unwrap(),
+        3,
+        "batches until done"
+    );
+    assert_eq!(store_len(&engine), 1);
+    let sweeper = engine.spawn_sweeper(Duration::from_millis(20));
+    clock.advance(Duration::from_secs(61));
+    let mut purged = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if store_len(&engine) == 0 {
+            purged = true;
+            break;
+        }
+    }
+    sweeper.abort();
+    assert!(purged, "the sweeper purged the last record");
+}
