@@ -199,11 +199,33 @@ impl Idempotency {
         Fut: Future<Output = R> + Send + 'static,
         R: IntoResponse + 'static,
     {
+        let execution = match self.claim(config, scope, key, &fingerprint).await {
+            Ok(execution) => execution,
+            Err(answer) => return answer,
+        };
+        let idempotency_key = IdempotencyKey::new(scope.to_owned(), key.to_owned());
+        let task = tokio::spawn(
+            execution
+                .execute(async move { handler(idempotency_key).await.into_response() })
+                .in_current_span(),
+        );
+        join_detached(task).await
+    }
+
+    /// Claims the key; `Err` carries the answer when the handler must not run (replay,
+    /// `409`, `422`, `503`).
+    async fn claim(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Result<Execution, Response> {
         let lease = self.lease_for(config);
         let claim = ClaimRequest {
             scope,
             key,
-            fingerprint: &fingerprint,
+            fingerprint,
             ttl: self.ttl_for(config),
             lease,
             token: FencingToken::random(),
@@ -212,7 +234,7 @@ impl Idempotency {
             Ok(outcome) => outcome,
             Err(err) => {
                 error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
-                return store_unavailable();
+                return Err(store_unavailable());
             }
         };
         match outcome {
@@ -222,7 +244,7 @@ impl Idempotency {
                     status = stored.status,
                     "replaying stored response"
                 );
-                replay(stored)
+                Err(replay(stored))
             }
             ClaimOutcome::InProgress { retry_after } => {
                 info!(
@@ -230,38 +252,83 @@ impl Idempotency {
                     retry_after_secs = retry_after.as_secs(),
                     "original request still running"
                 );
-                in_progress(retry_after)
+                Err(in_progress(retry_after))
             }
             ClaimOutcome::Mismatch => {
                 info!(event = "mismatch", "key reused with a different request");
-                key_reused()
+                Err(key_reused())
             }
             ClaimOutcome::Claimed { token } => {
                 info!(event = "claimed", "running handler");
-                let execution = Execution {
+                Ok(Execution {
                     engine: self.clone(),
                     config: *config,
                     scope: scope.to_owned(),
                     key: key.to_owned(),
                     token,
                     lease,
-                };
-                let idempotency_key = IdempotencyKey::new(scope.to_owned(), key.to_owned());
-                let task = tokio::spawn(
-                    execution
-                        .execute(async move { handler(idempotency_key).await.into_response() })
-                        .in_current_span(),
-                );
-                match task.await {
-                    Ok(response) => response,
-                    // Only when the runtime shuts down under the task.
-                    Err(err) => {
-                        error!(event = "store_error", error = %err, "handler task did not finish");
-                        internal_error("the request was interrupted")
-                    }
-                }
+                })
             }
         }
+    }
+
+    /// Like [`run`](Self::run), for a handler whose writes go to the store's own
+    /// database: the handler's writes and the recorded response commit in one
+    /// transaction, or neither does (see [`crate::transaction`]). `Ok` with a non-5xx
+    /// status commits; `Err` (whatever its status), a 5xx or a panic rolls back and
+    /// releases the claim; a lease lost meanwhile rolls back and answers `409`.
+    ///
+    /// The engine's store must be of database `DB`; otherwise every request is answered
+    /// `500` (`transaction_unsupported`) without claiming or running anything. Check at
+    /// startup with [`supports_transactions`](Self::supports_transactions).
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub async fn run_in_transaction<DB, F, Fut, T, E>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+        handler: F,
+    ) -> Response
+    where
+        DB: crate::transaction::TxDatabase,
+        F: FnOnce(IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
+        Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
+        T: IntoResponse + 'static,
+        E: IntoResponse + 'static,
+    {
+        let span = info_span!("idempotent", scope = %scope, key = %key, transactional = true);
+        async move {
+            let Some(pool) = DB::pool_of(self.inner.store.as_ref()) else {
+                error!(
+                    event = "store_error",
+                    database = <DB as crate::transaction::TxDatabase>::DATABASE_NAME,
+                    "transactional handler on an engine whose store is not of its database"
+                );
+                return transaction_unsupported(
+                    <DB as crate::transaction::TxDatabase>::DATABASE_NAME,
+                );
+            };
+            let execution = match self.claim(config, scope, key, &fingerprint).await {
+                Ok(execution) => execution,
+                Err(answer) => return answer,
+            };
+            let idempotency_key = IdempotencyKey::new(scope.to_owned(), key.to_owned());
+            let task = tokio::spawn(
+                execution
+                    .execute_in_transaction(pool, idempotency_key, handler)
+                    .in_current_span(),
+            );
+            join_detached(task).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Whether transactional handlers on database `DB` can run on this engine's store.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub fn supports_transactions<DB: crate::transaction::TxDatabase>(&self) -> bool {
+        DB::pool_of(self.inner.store.as_ref()).is_some()
     }
 
     /// Purges expired records in batches of `batch` until fewer than a batch remain;
@@ -346,6 +413,153 @@ impl Execution {
                 self.release().await;
                 internal_error("the handler failed; it is safe to retry with the same key")
             }
+        }
+    }
+
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    async fn execute_in_transaction<DB, F, Fut, T, E>(
+        self,
+        pool: sqlx::Pool<DB>,
+        idempotency_key: IdempotencyKey,
+        handler: F,
+    ) -> Response
+    where
+        DB: crate::transaction::TxDatabase,
+        F: FnOnce(IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
+        Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
+        T: IntoResponse + 'static,
+        E: IntoResponse + 'static,
+    {
+        use crate::transaction::{BEGIN_TIMEOUT, Tx};
+
+        let heartbeat = tokio::spawn(self.heartbeat().in_current_span());
+        let begun = tokio::time::timeout(BEGIN_TIMEOUT, pool.begin()).await;
+        let transaction = match begun {
+            Ok(Ok(transaction)) => transaction,
+            Ok(Err(err)) => {
+                heartbeat.abort();
+                error!(event = "store_error", error = %err, "could not begin the transaction");
+                self.release().await;
+                return store_unavailable();
+            }
+            Err(_) => {
+                heartbeat.abort();
+                error!(
+                    event = "store_error",
+                    "timed out waiting for a connection to begin the transaction"
+                );
+                self.release().await;
+                return store_unavailable();
+            }
+        };
+        // The handler runs; a panic drops its transaction, which rolls back.
+        let outcome = AssertUnwindSafe(async {
+            // Into a response at once: `T`/`E` need not be `Send` across the awaits below.
+            let (response, ok, tx) = match handler(idempotency_key, Tx::new(transaction)).await {
+                (Ok(ok), tx) => (ok.into_response(), true, tx),
+                (Err(err), tx) => (err.into_response(), false, tx),
+            };
+            if !ok || response.status().is_server_error() {
+                return (Outcome::Release(response), tx);
+            }
+            let (parts, body) = response.into_parts();
+            match axum::body::to_bytes(body, usize::MAX).await {
+                Ok(bytes) => (Outcome::Record(parts, bytes), tx),
+                Err(err) => {
+                    error!(error = %err, "reading the handler's response body failed");
+                    let answer = internal_error(
+                        "the response could not be produced; it is safe to retry with the same key",
+                    );
+                    (Outcome::Release(answer), tx)
+                }
+            }
+        })
+        .catch_unwind()
+        .await;
+        let answer = match outcome {
+            Err(_panic) => {
+                error!(
+                    event = "released",
+                    reason = "panic",
+                    "handler panicked; its writes rolled back, claim released"
+                );
+                self.release().await;
+                internal_error("the handler failed; it is safe to retry with the same key")
+            }
+            Ok((Outcome::Release(response), tx)) => {
+                if let Err(err) = tx.into_inner().rollback().await {
+                    warn!(error = %err, "rollback failed; the connection discards the transaction");
+                }
+                self.release().await;
+                response
+            }
+            Ok((Outcome::Record(parts, body), mut tx)) => {
+                let stored = self.stored_response(&parts, &body);
+                let completed = DB::complete_in(
+                    tx.conn(),
+                    self.engine.inner.store.as_ref(),
+                    &self.scope,
+                    &self.key,
+                    self.token,
+                    &stored,
+                )
+                .await;
+                match completed {
+                    Ok(true) => match tx.into_inner().commit().await {
+                        Ok(()) => {
+                            info!(
+                                event = "completed",
+                                status = stored.status,
+                                "writes and response committed together"
+                            );
+                            Response::from_parts(parts, Body::from(body))
+                        }
+                        Err(err) => {
+                            error!(event = "store_error", error = %err, "commit failed; nothing was written");
+                            self.release().await;
+                            store_unavailable()
+                        }
+                    },
+                    Ok(false) => {
+                        let _ = tx.into_inner().rollback().await;
+                        warn!(
+                            event = "lease_lost",
+                            "lease was taken over; the handler's writes rolled back"
+                        );
+                        lease_lost()
+                    }
+                    Err(err) => {
+                        let _ = tx.into_inner().rollback().await;
+                        error!(event = "store_error", error = %err, "recording the response failed; writes rolled back");
+                        self.release().await;
+                        store_unavailable()
+                    }
+                }
+            }
+        };
+        heartbeat.abort();
+        answer
+    }
+
+    /// The record of a response: status, replayable headers, body unless over the cap.
+    fn stored_response(
+        &self,
+        parts: &http::response::Parts,
+        body: &bytes::Bytes,
+    ) -> StoredResponse {
+        let kept = body.len() <= self.engine.inner.max_stored_body;
+        if !kept {
+            warn!(
+                event = "completed",
+                body_len = body.len(),
+                cap = self.engine.inner.max_stored_body,
+                "response body over the stored-response cap; replays will carry status and headers only"
+            );
+        }
+        StoredResponse {
+            status: parts.status.as_u16(),
+            headers: replayable_headers(&parts.headers, self.config.replay_headers),
+            body: kept.then(|| body.clone()),
         }
     }
 
@@ -548,6 +762,43 @@ fn replay(stored: StoredResponse) -> Response {
     }
     headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     response
+}
+
+/// Awaits the detached task running a claimed request.
+async fn join_detached(task: tokio::task::JoinHandle<Response>) -> Response {
+    match task.await {
+        Ok(response) => response,
+        // Only when the runtime shuts down under the task.
+        Err(err) => {
+            error!(event = "store_error", error = %err, "handler task did not finish");
+            internal_error("the request was interrupted")
+        }
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn transaction_unsupported(database: &str) -> Response {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        codes::TRANSACTION_UNSUPPORTED,
+        "Transactional handler misconfigured",
+        format!(
+            "This handler writes through a {database} transaction, but the idempotency engine's store is not a {database} store. Nothing was run."
+        ),
+    )
+    .into_response()
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn lease_lost() -> Response {
+    Problem::new(
+        StatusCode::CONFLICT,
+        codes::IN_PROGRESS,
+        "Request in progress",
+        "This request's claim on the idempotency key was taken over by a retry before it could commit; its writes were rolled back. Retry with the same key.",
+    )
+    .with_retry_after(1)
+    .into_response()
 }
 
 fn in_progress(retry_after: Duration) -> Response {

@@ -114,6 +114,30 @@ impl Guard {
     }
 }
 
+impl Guard {
+    /// Runs a transactional handler through the engine; see
+    /// [`Idempotency::run_in_transaction`].
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub async fn run_in_transaction<DB, F, Fut, T, E>(
+        self,
+        config: &HandlerConfig,
+        scope: &str,
+        fingerprint: Fingerprint,
+        handler: F,
+    ) -> Response
+    where
+        DB: crate::transaction::TxDatabase,
+        F: FnOnce(IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
+        Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
+        T: IntoResponse + 'static,
+        E: IntoResponse + 'static,
+    {
+        self.engine
+            .run_in_transaction(config, scope, &self.key, fingerprint, handler)
+            .await
+    }
+}
+
 /// The `400` problem for a refused key.
 pub fn key_problem(err: &KeyError) -> Problem {
     let (code, reason) = match err {

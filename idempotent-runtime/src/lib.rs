@@ -26,6 +26,8 @@ pub mod fingerprint;
 pub mod key;
 pub mod problem;
 pub mod store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod transaction;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{HandlerConfig, OnServerError};
@@ -36,6 +38,13 @@ pub use idempotent_macros::idempotent;
 pub use key::KeyError;
 pub use problem::Problem;
 pub use store::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use transaction::Tx;
+/// The `sqlx` database types transactional handlers name: `Tx<Sqlite>`, `Tx<Postgres>`.
+#[cfg(feature = "sqlite")]
+pub use sqlx::Sqlite;
+#[cfg(feature = "postgres")]
+pub use sqlx::Postgres;
 
 /// Not public API: the paths the `#[idempotent]` expansion names. Changes here follow the
 /// macro crate, never semver of this crate.
@@ -45,6 +54,8 @@ pub mod __private {
     pub use crate::duration::from_secs as duration_from_secs;
     pub use crate::extract::{Guard, Hashed, IdempotencyKey, Scope};
     pub use crate::fingerprint::FingerprintMode;
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub use crate::transaction::Tx;
     pub use axum;
     pub use axum::response::Response;
     pub use http;

@@ -96,6 +96,9 @@ pub mod codes {
     pub const STORE_UNAVAILABLE: &str = "idempotency_store_unavailable";
     /// The handler panicked; its claim was released (`500`).
     pub const HANDLER_PANICKED: &str = "internal_error";
+    /// A transactional handler runs on an engine whose store is of another database
+    /// (`500`); nothing was run.
+    pub const TRANSACTION_UNSUPPORTED: &str = "transaction_unsupported";
     /// A replay of a response whose body was over the store cap: the operation ran and
     /// its status and headers are replayed, the body was not kept.
     pub const RESPONSE_NOT_STORED: &str = "idempotency_response_not_stored";

@@ -162,6 +162,26 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Deletes up to `limit` records whose TTL ran out; returns how many.
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError>;
+
+    /// The SQL pool behind the store, for transactional handlers; `None` (the default)
+    /// for stores that are not SQL databases.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    fn sql_pool(&self) -> Option<SqlPool> {
+        None
+    }
+}
+
+/// The pool of an SQL store, so transactional handlers can write to the same database.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum SqlPool {
+    /// An SQLite pool.
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+    /// A Postgres pool.
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
 }
 
 /// Whole seconds to tell a client in `Retry-After`: rounded up, at least one.

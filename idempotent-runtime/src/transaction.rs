@@ -1,0 +1,84 @@
+//! Transactional unit of work: the handler's writes and the stored response commit
+//! together, or not at all (DESIGN §5).
+//!
+//! When a handler's side effect is a write to the same database as the idempotency
+//! store, it takes a `tx: &mut Tx<Sqlite>` / `tx: &mut Tx<Postgres>` argument:
+//!
+//! 1. the claim commits first (in progress, token `T`): duplicates see it at once (`409`);
+//! 2. the handler's writes and the completion `… WHERE token = T` run in one transaction;
+//! 3. `Ok` with a 2xx/3xx/4xx status: commit — the business rows and the stored response
+//!    appear together. If the token no longer owns the record (the lease was taken over),
+//!    everything rolls back and the answer is `409`;
+//! 4. anything else (`Err` whatever its status, a 5xx, a panic): roll back and release
+//!    the claim, so a retry runs again.
+//!
+//! A crash between 1 and 3 leaves an in-progress claim and no business rows; the lease
+//! runs out and a retry does the work exactly once.
+//!
+//! The handler gets the connection ([`Tx::conn`]) and nothing else: it cannot commit or
+//! roll back — the engine decides from its result.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::store::{FencingToken, Store, StoreError, StoredResponse};
+
+/// The transaction an `#[idempotent]` handler writes through. Run statements on
+/// [`conn`](Self::conn):
+///
+/// ```ignore
+/// sqlx::query("INSERT INTO ledger (account, amount) VALUES ($1, $2)")
+///     .bind(caller.account()).bind(amount)
+///     .execute(tx.conn()).await?;
+/// ```
+pub struct Tx<DB: TxDatabase> {
+    inner: sqlx::Transaction<'static, DB>,
+}
+
+impl<DB: TxDatabase> std::fmt::Debug for Tx<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tx").finish_non_exhaustive()
+    }
+}
+
+impl<DB: TxDatabase> Tx<DB> {
+    pub(crate) fn new(inner: sqlx::Transaction<'static, DB>) -> Self {
+        Self { inner }
+    }
+
+    /// The connection inside the transaction; an `Executor` for `sqlx` queries.
+    pub fn conn(&mut self) -> &mut DB::Connection {
+        &mut self.inner
+    }
+
+    pub(crate) fn into_inner(self) -> sqlx::Transaction<'static, DB> {
+        self.inner
+    }
+}
+
+/// A database whose store supports transactional handlers: SQLite and Postgres. The
+/// implementations live beside each store, with its SQL.
+#[async_trait]
+pub trait TxDatabase: sqlx::Database + Sized {
+    /// The store's pool, if the store is of this database.
+    fn pool_of(store: &dyn Store) -> Option<sqlx::Pool<Self>>;
+
+    /// The database's name, for error messages.
+    const DATABASE_NAME: &'static str;
+
+    /// Marks the claim completed with `response` inside the transaction, fenced by
+    /// `token`. `Ok(false)`: the token no longer owns the record.
+    async fn complete_in(
+        conn: &mut Self::Connection,
+        store: &dyn Store,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError>;
+}
+
+/// How long a transactional handler may wait for its connection before the request is
+/// answered `503` (the claim is released).
+pub(crate) const BEGIN_TIMEOUT: Duration = Duration::from_secs(10);
