@@ -1,0 +1,119 @@
+//! The stores alone, without the engine: claim + complete of a fresh key (the write path
+//! of every first request) and the replay of a completed key (every retry), on
+//! `MemoryStore` and on `SqliteStore` (a WAL file in a temporary directory).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::{
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse,
+};
+use tokio::runtime::Runtime;
+
+const FINGERPRINT: Fingerprint = Fingerprint {
+    version: 1,
+    digest: [7; 32],
+};
+
+fn response() -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![
+            ("content-type".to_owned(), b"application/json".to_vec()),
+            ("location".to_owned(), b"/payments/pay_123".to_vec()),
+        ],
+        body: Some(Bytes::from_static(
+            br#"{"id":"pay_123","amount":10000,"currency":"BRL","status":"succeeded"}"#,
+        )),
+    }
+}
+
+fn request(key: &str, token: FencingToken) -> ClaimRequest<'_> {
+    ClaimRequest {
+        scope: "acct_bench",
+        key,
+        fingerprint: &FINGERPRINT,
+        ttl: Duration::from_secs(24 * 3600),
+        lease: Duration::from_secs(30),
+        token,
+    }
+}
+
+fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn Store>) {
+    let stored = response();
+    let next_key = AtomicU64::new(0);
+    c.bench_function(&format!("store/{name}/claim_complete_fresh_key"), |b| {
+        b.to_async(runtime).iter(|| {
+            let key = format!("k{}", next_key.fetch_add(1, Ordering::Relaxed));
+            let store = Arc::clone(&store);
+            let stored = &stored;
+            async move {
+                let token = FencingToken::random();
+                let outcome = store.try_claim(&request(&key, token)).await.expect("claim");
+                assert_eq!(outcome, ClaimOutcome::Claimed { token });
+                let done = store
+                    .complete("acct_bench", &key, token, stored)
+                    .await
+                    .expect("complete");
+                assert!(done);
+            }
+        })
+    });
+
+    runtime.block_on(async {
+        let token = FencingToken::random();
+        store
+            .try_claim(&request("replayed", token))
+            .await
+            .expect("claim");
+        assert!(
+            store
+                .complete("acct_bench", "replayed", token, &stored)
+                .await
+                .expect("complete")
+        );
+    });
+    c.bench_function(&format!("store/{name}/replay"), |b| {
+        b.to_async(runtime).iter(|| {
+            let store = Arc::clone(&store);
+            async move {
+                let outcome = store
+                    .try_claim(&request("replayed", FencingToken::random()))
+                    .await
+                    .expect("claim");
+                assert!(matches!(outcome, ClaimOutcome::Replay(_)));
+                black_box(outcome)
+            }
+        })
+    });
+}
+
+fn stores(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+
+    bench_store(c, &runtime, "memory", Arc::new(MemoryStore::new()));
+
+    #[cfg(feature = "sqlite")]
+    {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("bench.db");
+        let store = runtime
+            .block_on(idempotent_runtime::store::SqliteStore::open(
+                path.to_str().expect("utf-8 path"),
+            ))
+            .expect("open sqlite store");
+        bench_store(c, &runtime, "sqlite", Arc::new(store));
+    }
+}
+
+criterion_group!(benches, stores);
+criterion_main!(benches);

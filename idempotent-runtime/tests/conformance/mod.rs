@@ -1,0 +1,913 @@
+//! The conformance suite every [`Store`] must pass.
+//!
+//! A backend's test file implements [`Harness`] and invokes
+//! `conformance_suite!(TheHarness);`, which expands to one `#[tokio::test]` per check
+//! below. Each check starts from a fresh, empty store ([`Harness::new`]) and moves time
+//! only through [`Harness::advance`].
+//!
+//! Semantics pinned here (the trait docs say the rest):
+//!
+//! - A record is live while `now < expires_at`; at `expires_at` it is gone (any request
+//!   may claim the key, whatever its fingerprint).
+//! - A lease is held while `now < lease_expires_at`; after that, only a request with the
+//!   same fingerprint (digest *and* version) takes the claim over.
+//! - A token acts (`renew`/`complete`/`release`) only while it owns an *in-progress*
+//!   record; a lease that ran out without a takeover is still owned. After completion the
+//!   token owns nothing: a second `complete` returns `false` and changes nothing.
+#![allow(dead_code)] // each test binary uses the suite through the macro only
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idempotent_runtime::{
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse,
+};
+
+/// A backend under test.
+#[async_trait::async_trait]
+pub trait Harness: Send + Sync + Sized + 'static {
+    /// A fresh, empty store isolated from every other test; None = this backend is not
+    /// configured (print why, the test then returns early).
+    async fn new() -> Option<Self>;
+    /// The store under test.
+    fn store(&self) -> Arc<dyn Store>;
+    /// Moves the store's notion of "now" forward by d (memory/SQLite: advance a
+    /// ManualClock; Postgres will shift the stored timestamps back).
+    async fn advance(&self, d: Duration);
+}
+
+/// Expands to one `#[tokio::test]` per conformance check for `$harness`.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($harness:ty) => {
+        $crate::conformance_suite!(@tests $harness;
+            check_claim_complete_replay,
+            check_mismatch_while_in_progress,
+            check_mismatch_when_completed,
+            check_mismatch_on_fingerprint_version,
+            check_in_progress_retry_after,
+            check_ttl_takeover_of_completed,
+            check_ttl_takeover_of_in_progress,
+            check_lease_takeover_same_fingerprint,
+            check_lease_takeover_refused_for_other_fingerprint,
+            check_stale_token_changes_nothing,
+            check_unknown_token_changes_nothing,
+            check_release_lets_next_request_claim,
+            check_renew_extends_lease,
+            check_owner_keeps_expired_lease_until_taken_over,
+            check_concurrent_claims_one_winner,
+            check_concurrent_takeover_one_winner,
+            check_concurrent_distinct_keys_all_claimed,
+            check_claims_racing_releases_never_share_a_key,
+            check_scope_isolation,
+            check_keys_compared_exactly,
+            check_long_keys_and_scopes,
+            check_headers_and_large_body_round_trip,
+            check_body_none_and_empty_round_trip,
+            check_purge_expired,
+            check_complete_twice,
+        );
+    };
+    (@tests $harness:ty; $($check:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $check() {
+                $crate::conformance::$check::<$harness>().await;
+            }
+        )+
+    };
+}
+
+const SCOPE: &str = "acct_alice";
+const KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+const TTL: Duration = Duration::from_secs(3600);
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn setup<H: Harness>() -> Option<(H, Arc<dyn Store>)> {
+    let harness = H::new().await?;
+    let store = harness.store();
+    Some((harness, store))
+}
+
+fn fp(n: u8) -> Fingerprint {
+    Fingerprint {
+        version: 1,
+        digest: [n; 32],
+    }
+}
+
+fn response(tag: &str) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![
+            ("content-type".to_owned(), b"application/json".to_vec()),
+            (
+                "location".to_owned(),
+                format!("/payments/{tag}").into_bytes(),
+            ),
+        ],
+        body: Some(Bytes::from(format!(r#"{{"id":"{tag}"}}"#))),
+    }
+}
+
+async fn claim_with(
+    store: &dyn Store,
+    scope: &str,
+    key: &str,
+    fingerprint: Fingerprint,
+    token: FencingToken,
+) -> ClaimOutcome {
+    store
+        .try_claim(&ClaimRequest {
+            scope,
+            key,
+            fingerprint: &fingerprint,
+            ttl: TTL,
+            lease: LEASE,
+            token,
+        })
+        .await
+        .expect("try_claim")
+}
+
+/// Claims `(scope, key)` with a fresh token; returns the outcome and that token.
+async fn claim_in(
+    store: &dyn Store,
+    scope: &str,
+    key: &str,
+    fingerprint: Fingerprint,
+) -> (ClaimOutcome, FencingToken) {
+    let token = FencingToken::random();
+    (
+        claim_with(store, scope, key, fingerprint, token).await,
+        token,
+    )
+}
+
+async fn claim(store: &dyn Store, fingerprint: Fingerprint) -> (ClaimOutcome, FencingToken) {
+    claim_in(store, SCOPE, KEY, fingerprint).await
+}
+
+/// Claims and asserts the claim was won; returns the token.
+async fn must_claim(
+    store: &dyn Store,
+    scope: &str,
+    key: &str,
+    fingerprint: Fingerprint,
+) -> FencingToken {
+    let (outcome, token) = claim_in(store, scope, key, fingerprint).await;
+    assert_eq!(
+        outcome,
+        ClaimOutcome::Claimed { token },
+        "expected ({scope}, {key}) to be claimed"
+    );
+    token
+}
+
+async fn complete(store: &dyn Store, token: FencingToken, response: &StoredResponse) -> bool {
+    store
+        .complete(SCOPE, KEY, token, response)
+        .await
+        .expect("complete")
+}
+
+async fn release(store: &dyn Store, token: FencingToken) -> bool {
+    store.release(SCOPE, KEY, token).await.expect("release")
+}
+
+async fn renew(store: &dyn Store, token: FencingToken, lease: Duration) -> bool {
+    store.renew(SCOPE, KEY, token, lease).await.expect("renew")
+}
+
+fn assert_in_progress(outcome: &ClaimOutcome, at_most: Duration) {
+    match outcome {
+        ClaimOutcome::InProgress { retry_after } => {
+            assert!(
+                *retry_after >= Duration::from_secs(1) && *retry_after <= at_most,
+                "retry_after {retry_after:?} not in [1s, {at_most:?}]"
+            );
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+}
+
+/// New key → Claimed with the request's token; complete → the same key and fingerprint
+/// replay the stored response byte for byte, as often as asked.
+pub async fn check_claim_complete_replay<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let token = FencingToken::random();
+    assert_eq!(
+        claim_with(&*store, SCOPE, KEY, fp(1), token).await,
+        ClaimOutcome::Claimed { token },
+        "a new key is claimed with the request's own token"
+    );
+    let stored = response("pay_1");
+    assert!(complete(&*store, token, &stored).await);
+    for _ in 0..2 {
+        let (outcome, _) = claim(&*store, fp(1)).await;
+        assert_eq!(outcome, ClaimOutcome::Replay(stored.clone()));
+    }
+}
+
+/// Another fingerprint while the original runs → Mismatch, and the original keeps its
+/// claim.
+pub async fn check_mismatch_while_in_progress<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_eq!(outcome, ClaimOutcome::Mismatch);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, LEASE);
+    assert!(complete(&*store, token, &response("a")).await);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("a")));
+}
+
+/// Another fingerprint after completion → Mismatch, and the record still replays.
+pub async fn check_mismatch_when_completed<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    assert!(complete(&*store, token, &response("a")).await);
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_eq!(outcome, ClaimOutcome::Mismatch);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("a")));
+}
+
+/// The same digest made by another fingerprint version is another request.
+pub async fn check_mismatch_on_fingerprint_version<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    let v1 = fp(7);
+    let v2 = Fingerprint { version: 2, ..v1 };
+    let token = must_claim(&*store, SCOPE, KEY, v1).await;
+    let (outcome, _) = claim(&*store, v2).await;
+    assert_eq!(outcome, ClaimOutcome::Mismatch, "in progress");
+    // Even once the lease ran out: a lease is only taken over by the same fingerprint.
+    h.advance(LEASE).await;
+    let (outcome, _) = claim(&*store, v2).await;
+    assert_eq!(outcome, ClaimOutcome::Mismatch, "lease ran out");
+    assert!(complete(&*store, token, &response("a")).await);
+    let (outcome, _) = claim(&*store, v2).await;
+    assert_eq!(outcome, ClaimOutcome::Mismatch, "completed");
+    let (outcome, _) = claim(&*store, v1).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("a")));
+}
+
+/// A duplicate of a running request → InProgress with 1s ≤ retry_after ≤ the lease time
+/// left, shrinking as time passes, never zero.
+pub async fn check_in_progress_retry_after<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, LEASE);
+    h.advance(LEASE - Duration::from_secs(10)).await;
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, Duration::from_secs(10));
+    h.advance(Duration::from_secs(9)).await;
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, Duration::from_secs(1));
+}
+
+/// A completed record whose TTL ran out is gone: the next request claims anew, even
+/// with another fingerprint. Until then it replays.
+pub async fn check_ttl_takeover_of_completed<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    assert!(complete(&*store, old, &response("old")).await);
+    h.advance(TTL - Duration::from_secs(60)).await;
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(
+        outcome,
+        ClaimOutcome::Replay(response("old")),
+        "before the TTL"
+    );
+    h.advance(Duration::from_secs(60)).await;
+    let new = must_claim(&*store, SCOPE, KEY, fp(2)).await;
+    assert_ne!(new, old);
+    assert!(
+        !complete(&*store, old, &response("stale")).await,
+        "the old token owns nothing"
+    );
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_in_progress(&outcome, LEASE);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(
+        outcome,
+        ClaimOutcome::Mismatch,
+        "the new record has the new fingerprint"
+    );
+    assert!(complete(&*store, new, &response("new")).await);
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("new")));
+    // The new record lives a full TTL from its own claim.
+    h.advance(TTL - Duration::from_secs(1)).await;
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("new")));
+}
+
+/// An in-progress record whose TTL ran out is gone too, whatever its fingerprint, and its
+/// owner is fenced off.
+pub async fn check_ttl_takeover_of_in_progress<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    // A heartbeating owner keeps its lease, but not the record past its TTL.
+    h.advance(TTL - LEASE / 2).await;
+    assert!(renew(&*store, old, LEASE).await);
+    h.advance(LEASE / 2).await;
+    let new = must_claim(&*store, SCOPE, KEY, fp(2)).await;
+    assert!(!renew(&*store, old, LEASE).await);
+    assert!(!complete(&*store, old, &response("stale")).await);
+    assert!(!release(&*store, old).await);
+    assert!(complete(&*store, new, &response("new")).await);
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("new")));
+}
+
+/// A claim whose lease ran out (owner crashed) is taken over by the same fingerprint,
+/// with the new request's token; the lease runs until exactly `lease_expires_at`.
+pub async fn check_lease_takeover_same_fingerprint<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    h.advance(LEASE - Duration::from_secs(1)).await;
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, Duration::from_secs(1));
+    h.advance(Duration::from_secs(1)).await;
+    let second = FencingToken::random();
+    assert_eq!(
+        claim_with(&*store, SCOPE, KEY, fp(1), second).await,
+        ClaimOutcome::Claimed { token: second }
+    );
+    // The new owner has a fresh lease.
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, LEASE);
+    assert!(complete(&*store, second, &response("second")).await);
+    assert!(!complete(&*store, first, &response("first")).await);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("second")));
+}
+
+/// A different fingerprint never takes over a live record, even one whose lease ran out:
+/// that is key reuse, not a retry.
+pub async fn check_lease_takeover_refused_for_other_fingerprint<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_eq!(outcome, ClaimOutcome::Mismatch);
+    // The refused request changed nothing: the original fingerprint still takes over.
+    must_claim(&*store, SCOPE, KEY, fp(1)).await;
+}
+
+/// After a takeover the old owner's complete, release and renew return false and change
+/// nothing: no overwrite, no delete, no lease extension.
+pub async fn check_stale_token_changes_nothing<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    h.advance(LEASE).await;
+    let new = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+
+    assert!(!complete(&*store, old, &response("stale")).await);
+    assert!(!release(&*store, old).await);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, LEASE);
+
+    // A stale renew must not extend the new owner's lease.
+    h.advance(LEASE / 2).await;
+    assert!(!renew(&*store, old, LEASE * 10).await);
+    h.advance(LEASE / 2).await;
+    let third = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    assert!(!complete(&*store, new, &response("new")).await);
+    assert!(complete(&*store, third, &response("third")).await);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("third")));
+}
+
+/// A token that never claimed, or claims under another key or scope, owns nothing.
+pub async fn check_unknown_token_changes_nothing<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let stranger = FencingToken::random();
+    assert!(
+        !complete(&*store, stranger, &response("x")).await,
+        "no record"
+    );
+    assert!(!release(&*store, stranger).await, "no record");
+    assert!(!renew(&*store, stranger, LEASE).await, "no record");
+    assert_eq!(store.purge_expired(100).await.expect("purge"), 0);
+
+    let owner = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let elsewhere = must_claim(&*store, SCOPE, "other-key", fp(1)).await;
+    for token in [stranger, elsewhere] {
+        assert!(!complete(&*store, token, &response("x")).await);
+        assert!(!release(&*store, token).await);
+        assert!(!renew(&*store, token, LEASE).await);
+    }
+    assert!(
+        !store
+            .complete("acct_bob", KEY, owner, &response("x"))
+            .await
+            .expect("complete"),
+        "a token acts only under its own scope"
+    );
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, LEASE);
+    assert!(complete(&*store, owner, &response("owner")).await);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("owner")));
+}
+
+/// Release deletes the claim: the next request claims the key (even with another
+/// fingerprint), and the released token owns nothing any more.
+pub async fn check_release_lets_next_request_claim<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    assert!(release(&*store, first).await);
+    assert!(!release(&*store, first).await, "released twice");
+    assert!(!complete(&*store, first, &response("late")).await);
+    assert!(!renew(&*store, first, LEASE).await);
+    let second = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    assert!(release(&*store, second).await);
+    let third = must_claim(&*store, SCOPE, KEY, fp(2)).await;
+    assert!(complete(&*store, third, &response("third")).await);
+    assert!(
+        !release(&*store, third).await,
+        "a completed record is not released"
+    );
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("third")));
+}
+
+/// Renew moves the lease to now + lease: past the original lease the claim is still
+/// held, and it runs out at the renewed time.
+pub async fn check_renew_extends_lease<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    h.advance(Duration::from_secs(20)).await;
+    assert!(renew(&*store, token, LEASE).await);
+    h.advance(Duration::from_secs(20)).await; // 40s: past the original 30s lease
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, Duration::from_secs(10));
+    assert!(
+        renew(&*store, token, Duration::from_secs(5)).await,
+        "renew may shorten"
+    );
+    h.advance(Duration::from_secs(5)).await;
+    let taker = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    assert!(!renew(&*store, token, LEASE).await);
+    assert!(complete(&*store, taker, &response("taker")).await);
+    assert!(
+        !renew(&*store, taker, LEASE).await,
+        "a completed record has no lease"
+    );
+}
+
+/// An owner whose lease ran out but which nobody took over still owns its claim: a late
+/// heartbeat or completion succeeds.
+pub async fn check_owner_keeps_expired_lease_until_taken_over<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    h.advance(LEASE * 2).await;
+    assert!(renew(&*store, token, LEASE).await);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, LEASE);
+    h.advance(LEASE * 2).await;
+    assert!(complete(&*store, token, &response("late")).await);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("late")));
+}
+
+/// Runs `n` claims of `(SCOPE, key_of(i))` at once; returns the outcomes with their tokens.
+async fn concurrent_claims(
+    store: &Arc<dyn Store>,
+    n: usize,
+    key_of: fn(usize) -> String,
+) -> Vec<(ClaimOutcome, FencingToken)> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let store = Arc::clone(store);
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                let key = key_of(i);
+                barrier.wait().await;
+                claim_in(&*store, SCOPE, &key, fp(1)).await
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::with_capacity(n);
+    for task in tasks {
+        outcomes.push(task.await.expect("claim task"));
+    }
+    outcomes
+}
+
+fn exactly_one_winner(outcomes: &[(ClaimOutcome, FencingToken)]) -> FencingToken {
+    let winners: Vec<_> = outcomes
+        .iter()
+        .filter_map(|(outcome, token)| match outcome {
+            ClaimOutcome::Claimed { token: won } => {
+                assert_eq!(won, token, "a winner gets its own token");
+                Some(*won)
+            }
+            other => {
+                assert_in_progress(other, LEASE);
+                None
+            }
+        })
+        .collect();
+    assert_eq!(winners.len(), 1, "exactly one claim wins: {outcomes:?}");
+    winners[0]
+}
+
+/// 64 simultaneous first requests with one key: exactly one wins, the rest are told the
+/// request is in progress, and the winner can complete.
+pub async fn check_concurrent_claims_one_winner<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let outcomes = concurrent_claims(&store, 64, |_| KEY.to_owned()).await;
+    let winner = exactly_one_winner(&outcomes);
+    assert!(complete(&*store, winner, &response("won")).await);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("won")));
+}
+
+/// 64 simultaneous retries of a crashed owner's claim (lease ran out): exactly one takes
+/// it over.
+pub async fn check_concurrent_takeover_one_winner<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    let crashed = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    h.advance(LEASE).await;
+    let outcomes = concurrent_claims(&store, 64, |_| KEY.to_owned()).await;
+    let winner = exactly_one_winner(&outcomes);
+    assert_ne!(winner, crashed);
+    assert!(!complete(&*store, crashed, &response("crashed")).await);
+    assert!(complete(&*store, winner, &response("won")).await);
+}
+
+/// 64 simultaneous claims of different keys all win: write contention is waited out,
+/// never reported as an error.
+pub async fn check_concurrent_distinct_keys_all_claimed<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let outcomes = concurrent_claims(&store, 64, |i| format!("key-{i}")).await;
+    for (i, (outcome, token)) in outcomes.iter().enumerate() {
+        assert_eq!(*outcome, ClaimOutcome::Claimed { token: *token }, "key-{i}");
+    }
+}
+
+/// Claims racing with releases of the same key (the record appears and vanishes under
+/// the claimers): never an error, never two owners at once, and every owner's release
+/// succeeds.
+pub async fn check_claims_racing_releases_never_share_a_key<H: Harness>() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let owners = Arc::new(AtomicUsize::new(0));
+    let wins = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, owners, wins, barrier) = (
+                Arc::clone(&store),
+                Arc::clone(&owners),
+                Arc::clone(&wins),
+                Arc::clone(&barrier),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                for _ in 0..40 {
+                    match claim(&*store, fp(1)).await {
+                        (ClaimOutcome::Claimed { token }, _) => {
+                            assert_eq!(owners.fetch_add(1, Ordering::SeqCst), 0, "two owners");
+                            wins.fetch_add(1, Ordering::SeqCst);
+                            tokio::task::yield_now().await;
+                            owners.fetch_sub(1, Ordering::SeqCst);
+                            assert!(release(&*store, token).await, "the owner releases");
+                        }
+                        (ClaimOutcome::InProgress { .. }, _) => tokio::task::yield_now().await,
+                        (other, _) => panic!("unexpected {other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("claim/release task");
+    }
+    assert!(wins.load(Ordering::SeqCst) > 0);
+}
+
+/// The same key in two scopes is two records: both claim (with different fingerprints),
+/// each replays its own response, and one scope's token cannot touch the other's.
+pub async fn check_scope_isolation<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let alice = must_claim(&*store, "acct_alice", KEY, fp(1)).await;
+    let bob = must_claim(&*store, "acct_bob", KEY, fp(2)).await;
+    assert!(
+        !store
+            .release("acct_bob", KEY, alice)
+            .await
+            .expect("release")
+    );
+    assert!(
+        store
+            .complete("acct_alice", KEY, alice, &response("alice"))
+            .await
+            .expect("complete")
+    );
+    let (outcome, _) = claim_in(&*store, "acct_bob", KEY, fp(2)).await;
+    assert_in_progress(&outcome, LEASE);
+    assert!(
+        store
+            .complete("acct_bob", KEY, bob, &response("bob"))
+            .await
+            .expect("complete")
+    );
+    let (outcome, _) = claim_in(&*store, "acct_alice", KEY, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("alice")));
+    let (outcome, _) = claim_in(&*store, "acct_bob", KEY, fp(2)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("bob")));
+    let (outcome, _) = claim_in(&*store, "acct_carol", KEY, fp(1)).await;
+    assert!(matches!(outcome, ClaimOutcome::Claimed { .. }));
+    // No ambiguity where scope and key meet.
+    must_claim(&*store, "a:b", "c", fp(1)).await;
+    must_claim(&*store, "a", "b:c", fp(2)).await;
+    must_claim(&*store, "a:", "bc", fp(3)).await;
+}
+
+/// Keys and scopes compare byte for byte: case, trailing spaces and prefixes matter.
+pub async fn check_keys_compared_exactly<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    for (i, key) in ["key", "Key", "KEY", "key ", " key", "ke", "key\t"]
+        .into_iter()
+        .enumerate()
+    {
+        must_claim(&*store, SCOPE, key, fp(i as u8)).await;
+    }
+    for (i, scope) in ["acct", "Acct", "acct "].into_iter().enumerate() {
+        must_claim(&*store, scope, "key", fp(i as u8)).await;
+    }
+}
+
+/// The longest key the header allows (255 chars) and a long scope round-trip.
+pub async fn check_long_keys_and_scopes<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let key: String = (0..255).map(|i| (b'!' + (i % 94) as u8) as char).collect();
+    let scope = format!("tenant/{}", "s".repeat(1000));
+    let token = must_claim(&*store, &scope, &key, fp(1)).await;
+    assert!(
+        store
+            .complete(&scope, &key, token, &response("long"))
+            .await
+            .expect("complete")
+    );
+    let (outcome, _) = claim_in(&*store, &scope, &key, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("long")));
+    let shorter = &key[..254];
+    must_claim(&*store, &scope, shorter, fp(1)).await;
+}
+
+/// Status, headers (raw non-UTF-8 bytes, empty values, repeated names in order) and a
+/// 1 MiB body of every byte value come back exactly as stored.
+pub async fn check_headers_and_large_body_round_trip<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let body: Vec<u8> = (0..1024 * 1024)
+        .map(|i| {
+            if i % 4096 < 16 {
+                0 // runs of NUL bytes
+            } else {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            }
+        })
+        .collect();
+    let stored = StoredResponse {
+        status: 202,
+        headers: vec![
+            (
+                "content-type".to_owned(),
+                b"application/octet-stream".to_vec(),
+            ),
+            (
+                "x-raw".to_owned(),
+                vec![0xff, 0xfe, 0x80, b'a', 0x00, b'\t', 0xc3],
+            ),
+            ("link".to_owned(), b"</a>; rel=\"first\"".to_vec()),
+            ("x-empty".to_owned(), Vec::new()),
+            ("link".to_owned(), b"</b>; rel=\"second\"".to_vec()),
+            ("etag".to_owned(), b"W/\"\xe2\x82\xac\"".to_vec()),
+            ("link".to_owned(), b"</c>; rel=\"third\"".to_vec()),
+        ],
+        body: Some(Bytes::from(body)),
+    };
+    let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    assert!(complete(&*store, token, &stored).await);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    match outcome {
+        ClaimOutcome::Replay(replayed) => {
+            assert_eq!(replayed.status, stored.status);
+            assert_eq!(replayed.headers, stored.headers);
+            assert!(
+                replayed.body == stored.body,
+                "the 1 MiB body differs after the round trip"
+            );
+        }
+        other => panic!("expected Replay, got {other:?}"),
+    }
+    // Statuses at both ends of the range a handler can return.
+    for (i, status) in [100_u16, 299, 451, 599, 999].into_iter().enumerate() {
+        let key = format!("status-{i}");
+        let token = must_claim(&*store, SCOPE, &key, fp(1)).await;
+        let stored = StoredResponse {
+            status,
+            headers: Vec::new(),
+            body: Some(Bytes::from_static(b"x")),
+        };
+        assert!(
+            store
+                .complete(SCOPE, &key, token, &stored)
+                .await
+                .expect("complete")
+        );
+        let (outcome, _) = claim_in(&*store, SCOPE, &key, fp(1)).await;
+        assert_eq!(outcome, ClaimOutcome::Replay(stored));
+    }
+}
+
+/// A body over the cap (`None`) replays as `None` with its status and headers; an empty
+/// body replays as an empty body, not as `None`; no headers replay as no headers.
+pub async fn check_body_none_and_empty_round_trip<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let cases = [
+        StoredResponse {
+            status: 200,
+            headers: vec![("content-type".to_owned(), b"application/pdf".to_vec())],
+            body: None,
+        },
+        StoredResponse {
+            status: 204,
+            headers: Vec::new(),
+            body: Some(Bytes::new()),
+        },
+        StoredResponse {
+            status: 200,
+            headers: Vec::new(),
+            body: None,
+        },
+    ];
+    for (i, stored) in cases.into_iter().enumerate() {
+        let key = format!("body-{i}");
+        let token = must_claim(&*store, SCOPE, &key, fp(1)).await;
+        assert!(
+            store
+                .complete(SCOPE, &key, token, &stored)
+                .await
+                .expect("complete")
+        );
+        let (outcome, _) = claim_in(&*store, SCOPE, &key, fp(1)).await;
+        assert_eq!(outcome, ClaimOutcome::Replay(stored), "case {i}");
+    }
+}
+
+/// purge_expired deletes only records whose TTL ran out (completed or in progress), at
+/// most `limit` per call, and returns how many it deleted.
+pub async fn check_purge_expired<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    let claim_ttl = |key: String, ttl: Duration| {
+        let store = Arc::clone(&store);
+        async move {
+            let token = FencingToken::random();
+            let outcome = store
+                .try_claim(&ClaimRequest {
+                    scope: SCOPE,
+                    key: &key,
+                    fingerprint: &fp(1),
+                    ttl,
+                    lease: LEASE,
+                    token,
+                })
+                .await
+                .expect("try_claim");
+            assert_eq!(outcome, ClaimOutcome::Claimed { token });
+            (key, token)
+        }
+    };
+    // Five short-lived records (three completed, two in progress), three long-lived.
+    for i in 0..5 {
+        let (key, token) = claim_ttl(format!("short-{i}"), TTL).await;
+        if i < 3 {
+            assert!(
+                store
+                    .complete(SCOPE, &key, token, &response("s"))
+                    .await
+                    .expect("complete")
+            );
+        }
+    }
+    for i in 0..3 {
+        let (key, token) = claim_ttl(format!("long-{i}"), TTL * 2).await;
+        if i < 2 {
+            assert!(
+                store
+                    .complete(SCOPE, &key, token, &response("l"))
+                    .await
+                    .expect("complete")
+            );
+        }
+    }
+    assert_eq!(
+        store.purge_expired(100).await.expect("purge"),
+        0,
+        "nothing expired yet"
+    );
+    h.advance(TTL - Duration::from_secs(1)).await;
+    assert_eq!(
+        store.purge_expired(100).await.expect("purge"),
+        0,
+        "one second early"
+    );
+    h.advance(Duration::from_secs(1)).await;
+    assert_eq!(store.purge_expired(0).await.expect("purge"), 0, "limit 0");
+    assert_eq!(store.purge_expired(2).await.expect("purge"), 2);
+    assert_eq!(store.purge_expired(2).await.expect("purge"), 2);
+    assert_eq!(store.purge_expired(100).await.expect("purge"), 1);
+    assert_eq!(store.purge_expired(100).await.expect("purge"), 0);
+    // The long-lived records survived: another fingerprint is still refused...
+    for i in 0..3 {
+        let (outcome, _) = claim_in(&*store, SCOPE, &format!("long-{i}"), fp(9)).await;
+        assert_eq!(outcome, ClaimOutcome::Mismatch, "long-{i} survived");
+    }
+    // ...and the purged keys are free.
+    for i in 0..5 {
+        must_claim(&*store, SCOPE, &format!("short-{i}"), fp(9)).await;
+    }
+    // The long-lived records and the re-claimed short ones all expire at start + 2 TTL.
+    h.advance(TTL - Duration::from_secs(1)).await;
+    assert_eq!(store.purge_expired(100).await.expect("purge"), 0);
+    h.advance(Duration::from_secs(1)).await;
+    assert_eq!(store.purge_expired(100).await.expect("purge"), 8);
+}
+
+/// After completion the token owns no in-progress claim: completing again returns false
+/// and leaves the first response in place; release and renew return false too.
+pub async fn check_complete_twice<H: Harness>() {
+    let Some((_h, store)) = setup::<H>().await else {
+        return;
+    };
+    let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    assert!(complete(&*store, token, &response("first")).await);
+    assert!(!complete(&*store, token, &response("second")).await);
+    assert!(!complete(&*store, token, &response("first")).await);
+    assert!(!release(&*store, token).await);
+    assert!(!renew(&*store, token, LEASE).await);
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("first")));
+}

@@ -1,0 +1,34 @@
+//! The conformance suite on [`MemoryStore`].
+
+mod conformance;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::{ManualClock, Store};
+
+/// A fresh [`MemoryStore`] on a [`ManualClock`].
+struct MemoryHarness {
+    store: Arc<MemoryStore>,
+    clock: ManualClock,
+}
+
+#[async_trait::async_trait]
+impl conformance::Harness for MemoryHarness {
+    async fn new() -> Option<Self> {
+        let clock = ManualClock::at_millis(1_700_000_000_000);
+        let store = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+        Some(Self { store, clock })
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    async fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+}
+
+conformance_suite!(MemoryHarness);
