@@ -331,6 +331,10 @@ fn open_error(location: &str, reason: impl std::fmt::Display) -> StoreError {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn sql_pool(&self) -> Option<super::SqlPool> {
+        Some(super::SqlPool::Sqlite(self.pool.clone()))
+    }
+
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         for _ in 0..CLAIM_ATTEMPTS {
             let now = self.clock.now_millis();
@@ -394,16 +398,7 @@ impl Store for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(COMPLETE)
-            .bind(scope)
-            .bind(key)
-            .bind(token.0)
-            .bind(i64::from(response.status))
-            .bind(encode_headers(&response.headers))
-            .bind(response.body.as_deref())
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        complete_on(&self.pool, scope, key, token, response).await
     }
 
     async fn release(
@@ -428,5 +423,50 @@ impl Store for SqliteStore {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
+    }
+}
+
+/// The fenced completion on any SQLite executor: the pool, or the connection of a
+/// transactional handler's transaction.
+async fn complete_on<'e>(
+    executor: impl sqlx::SqliteExecutor<'e>,
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+    response: &StoredResponse,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(COMPLETE)
+        .bind(scope)
+        .bind(key)
+        .bind(token.0)
+        .bind(i64::from(response.status))
+        .bind(encode_headers(&response.headers))
+        .bind(response.body.as_deref())
+        .execute(executor)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+#[async_trait]
+impl crate::transaction::TxDatabase for sqlx::Sqlite {
+    const DATABASE_NAME: &'static str = "SQLite";
+
+    fn pool_of(store: &dyn Store) -> Option<sqlx::Pool<Self>> {
+        match store.sql_pool()? {
+            super::SqlPool::Sqlite(pool) => Some(pool),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    async fn complete_in(
+        conn: &mut sqlx::SqliteConnection,
+        _store: &dyn Store,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        complete_on(conn, scope, key, token, response).await
     }
 }
