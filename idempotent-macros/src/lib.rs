@@ -1,5 +1,64 @@
-//! placeholder until the macro work lands
+//! The `#[idempotent]` attribute macro. Use it through `idempotent-runtime`, which
+//! re-exports it together with everything the expansion names.
+//!
+//! Layout: `args` parses the attribute's arguments, `signature` checks the
+//! function, `expand` generates the wrapper, `duration` parses `"24h"`-style durations.
+
+mod args;
+mod duration;
+mod expand;
+mod signature;
+#[cfg(test)]
+mod tests;
+
 use proc_macro::TokenStream;
-/// placeholder
+
+/// Makes an Axum handler safe to retry with the `Idempotency-Key` header: the first
+/// request with a key runs the handler and records its answer; a retry with the same key
+/// and the same request gets the recorded answer (plus `Idempotent-Replayed: true`)
+/// without running the handler again.
+///
+/// ```rust,ignore
+/// use idempotent_runtime::{idempotent, IdempotencyKey};
+///
+/// #[idempotent(scope = caller, ttl = "24h")]
+/// async fn create_payment(
+///     caller: Caller,                  // authenticated; implements `idempotent_runtime::Scope`
+///     key: IdempotencyKey,             // optional: the claimed key, for downstream keys
+///     State(app): State<AppState>,
+///     Json(req): Json<ChargeRequest>,
+/// ) -> Result<(StatusCode, Json<Payment>), ApiError> {
+///     let charge = app.gateway.charge(&req, &key.derive("charge")).await?;
+///     Ok((StatusCode::CREATED, Json(charge)))
+/// }
+/// ```
+///
+/// The handler stays an ordinary Axum handler for any router state `S` with
+/// `Idempotency: FromRef<S>`.
+///
+/// # Arguments
+///
+/// - `scope = <argument>` (required): the argument naming the authenticated caller. It
+///   must be bound to a plain name (`caller: Caller`, not `Caller(c): Caller`) and its type
+///   must implement `Scope`. Keys are unique per scope.
+/// - `ttl = "24h"`: how long a key is remembered (`"90s"`, `"15m"`, `"24h"`, `"7d"`,
+///   `"1h30m"`). Default: the engine's (24h unless configured).
+/// - `lease = "30s"`: how long a running request keeps its claim between heartbeats; must
+///   be shorter than `ttl`. Default: the engine's (30s unless configured).
+/// - `on_server_error = release | store`: `release` (default) frees the key after a 5xx so a
+///   retry runs the handler again; `store` records and replays the 5xx.
+/// - `fingerprint = "raw" | "json"`: what makes a retry "the same request": the raw body
+///   (default) or a canonical form of the JSON body.
+/// - `replay_headers = ["x-request-cost"]`: response headers to record and replay besides
+///   `Content-Type`, `Location`, `ETag`, `Last-Modified` and `Content-Location`.
+/// - `crate = "path"`: where the runtime crate is, when it was renamed.
+///
+/// # Requirements
+///
+/// The function must be a non-generic `async fn` without `self`. An argument of type
+/// `IdempotencyKey` is not an extractor: it receives the claimed key. Every mistake is a
+/// compile error on the offending token; the function is then left as written.
 #[proc_macro_attribute]
-pub fn idempotent(_args: TokenStream, item: TokenStream) -> TokenStream { item }
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::idempotent(args.into(), item.into()).into()
+}

@@ -22,6 +22,11 @@ use crate::problem::{Problem, codes};
 ///
 /// Implement it for the type your authentication extractor yields. The scope must come
 /// from authentication, never from a header the client controls.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the idempotency scope: it does not implement `Scope`",
+    label = "`scope` names an argument of this type",
+    note = "implement `idempotent_runtime::Scope` for the authenticated caller's type (e.g. return its account id), or point `scope` at the argument that identifies the caller"
+)]
 pub trait Scope {
     /// A stable identifier of the caller, e.g. an account id.
     fn scope(&self) -> Cow<'_, str>;

@@ -1,0 +1,552 @@
+//! The attribute's arguments: `#[idempotent(scope = caller, ttl = "24h", ...)]`, parsed
+//! with `syn::meta::parser`.
+//!
+//! Parsing never stops at the first mistake in a value: every argument is read, every
+//! mistake becomes an error spanned on the offending token, and the caller reports them
+//! all at once (next to the untouched function).
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::ToTokens;
+use syn::meta::ParseNestedMeta;
+use syn::parse::Parser;
+use syn::{Expr, Ident, Lit, LitStr, Token};
+
+use crate::duration;
+
+/// Every argument the attribute knows, in the order the docs list them.
+pub(crate) const KNOWN: &[&str] = &[
+    "scope",
+    "ttl",
+    "lease",
+    "on_server_error",
+    "fingerprint",
+    "replay_headers",
+    "crate",
+];
+
+/// Response headers a handler may not opt into replaying, with the reason.
+const REFUSED_HEADERS: &[(&str, &str)] = &[
+    ("date", "it describes one response, not the operation"),
+    (
+        "set-cookie",
+        "it is per-request state; replaying it would hand out a stale session",
+    ),
+    ("content-length", "it is computed for every response"),
+    ("transfer-encoding", "it is computed for every response"),
+    ("connection", "it is a hop-by-hop header"),
+    ("keep-alive", "it is a hop-by-hop header"),
+    ("proxy-connection", "it is a hop-by-hop header"),
+    ("te", "it is a hop-by-hop header"),
+    ("trailer", "it is a hop-by-hop header"),
+    ("upgrade", "it is a hop-by-hop header"),
+    ("idempotent-replayed", "the engine sets it on every replay"),
+];
+
+/// A duration argument: its value and the literal it came from (for spans and messages).
+pub(crate) struct DurationArg {
+    /// Whole seconds, always positive.
+    pub(crate) secs: u64,
+    /// The literal as written.
+    pub(crate) lit: LitStr,
+}
+
+/// `on_server_error = release | store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnServerError {
+    Release,
+    Store,
+}
+
+/// `fingerprint = "raw" | "json"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FingerprintMode {
+    Raw,
+    Json,
+}
+
+/// The parsed arguments. Fields are `None` when an argument was omitted (or refused).
+#[derive(Default)]
+pub(crate) struct Args {
+    /// The argument naming the authenticated caller.
+    pub(crate) scope: Option<Ident>,
+    pub(crate) ttl: Option<DurationArg>,
+    pub(crate) lease: Option<DurationArg>,
+    pub(crate) on_server_error: Option<OnServerError>,
+    pub(crate) fingerprint: Option<FingerprintMode>,
+    /// Validated, lower-case header names.
+    pub(crate) replay_headers: Option<Vec<LitStr>>,
+    /// `crate = "..."`: the path the runtime crate is reachable under.
+    pub(crate) krate: Option<syn::Path>,
+    /// `false` when a syntax error cut parsing short: later arguments are unknown, so a
+    /// missing `scope` is not reported on top of it.
+    pub(crate) complete: bool,
+    /// Arguments seen so far, to refuse duplicates.
+    seen: Vec<String>,
+}
+
+impl Args {
+    /// Parses the attribute's tokens; every mistake is pushed onto `errors`.
+    pub(crate) fn parse(tokens: TokenStream, errors: &mut Vec<syn::Error>) -> Self {
+        let mut args = Self::default();
+        let parser = syn::meta::parser(|meta| args.parse_one(&meta, errors));
+        match parser.parse2(tokens) {
+            Ok(()) => args.complete = true,
+            Err(err) => errors.push(err),
+        }
+        if let (Some(ttl), Some(lease)) = (&args.ttl, &args.lease)
+            && lease.secs >= ttl.secs
+        {
+            errors.push(syn::Error::new(
+                lease.lit.span(),
+                format!(
+                    "`lease = {:?}` must be shorter than `ttl = {:?}`: the lease is how long a running \
+                     request keeps its claim between heartbeats, the TTL how long the key is \
+                     remembered at all; use a lease of seconds, e.g. `lease = \"30s\"`",
+                    lease.lit.value(),
+                    ttl.lit.value(),
+                ),
+            ));
+        }
+        args
+    }
+
+    fn parse_one(
+        &mut self,
+        meta: &ParseNestedMeta<'_>,
+        errors: &mut Vec<syn::Error>,
+    ) -> syn::Result<()> {
+        let Some(name) = meta.path.get_ident().map(Ident::to_string) else {
+            let path = meta.path.to_token_stream().to_string().replace(' ', "");
+            errors.push(syn::Error::new_spanned(
+                &meta.path,
+                unknown_message(&format!("`{path}`")),
+            ));
+            return skip_value(meta);
+        };
+        if !KNOWN.contains(&name.as_str()) {
+            let mut message = unknown_message(&format!("`{name}`"));
+            if name == "wait" {
+                message.push_str(
+                    "; `wait` is not supported yet: a retry that finds its key still running \
+                     gets `409` with `Retry-After`",
+                );
+            } else if let Some(close) = closest(&name, KNOWN.iter().copied()) {
+                message.push_str(&format!("; did you mean `{close}`?"));
+            }
+            errors.push(syn::Error::new_spanned(&meta.path, message));
+            return skip_value(meta);
+        }
+        if !meta.input.peek(Token![=]) {
+            errors.push(syn::Error::new_spanned(
+                &meta.path,
+                format!("`{name}` needs a value: write `{}`", example(&name)),
+            ));
+            return skip_value(meta);
+        }
+        meta.input.parse::<Token![=]>()?;
+        let value: Expr = meta.input.parse()?;
+        if self.seen.contains(&name) {
+            errors.push(syn::Error::new_spanned(
+                &meta.path,
+                format!(
+                    "duplicate argument `{name}`: it is already set in this attribute; keep one"
+                ),
+            ));
+            return Ok(());
+        }
+        self.seen.push(name.clone());
+        let outcome = match name.as_str() {
+            "scope" => scope_value(&value).map(|ident| self.scope = Some(ident)),
+            "ttl" => duration_value("ttl", &value).map(|d| self.ttl = Some(d)),
+            "lease" => duration_value("lease", &value).map(|d| self.lease = Some(d)),
+            "on_server_error" => {
+                on_server_error_value(&value).map(|policy| self.on_server_error = Some(policy))
+            }
+            "fingerprint" => fingerprint_value(&value).map(|mode| self.fingerprint = Some(mode)),
+            "replay_headers" => {
+                replay_headers_value(&value, errors).map(|names| self.replay_headers = Some(names))
+            }
+            "crate" => crate_value(&value).map(|path| self.krate = Some(path)),
+            _ => unreachable!("every known argument is handled"),
+        };
+        if let Err(err) = outcome {
+            errors.push(err);
+        }
+        Ok(())
+    }
+}
+
+fn unknown_message(what: &str) -> String {
+    let known: Vec<String> = KNOWN.iter().map(|k| format!("`{k}`")).collect();
+    format!(
+        "unknown argument {what} for `#[idempotent]`; the known arguments are {}",
+        known.join(", ")
+    )
+}
+
+/// How each argument is written, for messages.
+fn example(name: &str) -> &'static str {
+    match name {
+        "scope" => "scope = caller",
+        "ttl" => "ttl = \"24h\"",
+        "lease" => "lease = \"30s\"",
+        "on_server_error" => "on_server_error = release",
+        "fingerprint" => "fingerprint = \"raw\"",
+        "replay_headers" => "replay_headers = [\"x-request-cost\"]",
+        _ => "crate = \"idempotent_runtime\"",
+    }
+}
+
+/// Consumes an unusable argument's tokens up to the next top-level comma, so parsing
+/// goes on and later mistakes are reported too.
+fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
+    meta.input.step(|cursor| {
+        let mut rest = *cursor;
+        while let Some((tt, next)) = rest.token_tree() {
+            if matches!(&tt, TokenTree::Punct(p) if p.as_char() == ',') {
+                break;
+            }
+            rest = next;
+        }
+        Ok(((), rest))
+    })
+}
+
+fn string_literal(value: &Expr) -> Option<&LitStr> {
+    match value {
+        Expr::Lit(lit) => match &lit.lit {
+            Lit::Str(s) => Some(s),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn plain_ident(value: &Expr) -> Option<&Ident> {
+    match value {
+        Expr::Path(path) if path.qself.is_none() && path.attrs.is_empty() => path.path.get_ident(),
+        _ => None,
+    }
+}
+
+fn scope_value(value: &Expr) -> syn::Result<Ident> {
+    if let Some(ident) = plain_ident(value) {
+        return Ok(ident.clone());
+    }
+    if let Some(lit) = string_literal(value) {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`scope` names an argument, not a string: write `scope = {}` without quotes",
+                lit.value()
+            ),
+        ));
+    }
+    if let Expr::Field(_) | Expr::MethodCall(_) = value {
+        return Err(syn::Error::new_spanned(
+            value,
+            "`scope` names a whole argument of the handler, e.g. `scope = caller`; to scope by \
+             a field, implement `Scope` for the argument's type and return that field",
+        ));
+    }
+    Err(syn::Error::new_spanned(
+        value,
+        "`scope` takes the name of the handler argument that identifies the authenticated \
+         caller, e.g. `scope = caller`",
+    ))
+}
+
+fn duration_value(name: &str, value: &Expr) -> syn::Result<DurationArg> {
+    let Some(lit) = string_literal(value) else {
+        return Err(syn::Error::new_spanned(
+            value,
+            format!(
+                "`{name}` takes a duration string with units, e.g. `{}` (s, m, h, d; combinations like \"1h30m\")",
+                example(name)
+            ),
+        ));
+    };
+    match duration::parse_secs(&lit.value()) {
+        Ok(secs) => Ok(DurationArg {
+            secs,
+            lit: lit.clone(),
+        }),
+        Err(message) => Err(syn::Error::new(lit.span(), format!("`{name}`: {message}"))),
+    }
+}
+
+fn on_server_error_value(value: &Expr) -> syn::Result<OnServerError> {
+    const EXPECTED: &str = "expected `release` (the default: a 5xx frees the key so a retry runs \
+                            the handler again) or `store` (the 5xx is stored and replayed)";
+    if let Some(ident) = plain_ident(value) {
+        return match ident.to_string().as_str() {
+            "release" => Ok(OnServerError::Release),
+            "store" => Ok(OnServerError::Store),
+            other => Err(syn::Error::new(
+                ident.span(),
+                format!("unknown `on_server_error` policy `{other}`: {EXPECTED}"),
+            )),
+        };
+    }
+    if let Some(lit) = string_literal(value) {
+        let text = lit.value();
+        let message = if text == "release" || text == "store" {
+            format!("write `on_server_error = {text}` without quotes")
+        } else {
+            format!("unknown `on_server_error` policy {text:?}: {EXPECTED}")
+        };
+        return Err(syn::Error::new(lit.span(), message));
+    }
+    Err(syn::Error::new_spanned(
+        value,
+        format!("unknown `on_server_error` policy: {EXPECTED}"),
+    ))
+}
+
+fn fingerprint_value(value: &Expr) -> syn::Result<FingerprintMode> {
+    const EXPECTED: &str = "expected \"raw\" (the default: any byte of the body counts) or \"json\" \
+                            (key order and whitespace of a JSON body are ignored)";
+    if let Some(lit) = string_literal(value) {
+        return match lit.value().as_str() {
+            "raw" => Ok(FingerprintMode::Raw),
+            "json" => Ok(FingerprintMode::Json),
+            other => Err(syn::Error::new(
+                lit.span(),
+                format!("unknown fingerprint mode {other:?}: {EXPECTED}"),
+            )),
+        };
+    }
+    if let Some(ident) = plain_ident(value) {
+        let text = ident.to_string();
+        let message = if text == "raw" || text == "json" {
+            format!("write `fingerprint = \"{text}\"` with quotes")
+        } else {
+            format!("unknown fingerprint mode `{text}`: {EXPECTED}")
+        };
+        return Err(syn::Error::new(ident.span(), message));
+    }
+    Err(syn::Error::new_spanned(
+        value,
+        format!("unknown fingerprint mode: {EXPECTED}"),
+    ))
+}
+
+/// Reads `["x-a", "x-b"]`. Bad names are pushed onto `errors` one by one; the list is
+/// refused (returns the first error) only when it is not a list at all.
+fn replay_headers_value(value: &Expr, errors: &mut Vec<syn::Error>) -> syn::Result<Vec<LitStr>> {
+    let Expr::Array(array) = value else {
+        return Err(syn::Error::new_spanned(
+            value,
+            "`replay_headers` takes a list of lower-case header names, e.g. \
+             `replay_headers = [\"x-request-cost\"]`",
+        ));
+    };
+    let mut names = Vec::new();
+    for elem in &array.elems {
+        let Some(lit) = string_literal(elem) else {
+            errors.push(syn::Error::new_spanned(
+                elem,
+                "write each header name as a string, e.g. \"x-request-cost\"",
+            ));
+            continue;
+        };
+        match check_header_name(&lit.value()) {
+            Ok(()) => names.push(lit.clone()),
+            Err(message) => errors.push(syn::Error::new(lit.span(), message)),
+        }
+    }
+    Ok(names)
+}
+
+/// A header name must be an RFC 9110 token, written lower-case (as HTTP/2 sends it and
+/// the store keeps it), and not one the engine must never replay.
+fn check_header_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("empty header name: write e.g. \"x-request-cost\"".to_owned());
+    }
+    let is_tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if let Some(bad) = name.chars().find(|&c| !is_tchar(c)) {
+        return Err(format!(
+            "{name:?} is not a valid header name ({bad:?} is not allowed): use letters, digits \
+             and `-`, e.g. \"x-request-cost\""
+        ));
+    }
+    if name.chars().any(|c| c.is_ascii_uppercase()) {
+        return Err(format!(
+            "header names in `replay_headers` are lower-case: write {:?}",
+            name.to_ascii_lowercase()
+        ));
+    }
+    if let Some((_, reason)) = REFUSED_HEADERS.iter().find(|(refused, _)| *refused == name) {
+        return Err(format!("{name:?} cannot be replayed: {reason}"));
+    }
+    Ok(())
+}
+
+fn crate_value(value: &Expr) -> syn::Result<syn::Path> {
+    let Some(lit) = string_literal(value) else {
+        return Err(syn::Error::new_spanned(
+            value,
+            "`crate` takes the path of the runtime crate as a string, e.g. `crate = \"my_runtime\"`",
+        ));
+    };
+    lit.parse::<syn::Path>().map_err(|_| {
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "{:?} is not a path: `crate` names the runtime crate as you import it, e.g. \
+                 `crate = \"my_runtime\"`",
+                lit.value()
+            ),
+        )
+    })
+}
+
+/// The candidate closest to `name` when it looks like a typo of it.
+pub(crate) fn closest<'a>(
+    name: &str,
+    candidates: impl Iterator<Item = &'a str>,
+) -> Option<&'a str> {
+    candidates
+        .map(|candidate| (edit_distance(name, candidate), candidate))
+        .filter(|&(distance, candidate)| distance > 0 && distance <= (candidate.len().max(3) / 3))
+        .min_by_key(|&(distance, _)| distance)
+        .map(|(_, candidate)| candidate)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                diagonal
+            } else {
+                1 + diagonal.min(above).min(row[j])
+            };
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// The span of the whole attribute, for errors about something missing from it.
+pub(crate) fn attribute_span() -> Span {
+    Span::call_site()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn parse(tokens: TokenStream) -> (Args, Vec<String>) {
+        let mut errors = Vec::new();
+        let args = Args::parse(tokens, &mut errors);
+        (args, errors.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn parses_every_argument() {
+        let (args, errors) = parse(quote! {
+            scope = caller, ttl = "1h30m", lease = "10s", on_server_error = store,
+            fingerprint = "json", replay_headers = ["x-request-cost", "x-b"], crate = "renamed",
+        });
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(args.complete);
+        assert_eq!(args.scope.unwrap(), "caller");
+        assert_eq!(args.ttl.unwrap().secs, 5_400);
+        assert_eq!(args.lease.unwrap().secs, 10);
+        assert_eq!(args.on_server_error, Some(OnServerError::Store));
+        assert_eq!(args.fingerprint, Some(FingerprintMode::Json));
+        assert_eq!(args.replay_headers.unwrap().len(), 2);
+        assert!(args.krate.unwrap().is_ident("renamed"));
+    }
+
+    #[test]
+    fn reports_every_mistake_at_once() {
+        let (args, errors) = parse(quote! {
+            scope = "caller", tll = "1h", ttl = 24, ttl = "2h", lease,
+            on_server_error = "store", fingerprint = json, replay_headers = ["X-Cost", "set-cookie", "a b"],
+        });
+        assert!(args.complete);
+        let expected = [
+            "without quotes",
+            "did you mean `ttl`?",
+            "takes a duration string",
+            "duplicate argument `ttl`",
+            "`lease` needs a value",
+            "write `on_server_error = store` without quotes",
+            "write `fingerprint = \"json\"` with quotes",
+            "are lower-case: write \"x-cost\"",
+            "\"set-cookie\" cannot be replayed",
+            "is not a valid header name",
+        ];
+        assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+        for (error, expected) in errors.iter().zip(expected) {
+            assert!(
+                error.contains(expected),
+                "{error:?} should contain {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn odd_values_are_explained() {
+        let (args, errors) = parse(quote! {
+            a::b = 1, scope = caller.account_id, crate = "not a path", replay_headers = [x],
+            on_server_error = "retry", fingerprint = 1,
+        });
+        assert!(args.complete);
+        let expected = [
+            "unknown argument `a::b`",
+            "to scope by a field, implement `Scope`",
+            "is not a path",
+            "write each header name as a string",
+            "unknown `on_server_error` policy \"retry\"",
+            "unknown fingerprint mode:",
+        ];
+        assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+        for (error, expected) in errors.iter().zip(expected) {
+            assert!(
+                error.contains(expected),
+                "{error:?} should contain {expected:?}"
+            );
+        }
+        let (args, errors) = parse(quote!(wait = "5s"));
+        assert!(args.scope.is_none());
+        assert!(
+            errors[0].contains("`wait` is not supported yet"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn lease_must_be_shorter_than_ttl() {
+        let (_, errors) = parse(quote!(scope = c, ttl = "1m", lease = "60s"));
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].contains("must be shorter"), "{errors:?}");
+        let (_, errors) = parse(quote!(scope = c, ttl = "1m", lease = "59s"));
+        assert!(errors.is_empty());
+    }
+
+    #[test]
+    fn syntax_errors_mark_the_arguments_incomplete() {
+        let (args, errors) = parse(quote!(scope = caller ttl = "1h"));
+        assert!(!args.complete);
+        assert_eq!(errors.len(), 1);
+    }
+
+    #[test]
+    fn suggests_close_names_only() {
+        assert_eq!(closest("scop", KNOWN.iter().copied()), Some("scope"));
+        assert_eq!(
+            closest("replay_header", KNOWN.iter().copied()),
+            Some("replay_headers")
+        );
+        assert_eq!(closest("wait", KNOWN.iter().copied()), None);
+    }
+}

@@ -1,0 +1,208 @@
+//! Code generation: the handler becomes a wrapper that extracts everything, claims the key
+//! and runs the original body (moved into an inner `async fn`) through the engine.
+//!
+//! ```text
+//! pub async fn create(__idem: Guard, __arg0: Caller, __arg2: Hashed<Json<Req>>) -> Response {
+//!     async fn create(caller: Caller, key: IdempotencyKey, Json(req): Json<Req>) -> R { body }
+//!     const __CONFIG: HandlerConfig = HandlerConfig::new().ttl(duration_from_secs(86400));
+//!     let (__arg2, __fingerprint) = __arg2.into_parts(__CONFIG.fingerprint);
+//!     let __scope = <Caller as Scope>::scope(&__arg0).into_owned();
+//!     __idem.run(&__CONFIG, &__scope, __fingerprint, move |__key| create(__arg0, __key, __arg2)).await
+//! }
+//! ```
+//!
+//! The inner function keeps the handler's name, so diagnostics about its body and future
+//! ("future returned by `create` is not `Send`") name the user's function.
+
+use proc_macro2::{Literal, Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::ItemFn;
+use syn::spanned::Spanned;
+
+use crate::args::{Args, FingerprintMode, OnServerError};
+use crate::signature::{self, Handler, ParamKind};
+
+/// Clippy's default `too_many_arguments` threshold.
+const CLIPPY_MAX_ARGS: usize = 7;
+
+/// The whole macro on `proc_macro2` streams: the expansion, or the untouched item plus
+/// every error found.
+pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Vec::new();
+    let args = Args::parse(args, &mut errors);
+    let func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(func) => func,
+        Err(_) => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                "`#[idempotent]` goes on an `async fn` Axum handler",
+            ));
+            return with_errors(item, errors);
+        }
+    };
+    match signature::check(&func, &args, &mut errors) {
+        Some(handler) if errors.is_empty() => generate(&args, &handler),
+        _ => with_errors(item, errors),
+    }
+}
+
+/// The original item followed by the errors, so the function stays visible to the rest of
+/// the crate and to rust-analyzer while the attribute is being fixed.
+fn with_errors(item: TokenStream, errors: Vec<syn::Error>) -> TokenStream {
+    let errors = errors.iter().map(syn::Error::to_compile_error);
+    quote! {
+        #item
+        #(#errors)*
+    }
+}
+
+fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
+    let krate = match &args.krate {
+        Some(path) => quote!(#path),
+        None => quote!(::idempotent_runtime),
+    };
+    let p = quote!(#krate::__private);
+    let func = handler.func;
+    let attrs = &func.attrs;
+    let vis = &func.vis;
+    let name = &func.sig.ident;
+    let output = &func.sig.output;
+    let block = &func.block;
+    let inner_params = handler.params.iter().map(|param| param.arg);
+
+    let arg_name = |index: usize| format_ident!("__arg{}", index);
+    let last_extractor = handler.extractors().last().map(|(index, _)| index);
+    let wraps_last = !handler.appends_unit_hash();
+
+    // The wrapper's extractors: the user's, minus `IdempotencyKey`, the last in `Hashed`.
+    let mut wrapper_params: Vec<TokenStream> = handler
+        .extractors()
+        .map(|(index, param)| {
+            let ident = arg_name(index);
+            let ty = &param.arg.ty;
+            if wraps_last && Some(index) == last_extractor {
+                quote!(#ident: #p::Hashed<#ty>)
+            } else {
+                quote!(#ident: #ty)
+            }
+        })
+        .collect();
+    let unhash = match last_extractor {
+        Some(index) if wraps_last => {
+            let ident = arg_name(index);
+            quote!(let (#ident, __fingerprint) = #ident.into_parts(__CONFIG.fingerprint);)
+        }
+        _ => {
+            wrapper_params.push(quote!(__hashed: #p::Hashed<()>));
+            quote!(let ((), __fingerprint) = __hashed.into_parts(__CONFIG.fingerprint);)
+        }
+    };
+
+    // `Scope` is checked on the argument's type: a missing impl is reported there.
+    let scope_arg = arg_name(handler.scope);
+    let scope_ty = &handler.params[handler.scope].arg.ty;
+    let scope_fn = quote_spanned!(scope_ty.span()=> <#scope_ty as #p::Scope>::scope);
+
+    let call_args = handler
+        .params
+        .iter()
+        .enumerate()
+        .map(|(index, param)| match param.kind {
+            ParamKind::Extractor => {
+                let ident = arg_name(index);
+                quote!(#ident)
+            }
+            ParamKind::Key => quote!(__key),
+            ParamKind::Tx(_) => quote!(&mut __tx),
+        });
+    let key_param = if handler
+        .params
+        .iter()
+        .any(|param| matches!(param.kind, ParamKind::Key))
+    {
+        quote!(__key)
+    } else {
+        quote!(_)
+    };
+    let config = config(args, &p);
+    // The engine's bounds (a `Send + 'static` future, an `IntoResponse` output) are
+    // reported on the return type (or the name): that is what the user changes.
+    let bound_span = match output {
+        syn::ReturnType::Type(_, ty) => ty.span(),
+        syn::ReturnType::Default => name.span(),
+    };
+    let run = match handler.transaction() {
+        None => quote_spanned! {bound_span=>
+            __idem
+                .run(&__CONFIG, &__scope, __fingerprint, move |#key_param| #name(#(#call_args),*))
+                .await
+        },
+        // The engine opens the transaction and gets it back with the handler's result, to
+        // commit (with the stored response) or roll back.
+        Some(tx) => quote_spanned! {bound_span=>
+            __idem
+                .run_in_transaction(
+                    &__CONFIG,
+                    &__scope,
+                    __fingerprint,
+                    move |#key_param, mut __tx: #tx| async move {
+                        let __result = #name(#(#call_args),*).await;
+                        (__result, __tx)
+                    },
+                )
+                .await
+        },
+    };
+
+    // Clippy counts the wrapper's arguments: when only the added `Guard`/`Hashed<()>` take
+    // it over the default limit, that is not the user's doing. (Above the limit already,
+    // the user's own `#[allow]` on the function covers the wrapper too.)
+    let wrapper_count = 1 + wrapper_params.len();
+    let user_count = handler.params.len();
+    let allow_arity = (user_count <= CLIPPY_MAX_ARGS && wrapper_count > CLIPPY_MAX_ARGS)
+        .then(|| quote!(#[allow(clippy::too_many_arguments)]));
+
+    quote! {
+        #(#attrs)*
+        #allow_arity
+        #vis async fn #name(__idem: #p::Guard, #(#wrapper_params),*) -> #p::Response {
+            async fn #name(#(#inner_params),*) #output #block
+            const __CONFIG: #p::HandlerConfig = #config;
+            #unhash
+            let __scope = #scope_fn(&#scope_arg).into_owned();
+            #run
+        }
+    }
+}
+
+/// The `const` handler configuration: only what the attribute sets, the rest is the
+/// engine's default.
+fn config(args: &Args, p: &TokenStream) -> TokenStream {
+    let mut config = quote!(#p::HandlerConfig::new());
+    if let Some(ttl) = &args.ttl {
+        let secs = Literal::u64_unsuffixed(ttl.secs);
+        config.extend(quote!(.ttl(#p::duration_from_secs(#secs))));
+    }
+    if let Some(lease) = &args.lease {
+        let secs = Literal::u64_unsuffixed(lease.secs);
+        config.extend(quote!(.lease(#p::duration_from_secs(#secs))));
+    }
+    if let Some(policy) = args.on_server_error {
+        let variant = match policy {
+            OnServerError::Release => quote!(Release),
+            OnServerError::Store => quote!(Store),
+        };
+        config.extend(quote!(.on_server_error(#p::OnServerError::#variant)));
+    }
+    if let Some(mode) = args.fingerprint {
+        let variant = match mode {
+            FingerprintMode::Raw => quote!(Raw),
+            FingerprintMode::Json => quote!(Json),
+        };
+        config.extend(quote!(.fingerprint(#p::FingerprintMode::#variant)));
+    }
+    if let Some(names) = &args.replay_headers {
+        config.extend(quote!(.replay_headers(&[#(#names),*])));
+    }
+    config
+}

@@ -1,0 +1,306 @@
+//! Snapshot tests of whole expansions (pretty-printed), successful and refused.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+/// Runs the macro and pretty-prints what it produced.
+fn expand(args: TokenStream, item: TokenStream) -> String {
+    let output = crate::expand::idempotent(args, item);
+    let file: syn::File = syn::parse2(output.clone())
+        .unwrap_or_else(|err| panic!("the expansion does not parse ({err}):\n{output}"));
+    prettyplease::unparse(&file)
+}
+
+#[test]
+fn full_handler_with_key_state_json_and_result() {
+    let text = expand(
+        quote!(ttl = "24h", scope = caller),
+        quote! {
+            /// Charges a card once per idempotency key.
+            pub async fn create_payment(
+                caller: Caller,
+                key: IdempotencyKey,
+                State(app): State<AppState>,
+                Json(req): Json<ChargeRequest>,
+            ) -> Result<(StatusCode, HeaderMap, Json<Payment>), ApiError> {
+                let payment = app.gateway.charge(&caller, &req, &key.derive("charge")).await?;
+                Ok((StatusCode::CREATED, HeaderMap::new(), Json(payment)))
+            }
+        },
+    );
+    insta::assert_snapshot!("full_handler", text);
+}
+
+#[test]
+fn handler_without_body_gets_a_unit_hash() {
+    let text = expand(
+        quote!(scope = caller),
+        quote! {
+            async fn capture(caller: Caller, Path(id): Path<u64>) -> StatusCode {
+                let _ = (caller, id);
+                StatusCode::NO_CONTENT
+            }
+        },
+    );
+    insta::assert_snapshot!("path_only_no_body", text);
+}
+
+#[test]
+fn every_option_and_a_renamed_crate() {
+    let text = expand(
+        quote! {
+            scope = caller,
+            ttl = "7d",
+            lease = "1m30s",
+            on_server_error = store,
+            fingerprint = "json",
+            replay_headers = ["x-request-cost", "x-ratelimit-remaining"],
+            crate = "renamed::runtime",
+        },
+        quote! {
+            pub(crate) async fn refund(
+                Path(id): Path<String>,
+                Query(q): Query<RefundQuery>,
+                caller: Caller,
+                Json(body): Json<Refund>,
+            ) -> Json<Refunded> {
+                Json(Refunded::new(caller, id, q, body))
+            }
+        },
+    );
+    insta::assert_snapshot!("every_option_renamed_crate", text);
+}
+
+#[test]
+fn scope_last_and_impl_into_response() {
+    let text = expand(
+        quote!(scope = caller),
+        quote! {
+            #[allow(clippy::unused_async)]
+            async fn touch(State(app): State<AppState>, caller: Caller) -> impl IntoResponse {
+                app.touch(&caller);
+                StatusCode::ACCEPTED
+            }
+        },
+    );
+    insta::assert_snapshot!("scope_last_impl_into_response", text);
+}
+
+#[test]
+fn form_body_with_mut_patterns_and_only_scope_and_key() {
+    let text = expand(
+        quote!(scope = account, lease = "10s"),
+        quote! {
+            async fn subscribe(
+                mut account: AccountId,
+                key: idempotent_runtime::IdempotencyKey,
+                Form(mut form): Form<Subscription>,
+            ) -> Result<Redirect, AppError> {
+                form.normalise();
+                account.touch();
+                Ok(Redirect::to(&format!("/subscriptions/{}", key.derive("subscription"))))
+            }
+        },
+    );
+    insta::assert_snapshot!("form_mut_patterns", text);
+    let text = expand(
+        quote!(scope = caller),
+        quote! {
+            async fn replay_me(caller: Caller, key: IdempotencyKey) -> String {
+                key.derive(&caller.0)
+            }
+        },
+    );
+    insta::assert_snapshot!("scope_and_key_only", text);
+}
+
+#[test]
+fn refused_signature_keeps_the_function() {
+    let text = expand(
+        quote!(),
+        quote! {
+            /// Not async, and no scope.
+            pub fn create_payment<T>(&self, Caller(c): Caller, body: Json<T>) -> StatusCode {
+                StatusCode::OK
+            }
+        },
+    );
+    insta::assert_snapshot!("error_signature", text);
+}
+
+#[test]
+fn refused_arguments_are_all_reported() {
+    let text = expand(
+        quote! {
+            scope = caler, tll = "1h", ttl = "0s", ttl = "1h", lease = "2h",
+            on_server_error = retry, fingerprint = "xml", replay_headers = ["X-Cost"],
+        },
+        quote! {
+            async fn create(caller: Caller, Json(req): Json<Req>) -> StatusCode {
+                StatusCode::OK
+            }
+        },
+    );
+    insta::assert_snapshot!("error_arguments", text);
+}
+
+#[test]
+fn destructured_scope_and_duplicate_key_are_refused() {
+    let text = expand(
+        quote!(scope = c, lease = "10s", ttl = "10s"),
+        quote! {
+            async fn create(Caller(c): Caller, a: IdempotencyKey, b: IdempotencyKey) {}
+        },
+    );
+    assert!(
+        text.contains("names a binding inside a destructuring pattern"),
+        "{text}"
+    );
+    assert!(text.contains("write `c: Caller`"), "{text}");
+    assert!(
+        text.contains("only one `IdempotencyKey` argument"),
+        "{text}"
+    );
+    assert!(text.contains("must be shorter than"), "{text}");
+}
+
+#[test]
+fn scope_naming_no_argument_suggests_one() {
+    let text = expand(
+        quote!(scope = calller),
+        quote!(
+            async fn create(caller: Caller, key: IdempotencyKey) {}
+        ),
+    );
+    assert!(text.contains("did you mean `caller`?"), "{text}");
+    let text = expand(
+        quote!(scope = who),
+        quote!(
+            async fn create(caller: Caller, State(s): State<S>) {}
+        ),
+    );
+    assert!(
+        text.contains("its arguments with a plain name are `caller`"),
+        "{text}"
+    );
+    let text = expand(
+        quote!(scope = key),
+        quote!(
+            async fn create(key: IdempotencyKey) {}
+        ),
+    );
+    assert!(
+        text.contains("names the `IdempotencyKey` argument"),
+        "{text}"
+    );
+}
+
+#[test]
+fn misplaced_attribute_is_refused() {
+    let text = expand(
+        quote!(scope = caller),
+        quote!(
+            struct Caller;
+        ),
+    );
+    assert!(text.contains("struct Caller;"), "{text}");
+    assert!(
+        text.contains("goes on an `async fn` Axum handler"),
+        "{text}"
+    );
+}
+
+#[test]
+fn too_many_arguments_are_refused() {
+    let args: Vec<TokenStream> = (0..16_usize)
+        .map(|i| {
+            let name = quote::format_ident!("a{}", i);
+            quote!(#name: Header)
+        })
+        .collect();
+    let text = expand(quote!(scope = a0), quote!(async fn wide(#(#args),*) {}));
+    assert!(text.contains("at most 16 arguments"), "{text}");
+    let text = expand(
+        quote!(scope = a0),
+        quote!(async fn wide(#(#args),*, key: IdempotencyKey) {}),
+    );
+    assert!(text.contains("at most 16 arguments"), "{text}");
+    let fifteen = &args[..15];
+    let text = expand(quote!(scope = a0), quote!(async fn wide(#(#fifteen),*) {}));
+    assert!(!text.contains("compile_error"), "{text}");
+}
+
+#[test]
+fn added_arguments_do_not_trip_clippy_arity() {
+    let text = expand(
+        quote!(scope = caller),
+        quote! {
+            async fn wide(
+                caller: Caller,
+                State(app): State<AppState>,
+                Path(id): Path<u64>,
+                method: Method,
+                uri: Uri,
+                headers: HeaderMap,
+                Json(body): Json<Body>,
+            ) -> StatusCode {
+                app.handle(caller, id, method, uri, headers, body)
+            }
+        },
+    );
+    insta::assert_snapshot!("seven_arguments_allow_arity", text);
+}
+
+#[test]
+fn transactional_handler_runs_in_a_transaction() {
+    let text = expand(
+        quote!(scope = caller, ttl = "24h"),
+        quote! {
+            /// Deposits; the ledger row and the stored response commit together.
+            pub async fn deposit(
+                caller: Caller,
+                key: IdempotencyKey,
+                tx: &mut Tx<Sqlite>,
+                Json(request): Json<DepositRequest>,
+            ) -> Result<Response, ApiError> {
+                sqlx::query(INSERT).bind(caller.account()).bind(request.amount).execute(tx.conn()).await?;
+                Ok(created(key))
+            }
+        },
+    );
+    insta::assert_snapshot!("transactional_handler", text);
+}
+
+#[test]
+fn transaction_arguments_are_checked() {
+    let text = expand(
+        quote!(scope = caller),
+        quote! {
+            async fn deposit(caller: Caller, tx: Tx<Sqlite>, other: &Tx<Sqlite>, t: &mut Tx<Postgres>, u: &mut Tx<Sqlite>) {}
+        },
+    );
+    assert!(
+        text.contains(
+            "take the transaction by mutable reference: `&mut Tx<Sqlite>`; the engine keeps it"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("take the transaction by mutable reference: `&mut Tx<Sqlite>`\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("only one transaction argument is allowed"),
+        "{text}"
+    );
+    let text = expand(
+        quote!(scope = tx),
+        quote!(
+            async fn deposit(tx: &mut Tx<Sqlite>) {}
+        ),
+    );
+    assert!(
+        text.contains("`scope = tx` names the transaction"),
+        "{text}"
+    );
+}
