@@ -14,7 +14,7 @@
 //! The inner function keeps the handler's name, so diagnostics about its body and future
 //! ("future returned by `create` is not `Send`") name the user's function.
 
-use proc_macro2::{Literal, Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Literal, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::ItemFn;
 use syn::spanned::Spanned;
@@ -66,6 +66,9 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
     let attrs = &func.attrs;
     let vis = &func.vis;
     let name = &func.sig.ident;
+    // The user's own `async fn` tokens (see the braces below).
+    let asyncness = &func.sig.asyncness;
+    let fn_token = &func.sig.fn_token;
     let output = &func.sig.output;
     let block = &func.block;
     let inner_params = handler.params.iter().map(|param| param.arg);
@@ -162,16 +165,23 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
     let allow_arity = (user_count <= CLIPPY_MAX_ARGS && wrapper_count > CLIPPY_MAX_ARGS)
         .then(|| quote!(#[allow(clippy::too_many_arguments)]));
 
+    let body = quote! {
+        async fn #name(#(#inner_params),*) #output #block
+        const __CONFIG: #p::HandlerConfig = #config;
+        #unhash
+        let __scope = #scope_fn(&#scope_arg).into_owned();
+        #run
+    };
+    // The wrapper's braces are the user's: with the `async fn` tokens, they place the item
+    // in user code, so rustc still reports an unused handler (`dead_code`).
+    let mut body = Group::new(Delimiter::Brace, body);
+    body.set_span(block.brace_token.span.join());
+
     quote! {
         #(#attrs)*
         #allow_arity
-        #vis async fn #name(__idem: #p::Guard, #(#wrapper_params),*) -> #p::Response {
-            async fn #name(#(#inner_params),*) #output #block
-            const __CONFIG: #p::HandlerConfig = #config;
-            #unhash
-            let __scope = #scope_fn(&#scope_arg).into_owned();
-            #run
-        }
+        #vis #asyncness #fn_token #name(__idem: #p::Guard, #(#wrapper_params),*) -> #p::Response
+        #body
     }
 }
 
