@@ -4,6 +4,7 @@
 #![cfg(feature = "sqlite")]
 
 mod conformance;
+mod transaction;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +55,7 @@ impl conformance::Harness for SqliteHarness {
 }
 
 conformance_suite!(SqliteHarness);
+transaction_suite!(SqliteHarness, sqlx::Sqlite);
 
 fn fingerprint() -> Fingerprint {
     Fingerprint {

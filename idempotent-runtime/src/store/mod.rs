@@ -127,7 +127,7 @@ pub enum StoreError {
 /// Every method is one atomic operation. In particular `try_claim` decides and writes in
 /// one step: a check followed by an insert would let two duplicates both run.
 #[async_trait]
-pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+pub trait Store: std::any::Any + Send + Sync + std::fmt::Debug {
     /// Claims `(scope, key)` atomically. Takes over a record whose TTL expired, or an
     /// in-progress record whose lease ran out *and* whose fingerprint matches.
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;

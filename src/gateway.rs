@@ -1,0 +1,163 @@
+//! A fake payment gateway that behaves like a provider's test mode: it takes an
+//! idempotency key of its own (the derived downstream key), persists every charge it
+//! answers in the demo's database, and has magic amounts.
+//!
+//! - `40200`: the card is declined; the declined charge is recorded.
+//! - `50300`: the gateway is unavailable; nothing is recorded.
+//! - anything else succeeds.
+//!
+//! A second call with the same downstream key returns the first charge, as a real
+//! provider does, so a retry after a crash is deduplicated downstream too.
+
+use std::time::Duration;
+
+use rand::Rng;
+use serde::Serialize;
+use sqlx::Row;
+
+use crate::database::Database;
+use crate::on_pool;
+
+/// The amount the gateway declines.
+pub const DECLINED_AMOUNT: i64 = 40_200;
+/// The amount at which the gateway is unavailable.
+pub const UNAVAILABLE_AMOUNT: i64 = 50_300;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS demo_charges (
+    id TEXT PRIMARY KEY,
+    account TEXT NOT NULL,
+    amount BIGINT NOT NULL,
+    currency TEXT NOT NULL,
+    status TEXT NOT NULL,
+    downstream_key TEXT NOT NULL UNIQUE,
+    created_at BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS demo_charges_account ON demo_charges (account, created_at)
+";
+
+/// A charge as the gateway recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Charge {
+    /// `pay_…`
+    pub id: String,
+    /// The charged account (the API caller).
+    pub account: String,
+    /// Minor units.
+    pub amount: i64,
+    /// ISO 4217 code.
+    pub currency: String,
+    /// `succeeded` or `declined`.
+    pub status: String,
+    /// The idempotency key the gateway was called with.
+    pub downstream_key: String,
+}
+
+/// Why a charge did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The card was declined; the charge is recorded.
+    #[error("card declined")]
+    Declined(Charge),
+    /// The gateway is unavailable; nothing was recorded.
+    #[error("payment gateway unavailable")]
+    Unavailable,
+    /// The gateway's ledger failed.
+    #[error("gateway ledger error: {0}")]
+    Ledger(#[from] sqlx::Error),
+}
+
+/// The fake gateway.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    db: Database,
+    latency: Duration,
+}
+
+impl Gateway {
+    /// A gateway keeping its ledger in `db` (table created if missing).
+    pub async fn new(db: Database, latency: Duration) -> Result<Self, sqlx::Error> {
+        db.execute_script(SCHEMA).await?;
+        Ok(Self { db, latency })
+    }
+
+    /// Charges `amount` to `account`, deduplicated by `downstream_key`.
+    pub async fn charge(
+        &self,
+        account: &str,
+        amount: i64,
+        currency: &str,
+        downstream_key: &str,
+    ) -> Result<Charge, GatewayError> {
+        tokio::time::sleep(self.latency).await;
+        if amount == UNAVAILABLE_AMOUNT {
+            return Err(GatewayError::Unavailable);
+        }
+        let status = if amount == DECLINED_AMOUNT { "declined" } else { "succeeded" };
+        let id = format!("pay_{:016x}", rand::rng().random::<u64>());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        const INSERT: &str = "INSERT INTO demo_charges (id, account, amount, currency, status, downstream_key, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (downstream_key) DO NOTHING";
+        on_pool!(&self.db, |pool| sqlx::query(INSERT)
+            .bind(&id)
+            .bind(account)
+            .bind(amount)
+            .bind(currency)
+            .bind(status)
+            .bind(downstream_key)
+            .bind(now)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))?;
+        let charge = self
+            .find("downstream_key = $1", downstream_key)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or(sqlx::Error::RowNotFound)?;
+        if charge.status == "declined" {
+            return Err(GatewayError::Declined(charge));
+        }
+        Ok(charge)
+    }
+
+    /// The account's charges, oldest first.
+    pub async fn list(&self, account: &str) -> Result<Vec<Charge>, sqlx::Error> {
+        self.find("account = $1", account).await
+    }
+
+    /// One of the account's charges.
+    pub async fn get(&self, account: &str, id: &str) -> Result<Option<Charge>, sqlx::Error> {
+        Ok(self.find("id = $1", id).await?.into_iter().find(|c| c.account == account))
+    }
+
+    /// Every charge of every account (for tests and operators).
+    pub async fn all(&self) -> Result<Vec<Charge>, sqlx::Error> {
+        self.find("1 = 1 OR $1 = ''", "").await
+    }
+
+    async fn find(&self, condition: &'static str, value: &str) -> Result<Vec<Charge>, sqlx::Error> {
+        let sql = format!(
+            "SELECT id, account, amount, currency, status, downstream_key FROM demo_charges \
+             WHERE {condition} ORDER BY created_at, id"
+        );
+        on_pool!(&self.db, |pool| {
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.as_str())).bind(value).fetch_all(pool).await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(Charge {
+                        id: row.try_get("id")?,
+                        account: row.try_get("account")?,
+                        amount: row.try_get("amount")?,
+                        currency: row.try_get("currency")?,
+                        status: row.try_get("status")?,
+                        downstream_key: row.try_get("downstream_key")?,
+                    })
+                })
+                .collect()
+        })
+    }
+}
