@@ -5,8 +5,9 @@
 //!   row for the caller and answers `201` with the entry;
 //! - `GET /balance` — `{"balance": n, "entries": k}` for the caller.
 //!
-//! Test amount `66600` aborts the process after the ledger row is written and before
-//! the transaction commits, to show that a crash there leaves no row behind.
+//! Fault injection: with `LEDGER_CRASH_AFTER_WRITE=1` in its environment the process
+//! aborts after writing a deposit's ledger row and before the transaction commits, to
+//! show that a crash there leaves no row behind (the crash tests use it).
 
 use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
@@ -25,8 +26,8 @@ use crate::database::Database;
 use crate::on_pool;
 use crate::payments::ApiError;
 
-/// The amount at which the demo aborts between its write and the commit.
-pub const CRASH_AMOUNT: i64 = 66_600;
+/// The environment variable that makes the demo abort between a write and its commit.
+pub const CRASH_AFTER_WRITE_ENV: &str = "LEDGER_CRASH_AFTER_WRITE";
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS demo_ledger (
@@ -125,9 +126,10 @@ fn created(entry: Entry) -> Response {
     (StatusCode::CREATED, [(header::LOCATION, location)], Json(entry)).into_response()
 }
 
-fn crash_if_asked(entry: &Entry) {
-    if entry.amount == CRASH_AMOUNT {
-        eprintln!("ledger demo: aborting after the write, before the commit (test amount {CRASH_AMOUNT})");
+fn crash_if_asked() {
+    static CRASH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *CRASH.get_or_init(|| std::env::var(CRASH_AFTER_WRITE_ENV).is_ok_and(|v| v == "1")) {
+        eprintln!("ledger demo: aborting after the write, before the commit ({CRASH_AFTER_WRITE_ENV}=1)");
         std::process::abort();
     }
 }
@@ -151,7 +153,7 @@ pub async fn deposit_sqlite(
         .bind(now_millis())
         .execute(tx.conn())
         .await?;
-    crash_if_asked(&entry);
+    crash_if_asked();
     Ok(created(entry))
 }
 
@@ -174,7 +176,7 @@ pub async fn deposit_postgres(
         .bind(now_millis())
         .execute(tx.conn())
         .await?;
-    crash_if_asked(&entry);
+    crash_if_asked();
     Ok(created(entry))
 }
 

@@ -2,6 +2,7 @@
 //! retry that matters lands on another instance than the original.
 //!
 //! Needs `IDEMPOTENT_TEST_POSTGRES_URL`; each test creates and drops its own database.
+#![cfg(feature = "postgres")]
 
 #[path = "support/process.rs"]
 mod process;

@@ -4,6 +4,7 @@
 //!
 //! Cutting the proxy closes every open connection and refuses new ones, which is what an
 //! app sees of a Postgres restart, without disturbing the tests that share the server.
+#![cfg(feature = "postgres")]
 
 #[path = "support/process.rs"]
 mod process;

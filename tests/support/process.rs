@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+#[cfg(feature = "postgres")]
 use sqlx::Connection;
 
 /// A running demo process, killed (SIGKILL) on drop.
@@ -17,9 +18,18 @@ impl Instance {
     /// Starts `binary` (`env!("CARGO_BIN_EXE_…")`) on a free port with `args`, and waits
     /// until it accepts connections.
     pub async fn start(binary: &str, database_url: &str, extra: &[&str]) -> Instance {
+        Self::start_command(Command::new(binary), database_url, extra).await
+    }
+
+    /// Like [`start`](Self::start), for a prepared command (e.g. with extra environment).
+    pub async fn start_command(
+        mut command: Command,
+        database_url: &str,
+        extra: &[&str],
+    ) -> Instance {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let child = Command::new(binary)
+        let child = command
             .arg("--addr")
             .arg(addr.to_string())
             .arg("--database-url")
@@ -62,50 +72,78 @@ impl Drop for Instance {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
-/// A fresh Postgres database for one test, dropped on drop; `None` (with a notice) when
-/// `IDEMPOTENT_TEST_POSTGRES_URL` is unset.
-pub struct TestDatabase {
-    admin_url: String,
-    pub name: String,
-    pub url: String,
-}
+#[cfg(feature = "postgres")]
+pub use postgres::TestDatabase;
 
-impl TestDatabase {
-    pub async fn create(test: &str) -> Option<TestDatabase> {
-        let Ok(admin_url) = std::env::var("IDEMPOTENT_TEST_POSTGRES_URL") else {
-            eprintln!("skipped {test}: IDEMPOTENT_TEST_POSTGRES_URL is not set");
-            return None;
-        };
-        let name = format!("idem_{}_{:08x}", test, rand_u32());
-        let mut conn = sqlx::PgConnection::connect(&admin_url).await.expect("connect to IDEMPOTENT_TEST_POSTGRES_URL");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(&mut conn).await.expect("create database");
-        let url = with_database(&admin_url, &name);
-        Some(TestDatabase { admin_url, name, url })
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+
+    /// A fresh Postgres database for one test, dropped on drop; `None` (with a notice) when
+    /// `IDEMPOTENT_TEST_POSTGRES_URL` is unset.
+    pub struct TestDatabase {
+        admin_url: String,
+        pub name: String,
+        pub url: String,
     }
 
-    pub async fn pool(&self) -> sqlx::PgPool {
-        sqlx::PgPool::connect(&self.url).await.expect("connect test database")
-    }
-}
+    impl TestDatabase {
+        pub async fn create(test: &str) -> Option<TestDatabase> {
+            let Ok(admin_url) = std::env::var("IDEMPOTENT_TEST_POSTGRES_URL") else {
+                eprintln!("skipped {test}: IDEMPOTENT_TEST_POSTGRES_URL is not set");
+                return None;
+            };
+            let name = format!("idem_{}_{:08x}", test, rand_u32());
+            let mut conn = sqlx::PgConnection::connect(&admin_url)
+                .await
+                .expect("connect to IDEMPOTENT_TEST_POSTGRES_URL");
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+                .execute(&mut conn)
+                .await
+                .expect("create database");
+            let url = with_database(&admin_url, &name);
+            Some(TestDatabase {
+                admin_url,
+                name,
+                url,
+            })
+        }
 
-impl Drop for TestDatabase {
-    fn drop(&mut self) {
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        // Drop cannot await: clean up on a thread with its own runtime, and wait for it.
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            runtime.block_on(async {
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url).await {
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+        pub async fn pool(&self) -> sqlx::PgPool {
+            sqlx::PgPool::connect(&self.url)
+                .await
+                .expect("connect test database")
+        }
+    }
+
+    impl Drop for TestDatabase {
+        fn drop(&mut self) {
+            let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+            // Drop cannot await: clean up on a thread with its own runtime, and wait for it.
+            let _ = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url).await {
+                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                        )))
                         .execute(&mut conn)
                         .await;
-                }
-            });
-        })
-        .join();
+                    }
+                });
+            })
+            .join();
+        }
     }
 }
 
@@ -129,6 +167,11 @@ pub fn with_database(url: &str, name: &str) -> String {
 fn rand_u32() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    );
     hasher.finish() as u32
 }

@@ -1,0 +1,172 @@
+//! The ledger demo (DESIGN §5) on SQLite and on Postgres: deposits and their stored
+//! responses commit together; a crash between the write and the commit leaves nothing.
+
+mod support;
+
+#[path = "support/process.rs"]
+mod process;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http::{Request, StatusCode};
+use idempotent_demo::database::{self, Database};
+use idempotent_demo::ledger::{self, Balance, LedgerState, balance_of};
+use idempotent_runtime::Idempotency;
+#[cfg(feature = "postgres")]
+use process::TestDatabase;
+use process::Instance;
+use support::send;
+
+const LEDGER: &str = env!("CARGO_BIN_EXE_ledger-demo");
+
+async fn ledger_app(url: &str) -> (Router, Database) {
+    let (db, store) = database::open(url).await.expect("open ledger database");
+    ledger::migrate(&db).await.expect("ledger schema");
+    let idempotency = Idempotency::builder_shared(store).build();
+    (ledger::router(LedgerState { idempotency, db: db.clone() }), db)
+}
+
+fn deposit(key: &str, body: &str) -> Request<Body> {
+    Request::post("/deposits")
+        .header("authorization", "Bearer sk_test_alice")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+async fn deposits_commit_with_their_response(url: &str) {
+    let (app, db) = ledger_app(url).await;
+    let first = send(&app, deposit("d-1", r#"{"amount": 500}"#)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.json()["amount"], 500);
+    let replay = send(&app, deposit("d-1", r#"{"amount": 500}"#)).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+
+    let invalid = send(&app, deposit("d-2", r#"{"amount": 0}"#)).await;
+    assert_eq!(invalid.status, StatusCode::BAD_REQUEST);
+    let invalid_again = send(&app, deposit("d-2", r#"{"amount": 0}"#)).await;
+    assert!(invalid_again.replayed(), "a 400 is committed and replayed");
+
+    let balance = send(
+        &app,
+        Request::get("/balance").header("authorization", "Bearer sk_test_alice").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(balance.json(), serde_json::json!({"balance": 500, "entries": 1}));
+    assert_eq!(balance_of(&db, "acct_bob").await.unwrap(), Balance { balance: 0, entries: 0 });
+}
+
+async fn fifty_duplicates_write_one_row(url: &str) {
+    let (app, db) = ledger_app(url).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(50));
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (app, barrier) = (app.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                send(&app, deposit("dup", r#"{"amount": 700}"#)).await.status
+            })
+        })
+        .collect();
+    for task in tasks {
+        let status = task.await.unwrap();
+        assert!(status == StatusCode::CREATED || status == StatusCode::CONFLICT, "status {status}");
+    }
+    assert_eq!(balance_of(&db, "acct_alice").await.unwrap(), Balance { balance: 700, entries: 1 });
+}
+
+async fn idempotency_state(db: &Database) -> Vec<String> {
+    idempotent_demo::on_pool!(db, |pool| sqlx::query_scalar("SELECT state FROM idempotency_records")
+        .fetch_all(pool)
+        .await
+        .unwrap())
+}
+
+/// A real OS process aborts after writing a deposit and before committing it.
+async fn crash_between_write_and_commit(url: &str) {
+    let flags = ["--lease", "2s"];
+    let crashing = {
+        let mut command = std::process::Command::new(LEDGER);
+        command.env(ledger::CRASH_AFTER_WRITE_ENV, "1");
+        Instance::start_command(command, url, &flags).await
+    };
+    let client = reqwest::Client::new();
+    let post = |instance: &Instance| {
+        client
+            .post(instance.url("/deposits"))
+            .header("authorization", "Bearer sk_test_alice")
+            .header("idempotency-key", "crash-1")
+            .header("content-type", "application/json")
+            .body(r#"{"amount": 900}"#)
+            .send()
+    };
+    assert!(post(&crashing).await.is_err(), "the process died mid-request");
+    drop(crashing);
+
+    let (_, db) = ledger_app(url).await;
+    assert_eq!(balance_of(&db, "acct_alice").await.unwrap(), Balance { balance: 0, entries: 0 }, "no ledger row");
+    assert_eq!(idempotency_state(&db).await, vec!["in_progress".to_owned()], "the claim is left in progress");
+
+    let healthy = Instance::start(LEDGER, url, &flags).await;
+    let mut statuses = Vec::new();
+    for _ in 0..60 {
+        let response = post(&healthy).await.unwrap();
+        statuses.push(response.status());
+        if response.status() != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(statuses.last(), Some(&StatusCode::CREATED), "statuses {statuses:?}");
+    let replay = post(&healthy).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(balance_of(&db, "acct_alice").await.unwrap(), Balance { balance: 900, entries: 1 }, "applied exactly once");
+}
+
+fn sqlite_url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite://{}", dir.path().join("ledger.db").display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_deposits_commit_with_their_response() {
+    let dir = tempfile::tempdir().unwrap();
+    deposits_commit_with_their_response(&sqlite_url(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_fifty_duplicates_write_one_row() {
+    let dir = tempfile::tempdir().unwrap();
+    fifty_duplicates_write_one_row(&sqlite_url(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_crash_between_write_and_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    crash_between_write_and_commit(&sqlite_url(&dir)).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_deposits_commit_with_their_response() {
+    let Some(db) = TestDatabase::create("ledger_commit").await else { return };
+    deposits_commit_with_their_response(&db.url).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_fifty_duplicates_write_one_row() {
+    let Some(db) = TestDatabase::create("ledger_dup").await else { return };
+    fifty_duplicates_write_one_row(&db.url).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_crash_between_write_and_commit() {
+    let Some(db) = TestDatabase::create("ledger_crash").await else { return };
+    crash_between_write_and_commit(&db.url).await;
+}
