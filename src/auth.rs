@@ -10,7 +10,8 @@ use http::{StatusCode, header};
 use idempotent_runtime::{Problem, Scope};
 
 /// The demo API keys and the accounts they authenticate.
-pub const DEMO_KEYS: [(&str, &str); 2] = [("sk_test_alice", "acct_alice"), ("sk_test_bob", "acct_bob")];
+pub const DEMO_KEYS: [(&str, &str); 2] =
+    [("sk_test_alice", "acct_alice"), ("sk_test_bob", "acct_bob")];
 
 /// The authenticated caller: an account id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +40,12 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        let account = token.and_then(|token| DEMO_KEYS.iter().find(|(key, _)| *key == token).map(|(_, account)| *account));
+        let account = token.and_then(|token| {
+            DEMO_KEYS
+                .iter()
+                .find(|(key, _)| *key == token)
+                .map(|(_, account)| *account)
+        });
         match account {
             Some(account) => Ok(Caller(account.to_owned())),
             None => Err(Problem::new(

@@ -93,7 +93,11 @@ impl Gateway {
         if amount == UNAVAILABLE_AMOUNT {
             return Err(GatewayError::Unavailable);
         }
-        let status = if amount == DECLINED_AMOUNT { "declined" } else { "succeeded" };
+        let status = if amount == DECLINED_AMOUNT {
+            "declined"
+        } else {
+            "succeeded"
+        };
         let id = format!("pay_{:016x}", rand::rng().random::<u64>());
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -131,7 +135,11 @@ impl Gateway {
 
     /// One of the account's charges.
     pub async fn get(&self, account: &str, id: &str) -> Result<Option<Charge>, sqlx::Error> {
-        Ok(self.find("id = $1", id).await?.into_iter().find(|c| c.account == account))
+        Ok(self
+            .find("id = $1", id)
+            .await?
+            .into_iter()
+            .find(|c| c.account == account))
     }
 
     /// Every charge of every account (for tests and operators).
@@ -145,7 +153,10 @@ impl Gateway {
              WHERE {condition} ORDER BY created_at, id"
         );
         on_pool!(&self.db, |pool| {
-            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.as_str())).bind(value).fetch_all(pool).await?;
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+                .bind(value)
+                .fetch_all(pool)
+                .await?;
             rows.iter()
                 .map(|row| {
                     Ok(Charge {

@@ -101,9 +101,9 @@ pub struct Balance {
 }
 
 /// Validates a deposit and builds its entry; `Err` is the `400` to answer.
-fn entry_for(caller: &Caller, request: &DepositRequest) -> Result<Entry, Response> {
+fn entry_for(caller: &Caller, request: &DepositRequest) -> Result<Entry, ApiError> {
     let amount = request.amount.as_i64().filter(|a| *a > 0).ok_or_else(|| {
-        ApiError::Invalid("amount must be a positive integer in minor units, e.g. 500".into()).into_response()
+        ApiError::Invalid("amount must be a positive integer in minor units, e.g. 500".into())
     })?;
     Ok(Entry {
         id: format!("dep_{:016x}", rand::rng().random::<u64>()),
@@ -112,7 +112,8 @@ fn entry_for(caller: &Caller, request: &DepositRequest) -> Result<Entry, Respons
     })
 }
 
-const INSERT_ENTRY: &str = "INSERT INTO demo_ledger (id, account, amount, created_at) VALUES ($1, $2, $3, $4)";
+const INSERT_ENTRY: &str =
+    "INSERT INTO demo_ledger (id, account, amount, created_at) VALUES ($1, $2, $3, $4)";
 
 fn now_millis() -> i64 {
     std::time::SystemTime::now()
@@ -122,66 +123,73 @@ fn now_millis() -> i64 {
 }
 
 fn created(entry: Entry) -> Response {
-    let location = HeaderValue::try_from(format!("/deposits/{}", entry.id)).expect("ids are header-safe");
-    (StatusCode::CREATED, [(header::LOCATION, location)], Json(entry)).into_response()
+    let location =
+        HeaderValue::try_from(format!("/deposits/{}", entry.id)).expect("ids are header-safe");
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(entry),
+    )
+        .into_response()
 }
 
 fn crash_if_asked() {
     static CRASH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if *CRASH.get_or_init(|| std::env::var(CRASH_AFTER_WRITE_ENV).is_ok_and(|v| v == "1")) {
-        eprintln!("ledger demo: aborting after the write, before the commit ({CRASH_AFTER_WRITE_ENV}=1)");
+        eprintln!(
+            "ledger demo: aborting after the write, before the commit ({CRASH_AFTER_WRITE_ENV}=1)"
+        );
         std::process::abort();
     }
 }
 
-/// `POST /deposits` on SQLite: the ledger row and the stored response commit together.
-/// A validation `400` is an `Ok` answer, so it is committed and replayed too.
-#[idempotent(scope = caller)]
-pub async fn deposit_sqlite(
-    caller: Caller,
-    tx: &mut Tx<Sqlite>,
-    Json(request): Json<DepositRequest>,
-) -> Result<Response, ApiError> {
-    let entry = match entry_for(&caller, &request) {
-        Ok(entry) => entry,
-        Err(invalid) => return Ok(invalid),
+/// Defines the `POST /deposits` handler for one database: the ledger row and the stored
+/// response commit together. A validation `400` is an `Ok` answer, so it is committed and
+/// replayed too; a database error is an `Err` and rolls back.
+macro_rules! deposit_handler {
+    ($(#[$attr:meta])* $name:ident, $db:ty) => {
+        $(#[$attr])*
+        #[idempotent(scope = caller)]
+        pub async fn $name(
+            caller: Caller,
+            tx: &mut Tx<$db>,
+            Json(request): Json<DepositRequest>,
+        ) -> Result<Response, ApiError> {
+            let entry = match entry_for(&caller, &request) {
+                Ok(entry) => entry,
+                Err(invalid) => return Ok(invalid.into_response()),
+            };
+            sqlx::query(INSERT_ENTRY)
+                .bind(&entry.id)
+                .bind(&entry.account)
+                .bind(entry.amount)
+                .bind(now_millis())
+                .execute(tx.conn())
+                .await?;
+            crash_if_asked();
+            Ok(created(entry))
+        }
     };
-    sqlx::query(INSERT_ENTRY)
-        .bind(&entry.id)
-        .bind(&entry.account)
-        .bind(entry.amount)
-        .bind(now_millis())
-        .execute(tx.conn())
-        .await?;
-    crash_if_asked();
-    Ok(created(entry))
 }
 
-/// `POST /deposits` on Postgres; the same as [`deposit_sqlite`].
+deposit_handler!(
+    /// `POST /deposits` on SQLite.
+    deposit_sqlite,
+    Sqlite
+);
+
 #[cfg(feature = "postgres")]
-#[idempotent(scope = caller)]
-pub async fn deposit_postgres(
-    caller: Caller,
-    tx: &mut Tx<Postgres>,
-    Json(request): Json<DepositRequest>,
-) -> Result<Response, ApiError> {
-    let entry = match entry_for(&caller, &request) {
-        Ok(entry) => entry,
-        Err(invalid) => return Ok(invalid),
-    };
-    sqlx::query(INSERT_ENTRY)
-        .bind(&entry.id)
-        .bind(&entry.account)
-        .bind(entry.amount)
-        .bind(now_millis())
-        .execute(tx.conn())
-        .await?;
-    crash_if_asked();
-    Ok(created(entry))
-}
+deposit_handler!(
+    /// `POST /deposits` on Postgres.
+    deposit_postgres,
+    Postgres
+);
 
 /// `GET /balance`: the caller's balance and number of entries.
-pub async fn balance(caller: Caller, State(state): State<LedgerState>) -> Result<Json<Balance>, ApiError> {
+pub async fn balance(
+    caller: Caller,
+    State(state): State<LedgerState>,
+) -> Result<Json<Balance>, ApiError> {
     Ok(Json(balance_of(&state.db, caller.account()).await?))
 }
 

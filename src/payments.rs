@@ -100,13 +100,21 @@ pub enum ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let problem = match self {
-            ApiError::Invalid(detail) => Problem::new(StatusCode::BAD_REQUEST, "invalid_request", "Invalid request", detail),
+            ApiError::Invalid(detail) => Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "Invalid request",
+                detail,
+            ),
             ApiError::Declined(payment) => {
                 let mut problem = Problem::new(
                     StatusCode::PAYMENT_REQUIRED,
                     "card_declined",
                     "Card declined",
-                    format!("The card was declined; payment {} is recorded as declined.", payment.id),
+                    format!(
+                        "The card was declined; payment {} is recorded as declined.",
+                        payment.id
+                    ),
                 );
                 problem.reason = Some(payment.id);
                 problem
@@ -118,10 +126,20 @@ impl IntoResponse for ApiError {
                 "Nothing was charged. Retry with the same Idempotency-Key.",
             )
             .with_retry_after(1),
-            ApiError::NotFound => Problem::new(StatusCode::NOT_FOUND, "not_found", "Not found", "No such payment for this account."),
+            ApiError::NotFound => Problem::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "Not found",
+                "No such payment for this account.",
+            ),
             ApiError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
-                Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "Internal error", "Something went wrong.")
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    "Internal error",
+                    "Something went wrong.",
+                )
             }
         };
         problem.into_response()
@@ -139,12 +157,18 @@ fn validate(request: &ChargeRequest) -> Result<(i64, String), ApiError> {
         .amount
         .as_i64()
         .filter(|amount| *amount > 0)
-        .ok_or_else(|| ApiError::Invalid("amount must be a positive integer in minor units, e.g. 10000".into()))?;
+        .ok_or_else(|| {
+            ApiError::Invalid("amount must be a positive integer in minor units, e.g. 10000".into())
+        })?;
     match request.currency.as_str() {
-        Some(currency) if currency.len() == 3 && currency.bytes().all(|b| b.is_ascii_uppercase()) => {
+        Some(currency)
+            if currency.len() == 3 && currency.bytes().all(|b| b.is_ascii_uppercase()) =>
+        {
             Ok((amount, currency.to_owned()))
         }
-        _ => Err(ApiError::Invalid("currency must be three upper-case letters, e.g. \"BRL\"".into())),
+        _ => Err(ApiError::Invalid(
+            "currency must be three upper-case letters, e.g. \"BRL\"".into(),
+        )),
     }
 }
 
@@ -166,12 +190,20 @@ pub async fn create_payment(
             GatewayError::Ledger(err) => err.into(),
         })?;
     let payment = Payment::from(charge);
-    let location = HeaderValue::try_from(format!("/payments/{}", payment.id)).map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(payment)))
+    let location = HeaderValue::try_from(format!("/payments/{}", payment.id))
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(payment),
+    ))
 }
 
 /// `GET /payments`: the caller's charges as the gateway recorded them.
-pub async fn list_payments(caller: Caller, State(gateway): State<Gateway>) -> Result<Json<Vec<Payment>>, ApiError> {
+pub async fn list_payments(
+    caller: Caller,
+    State(gateway): State<Gateway>,
+) -> Result<Json<Vec<Payment>>, ApiError> {
     let charges = gateway.list(caller.account()).await?;
     Ok(Json(charges.into_iter().map(Payment::from).collect()))
 }
@@ -182,6 +214,9 @@ pub async fn get_payment(
     State(gateway): State<Gateway>,
     Path(id): Path<String>,
 ) -> Result<Json<Payment>, ApiError> {
-    let charge = gateway.get(caller.account(), &id).await?.ok_or(ApiError::NotFound)?;
+    let charge = gateway
+        .get(caller.account(), &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
     Ok(Json(charge.into()))
 }

@@ -40,11 +40,19 @@ pub async fn serve(demo: Demo, args: DemoArgs) -> Result<(), Box<dyn std::error:
     Ok(())
 }
 
-async fn build(demo: Demo, db: Database, idempotency: Idempotency, args: &DemoArgs) -> Result<Router, Box<dyn std::error::Error>> {
+async fn build(
+    demo: Demo,
+    db: Database,
+    idempotency: Idempotency,
+    args: &DemoArgs,
+) -> Result<Router, Box<dyn std::error::Error>> {
     Ok(match demo {
         Demo::Payments => {
             let gateway = Gateway::new(db, args.gateway_latency()).await?;
-            payments::router(payments::AppState { idempotency, gateway })
+            payments::router(payments::AppState {
+                idempotency,
+                gateway,
+            })
         }
         Demo::Ledger => {
             ledger::migrate(&db).await?;
@@ -55,7 +63,11 @@ async fn build(demo: Demo, db: Database, idempotency: Idempotency, args: &DemoAr
 
 fn print_banner(demo: Demo, addr: std::net::SocketAddr, args: &DemoArgs) {
     let (name, path, body) = match demo {
-        Demo::Payments => ("payments", "payments", r#"{"amount": 10000, "currency": "BRL"}"#),
+        Demo::Payments => (
+            "payments",
+            "payments",
+            r#"{"amount": 10000, "currency": "BRL"}"#,
+        ),
         Demo::Ledger => ("ledger", "deposits", r#"{"amount": 500}"#),
     };
     println!("{name} demo listening on http://{addr}");
@@ -68,7 +80,11 @@ fn print_banner(demo: Demo, addr: std::net::SocketAddr, args: &DemoArgs) {
     println!(
         "  curl -i -X POST http://{addr}/{path} -H 'Authorization: Bearer sk_test_alice' \\\n    -H 'Idempotency-Key: order-1042' -H 'Content-Type: application/json' -d '{body}'"
     );
-    let list = if demo == Demo::Payments { "payments" } else { "balance" };
+    let list = if demo == Demo::Payments {
+        "payments"
+    } else {
+        "balance"
+    };
     println!("  curl -s http://{addr}/{list} -H 'Authorization: Bearer sk_test_alice'\n");
 }
 
@@ -96,10 +112,12 @@ async fn shutdown_signal() {
 /// `url` with any password replaced by `***`.
 pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => match url[scheme_end + 3..at].split_once(':') {
-            Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
-            None => url.to_owned(),
-        },
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            match url[scheme_end + 3..at].split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
         _ => url.to_owned(),
     }
 }
@@ -136,8 +154,17 @@ pub fn main(demo: Demo) -> std::process::ExitCode {
 mod tests {
     #[test]
     fn redacts_passwords_only() {
-        assert_eq!(super::redact("postgres://app:s3cret@db:5432/pay"), "postgres://app:***@db:5432/pay");
-        assert_eq!(super::redact("postgres://app@db/pay"), "postgres://app@db/pay");
-        assert_eq!(super::redact("sqlite://payments.db"), "sqlite://payments.db");
+        assert_eq!(
+            super::redact("postgres://app:s3cret@db:5432/pay"),
+            "postgres://app:***@db:5432/pay"
+        );
+        assert_eq!(
+            super::redact("postgres://app@db/pay"),
+            "postgres://app@db/pay"
+        );
+        assert_eq!(
+            super::redact("sqlite://payments.db"),
+            "sqlite://payments.db"
+        );
     }
 }

@@ -38,18 +38,28 @@ async fn panics(caller: Caller, State(state): State<TestState>) -> StatusCode {
 }
 
 #[idempotent(scope = caller)]
-async fn with_date(caller: Caller, State(state): State<TestState>) -> (StatusCode, HeaderMap, &'static str) {
+async fn with_date(
+    caller: Caller,
+    State(state): State<TestState>,
+) -> (StatusCode, HeaderMap, &'static str) {
     let _ = caller;
     state.runs.fetch_add(1, Ordering::SeqCst);
     let mut headers = HeaderMap::new();
-    headers.insert(header::DATE, HeaderValue::from_static("Sat, 01 Jan 2000 00:00:00 GMT"));
+    headers.insert(
+        header::DATE,
+        HeaderValue::from_static("Sat, 01 Jan 2000 00:00:00 GMT"),
+    );
     headers.insert("set-cookie", HeaderValue::from_static("session=secret"));
     headers.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
     (StatusCode::CREATED, headers, "ok")
 }
 
 #[idempotent(scope = caller)]
-async fn echo(caller: Caller, State(state): State<TestState>, Json(body): Json<serde_json::Value>) -> Json<serde_json::Value> {
+async fn echo(
+    caller: Caller,
+    State(state): State<TestState>,
+    Json(body): Json<serde_json::Value>,
+) -> Json<serde_json::Value> {
     let _ = caller;
     state.runs.fetch_add(1, Ordering::SeqCst);
     Json(body)
@@ -74,7 +84,10 @@ impl idempotent_runtime::Scope for Caller {
 
 fn app() -> (Router, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
-    let state = TestState { idempotency: Idempotency::new(MemoryStore::new()), runs: runs.clone() };
+    let state = TestState {
+        idempotency: Idempotency::new(MemoryStore::new()),
+        runs: runs.clone(),
+    };
     let router = Router::new()
         .route("/panics", post(panics))
         .route("/date", post(with_date))
@@ -84,7 +97,11 @@ fn app() -> (Router, Arc<AtomicUsize>) {
     (router, runs)
 }
 
-fn request(uri: &str, key: &str, body: impl Into<axum::body::Body>) -> http::Request<axum::body::Body> {
+fn request(
+    uri: &str,
+    key: &str,
+    body: impl Into<axum::body::Body>,
+) -> http::Request<axum::body::Body> {
     http::Request::post(uri)
         .header("idempotency-key", key)
         .header("content-type", "application/json")
@@ -97,7 +114,10 @@ async fn a_panic_is_500_problem_and_the_retry_runs_again() {
     let (app, runs) = app();
     let failed = send(&app, request("/panics", "k", "")).await;
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(failed.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        failed.header("content-type"),
+        Some("application/problem+json")
+    );
     let retry = send(&app, request("/panics", "k", "")).await;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(!retry.replayed());
@@ -112,7 +132,11 @@ async fn per_request_headers_are_never_replayed() {
     let replay = send(&app, request("/date", "k", "")).await;
     assert!(replay.replayed());
     assert_eq!(replay.header("date"), None, "Date is not stored");
-    assert_eq!(replay.header("set-cookie"), None, "Set-Cookie is not stored");
+    assert_eq!(
+        replay.header("set-cookie"),
+        None,
+        "Set-Cookie is not stored"
+    );
     assert_eq!(replay.header("etag"), Some("\"v1\""));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -125,7 +149,10 @@ async fn body_over_the_limit_is_413_and_claims_nothing() {
     assert_eq!(refused.status, StatusCode::PAYLOAD_TOO_LARGE);
     let ok = send(&app, request("/echo", "k", "{\"a\":1}")).await;
     assert_eq!(ok.status, StatusCode::OK);
-    assert!(!ok.replayed(), "the refused request stored nothing under the key");
+    assert!(
+        !ok.replayed(),
+        "the refused request stored nothing under the key"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -170,6 +197,10 @@ async fn client_hanging_up_mid_request_still_records_the_outcome() {
     let replayed = replayed.expect("the original finished");
     assert_eq!(replayed.status(), StatusCode::CREATED);
     assert_eq!(replayed.headers()["idempotent-replayed"], "true");
-    assert_eq!(gateway.all().await.unwrap().len(), 1, "charged exactly once");
+    assert_eq!(
+        gateway.all().await.unwrap().len(),
+        1,
+        "charged exactly once"
+    );
     server.abort();
 }

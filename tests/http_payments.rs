@@ -18,7 +18,10 @@ async fn replay_is_identical_and_does_not_charge_again() {
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(!first.replayed());
     let id = first.json()["id"].as_str().unwrap().to_owned();
-    assert_eq!(first.header("location"), Some(format!("/payments/{id}").as_str()));
+    assert_eq!(
+        first.header("location"),
+        Some(format!("/payments/{id}").as_str())
+    );
 
     let second = send(&app, post_payment("sk_test_alice", Some("order-1"), CHARGE)).await;
     assert_eq!(second.status, StatusCode::CREATED);
@@ -34,9 +37,20 @@ async fn same_key_with_another_body_is_422() {
     let dir = tempfile::tempdir().unwrap();
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
     send(&app, post_payment("sk_test_alice", Some("order-1"), CHARGE)).await;
-    let other = send(&app, post_payment("sk_test_alice", Some("order-1"), r#"{"amount": 20000, "currency": "BRL"}"#)).await;
+    let other = send(
+        &app,
+        post_payment(
+            "sk_test_alice",
+            Some("order-1"),
+            r#"{"amount": 20000, "currency": "BRL"}"#,
+        ),
+    )
+    .await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(other.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        other.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(other.code(), "idempotency_key_reused");
     assert_eq!(gateway.all().await.unwrap().len(), 1);
 }
@@ -62,23 +76,45 @@ async fn concurrent_duplicates_charge_once() {
             StatusCode::CREATED => created += 1,
             StatusCode::CONFLICT => {
                 assert_eq!(answer.code(), "request_in_progress");
-                let retry_after: u64 = answer.header("retry-after").expect("Retry-After").parse().unwrap();
+                let retry_after: u64 = answer
+                    .header("retry-after")
+                    .expect("Retry-After")
+                    .parse()
+                    .unwrap();
                 assert!(retry_after >= 1);
             }
-            other => panic!("unexpected {other}: {:?}", String::from_utf8_lossy(&answer.body)),
+            other => panic!(
+                "unexpected {other}: {:?}",
+                String::from_utf8_lossy(&answer.body)
+            ),
         }
     }
     assert!(created >= 1);
-    assert_eq!(gateway.all().await.unwrap().len(), 1, "the handler charged once");
+    assert_eq!(
+        gateway.all().await.unwrap().len(),
+        1,
+        "the handler charged once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_scoped_per_caller() {
     let dir = tempfile::tempdir().unwrap();
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
-    let alice = send(&app, post_payment("sk_test_alice", Some("order-1042"), CHARGE)).await;
-    let bob = send(&app, post_payment("sk_test_bob", Some("order-1042"), CHARGE)).await;
-    assert_eq!((alice.status, bob.status), (StatusCode::CREATED, StatusCode::CREATED));
+    let alice = send(
+        &app,
+        post_payment("sk_test_alice", Some("order-1042"), CHARGE),
+    )
+    .await;
+    let bob = send(
+        &app,
+        post_payment("sk_test_bob", Some("order-1042"), CHARGE),
+    )
+    .await;
+    assert_eq!(
+        (alice.status, bob.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
     assert!(!bob.replayed());
     assert_ne!(alice.json()["id"], bob.json()["id"]);
     assert_eq!(gateway.all().await.unwrap().len(), 2);
@@ -90,7 +126,10 @@ async fn bad_keys_are_400_before_any_side_effect() {
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
     let missing = send(&app, post_payment("sk_test_alice", None, CHARGE)).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
-    assert_eq!(missing.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        missing.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(missing.code(), "idempotency_key_missing");
     for bad in ["", "   ", "\"unterminated", &"k".repeat(256)] {
         let answer = send(&app, post_payment("sk_test_alice", Some(bad), CHARGE)).await;
@@ -98,7 +137,9 @@ async fn bad_keys_are_400_before_any_side_effect() {
         assert_eq!(answer.code(), "idempotency_key_invalid");
     }
     let mut twice = post_payment("sk_test_alice", Some("a"), CHARGE);
-    twice.headers_mut().append("idempotency-key", "b".parse().unwrap());
+    twice
+        .headers_mut()
+        .append("idempotency-key", "b".parse().unwrap());
     assert_eq!(send(&app, twice).await.code(), "idempotency_key_invalid");
     assert!(gateway.all().await.unwrap().is_empty());
 }
@@ -109,7 +150,10 @@ async fn unauthenticated_is_401_and_bad_json_is_rejected_without_claiming() {
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
     let anonymous = send(&app, post_payment("sk_test_mallory", Some("k"), CHARGE)).await;
     assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(anonymous.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        anonymous.header("content-type"),
+        Some("application/problem+json")
+    );
     let garbage = send(&app, post_payment("sk_test_alice", Some("k"), "{not json")).await;
     assert!(garbage.status.is_client_error());
     // Nothing was stored: the same key now works with a good body.
@@ -124,7 +168,11 @@ async fn quoted_and_bare_keys_are_one_key() {
     let dir = tempfile::tempdir().unwrap();
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
     let bare = send(&app, post_payment("sk_test_alice", Some("order-7"), CHARGE)).await;
-    let quoted = send(&app, post_payment("sk_test_alice", Some("\"order-7\""), CHARGE)).await;
+    let quoted = send(
+        &app,
+        post_payment("sk_test_alice", Some("\"order-7\""), CHARGE),
+    )
+    .await;
     assert_eq!(bare.status, StatusCode::CREATED);
     assert!(quoted.replayed());
     assert_eq!(quoted.body, bare.body);
@@ -135,17 +183,49 @@ async fn quoted_and_bare_keys_are_one_key() {
 async fn validation_400_and_declined_402_are_stored_and_replayed() {
     let dir = tempfile::tempdir().unwrap();
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
-    let invalid = send(&app, post_payment("sk_test_alice", Some("bad"), r#"{"amount": -5, "currency": "brl"}"#)).await;
+    let invalid = send(
+        &app,
+        post_payment(
+            "sk_test_alice",
+            Some("bad"),
+            r#"{"amount": -5, "currency": "brl"}"#,
+        ),
+    )
+    .await;
     assert_eq!(invalid.status, StatusCode::BAD_REQUEST);
     assert_eq!(invalid.code(), "invalid_request");
-    let again = send(&app, post_payment("sk_test_alice", Some("bad"), r#"{"amount": -5, "currency": "brl"}"#)).await;
+    let again = send(
+        &app,
+        post_payment(
+            "sk_test_alice",
+            Some("bad"),
+            r#"{"amount": -5, "currency": "brl"}"#,
+        ),
+    )
+    .await;
     assert!(again.replayed());
     assert_eq!(again.body, invalid.body);
 
-    let declined = send(&app, post_payment("sk_test_alice", Some("dec"), r#"{"amount": 40200, "currency": "BRL"}"#)).await;
+    let declined = send(
+        &app,
+        post_payment(
+            "sk_test_alice",
+            Some("dec"),
+            r#"{"amount": 40200, "currency": "BRL"}"#,
+        ),
+    )
+    .await;
     assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
     assert_eq!(declined.code(), "card_declined");
-    let replay = send(&app, post_payment("sk_test_alice", Some("dec"), r#"{"amount": 40200, "currency": "BRL"}"#)).await;
+    let replay = send(
+        &app,
+        post_payment(
+            "sk_test_alice",
+            Some("dec"),
+            r#"{"amount": 40200, "currency": "BRL"}"#,
+        ),
+    )
+    .await;
     assert_eq!(replay.status, StatusCode::PAYMENT_REQUIRED);
     assert!(replay.replayed());
     assert_eq!(replay.body, declined.body);
@@ -162,7 +242,10 @@ async fn gateway_503_releases_the_claim() {
     for _ in 0..2 {
         let answer = send(&app, post_payment("sk_test_alice", Some("flaky"), body)).await;
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(!answer.replayed(), "released: the retry ran the handler again");
+        assert!(
+            !answer.replayed(),
+            "released: the retry ran the handler again"
+        );
         assert_eq!(answer.code(), "gateway_unavailable");
     }
     assert!(gateway.all().await.unwrap().is_empty());
@@ -173,7 +256,9 @@ async fn records_survive_a_restart_on_the_sqlite_file() {
     let dir = tempfile::tempdir().unwrap();
     let first_body = {
         let (app, _) = payments_app(dir.path(), Duration::ZERO).await;
-        send(&app, post_payment("sk_test_alice", Some("order-1"), CHARGE)).await.body
+        send(&app, post_payment("sk_test_alice", Some("order-1"), CHARGE))
+            .await
+            .body
     };
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
     let after_restart = send(&app, post_payment("sk_test_alice", Some("order-1"), CHARGE)).await;
@@ -189,13 +274,22 @@ async fn listing_and_fetching_payments() {
     let created = send(&app, post_payment("sk_test_alice", Some("order-1"), CHARGE)).await;
     let location = created.header("location").unwrap().to_owned();
     let get = |uri: &str, key: &str| {
-        http::Request::get(uri).header("authorization", format!("Bearer {key}")).body(axum::body::Body::empty()).unwrap()
+        http::Request::get(uri)
+            .header("authorization", format!("Bearer {key}"))
+            .body(axum::body::Body::empty())
+            .unwrap()
     };
     let one = send(&app, get(&location, "sk_test_alice")).await;
     assert_eq!(one.status, StatusCode::OK);
     assert_eq!(one.body, created.body);
-    assert_eq!(send(&app, get(&location, "sk_test_bob")).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        send(&app, get(&location, "sk_test_bob")).await.status,
+        StatusCode::NOT_FOUND
+    );
     let list = send(&app, get("/payments", "sk_test_alice")).await.json();
     assert_eq!(list.as_array().unwrap().len(), 1);
-    assert_eq!(send(&app, get("/payments", "sk_test_bob")).await.json(), serde_json::json!([]));
+    assert_eq!(
+        send(&app, get("/payments", "sk_test_bob")).await.json(),
+        serde_json::json!([])
+    );
 }

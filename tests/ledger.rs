@@ -15,9 +15,9 @@ use http::{Request, StatusCode};
 use idempotent_demo::database::{self, Database};
 use idempotent_demo::ledger::{self, Balance, LedgerState, balance_of};
 use idempotent_runtime::Idempotency;
+use process::Instance;
 #[cfg(feature = "postgres")]
 use process::TestDatabase;
-use process::Instance;
 use support::send;
 
 const LEDGER: &str = env!("CARGO_BIN_EXE_ledger-demo");
@@ -26,7 +26,13 @@ async fn ledger_app(url: &str) -> (Router, Database) {
     let (db, store) = database::open(url).await.expect("open ledger database");
     ledger::migrate(&db).await.expect("ledger schema");
     let idempotency = Idempotency::builder_shared(store).build();
-    (ledger::router(LedgerState { idempotency, db: db.clone() }), db)
+    (
+        ledger::router(LedgerState {
+            idempotency,
+            db: db.clone(),
+        }),
+        db,
+    )
 }
 
 fn deposit(key: &str, body: &str) -> Request<Body> {
@@ -54,11 +60,23 @@ async fn deposits_commit_with_their_response(url: &str) {
 
     let balance = send(
         &app,
-        Request::get("/balance").header("authorization", "Bearer sk_test_alice").body(Body::empty()).unwrap(),
+        Request::get("/balance")
+            .header("authorization", "Bearer sk_test_alice")
+            .body(Body::empty())
+            .unwrap(),
     )
     .await;
-    assert_eq!(balance.json(), serde_json::json!({"balance": 500, "entries": 1}));
-    assert_eq!(balance_of(&db, "acct_bob").await.unwrap(), Balance { balance: 0, entries: 0 });
+    assert_eq!(
+        balance.json(),
+        serde_json::json!({"balance": 500, "entries": 1})
+    );
+    assert_eq!(
+        balance_of(&db, "acct_bob").await.unwrap(),
+        Balance {
+            balance: 0,
+            entries: 0
+        }
+    );
 }
 
 async fn fifty_duplicates_write_one_row(url: &str) {
@@ -69,22 +87,35 @@ async fn fifty_duplicates_write_one_row(url: &str) {
             let (app, barrier) = (app.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                send(&app, deposit("dup", r#"{"amount": 700}"#)).await.status
+                send(&app, deposit("dup", r#"{"amount": 700}"#))
+                    .await
+                    .status
             })
         })
         .collect();
     for task in tasks {
         let status = task.await.unwrap();
-        assert!(status == StatusCode::CREATED || status == StatusCode::CONFLICT, "status {status}");
+        assert!(
+            status == StatusCode::CREATED || status == StatusCode::CONFLICT,
+            "status {status}"
+        );
     }
-    assert_eq!(balance_of(&db, "acct_alice").await.unwrap(), Balance { balance: 700, entries: 1 });
+    assert_eq!(
+        balance_of(&db, "acct_alice").await.unwrap(),
+        Balance {
+            balance: 700,
+            entries: 1
+        }
+    );
 }
 
 async fn idempotency_state(db: &Database) -> Vec<String> {
-    idempotent_demo::on_pool!(db, |pool| sqlx::query_scalar("SELECT state FROM idempotency_records")
-        .fetch_all(pool)
-        .await
-        .unwrap())
+    idempotent_demo::on_pool!(db, |pool| sqlx::query_scalar(
+        "SELECT state FROM idempotency_records"
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap())
 }
 
 /// A real OS process aborts after writing a deposit and before committing it.
@@ -105,12 +136,26 @@ async fn crash_between_write_and_commit(url: &str) {
             .body(r#"{"amount": 900}"#)
             .send()
     };
-    assert!(post(&crashing).await.is_err(), "the process died mid-request");
+    assert!(
+        post(&crashing).await.is_err(),
+        "the process died mid-request"
+    );
     drop(crashing);
 
     let (_, db) = ledger_app(url).await;
-    assert_eq!(balance_of(&db, "acct_alice").await.unwrap(), Balance { balance: 0, entries: 0 }, "no ledger row");
-    assert_eq!(idempotency_state(&db).await, vec!["in_progress".to_owned()], "the claim is left in progress");
+    assert_eq!(
+        balance_of(&db, "acct_alice").await.unwrap(),
+        Balance {
+            balance: 0,
+            entries: 0
+        },
+        "no ledger row"
+    );
+    assert_eq!(
+        idempotency_state(&db).await,
+        vec!["in_progress".to_owned()],
+        "the claim is left in progress"
+    );
 
     let healthy = Instance::start(LEDGER, url, &flags).await;
     let mut statuses = Vec::new();
@@ -122,10 +167,21 @@ async fn crash_between_write_and_commit(url: &str) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(statuses.last(), Some(&StatusCode::CREATED), "statuses {statuses:?}");
+    assert_eq!(
+        statuses.last(),
+        Some(&StatusCode::CREATED),
+        "statuses {statuses:?}"
+    );
     let replay = post(&healthy).await.unwrap();
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
-    assert_eq!(balance_of(&db, "acct_alice").await.unwrap(), Balance { balance: 900, entries: 1 }, "applied exactly once");
+    assert_eq!(
+        balance_of(&db, "acct_alice").await.unwrap(),
+        Balance {
+            balance: 900,
+            entries: 1
+        },
+        "applied exactly once"
+    );
 }
 
 fn sqlite_url(dir: &tempfile::TempDir) -> String {
@@ -153,20 +209,26 @@ async fn sqlite_crash_between_write_and_commit() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_deposits_commit_with_their_response() {
-    let Some(db) = TestDatabase::create("ledger_commit").await else { return };
+    let Some(db) = TestDatabase::create("ledger_commit").await else {
+        return;
+    };
     deposits_commit_with_their_response(&db.url).await;
 }
 
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_fifty_duplicates_write_one_row() {
-    let Some(db) = TestDatabase::create("ledger_dup").await else { return };
+    let Some(db) = TestDatabase::create("ledger_dup").await else {
+        return;
+    };
     fifty_duplicates_write_one_row(&db.url).await;
 }
 
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_crash_between_write_and_commit() {
-    let Some(db) = TestDatabase::create("ledger_crash").await else { return };
+    let Some(db) = TestDatabase::create("ledger_crash").await else {
+        return;
+    };
     crash_between_write_and_commit(&db.url).await;
 }

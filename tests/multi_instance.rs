@@ -29,14 +29,19 @@ async fn post(client: &reqwest::Client, instance: &Instance, key: &str) -> reqwe
 
 async fn charges(db: &TestDatabase) -> i64 {
     let pool = db.pool().await;
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM demo_charges").fetch_one(&pool).await.unwrap();
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM demo_charges")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     pool.close().await;
     count
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_duplicates_over_three_instances_charge_once() {
-    let Some(db) = TestDatabase::create("fifty").await else { return };
+    let Some(db) = TestDatabase::create("fifty").await else {
+        return;
+    };
     let mut instances = Vec::new();
     for _ in 0..3 {
         instances.push(Instance::start(DEMO, &db.url, &["--gateway-latency-ms", "300"]).await);
@@ -50,7 +55,10 @@ async fn fifty_duplicates_over_three_instances_charge_once() {
             tokio::spawn(async move {
                 barrier.wait().await;
                 let response = post(&client, &instances[i % 3], "dup-50").await;
-                (response.status(), response.headers().get("retry-after").is_some())
+                (
+                    response.status(),
+                    response.headers().get("retry-after").is_some(),
+                )
             })
         })
         .collect();
@@ -58,7 +66,9 @@ async fn fifty_duplicates_over_three_instances_charge_once() {
     for task in tasks {
         match task.await.unwrap() {
             (StatusCode::CREATED, _) => created += 1,
-            (StatusCode::CONFLICT, has_retry_after) => assert!(has_retry_after, "409 carries Retry-After"),
+            (StatusCode::CONFLICT, has_retry_after) => {
+                assert!(has_retry_after, "409 carries Retry-After")
+            }
             (other, _) => panic!("unexpected status {other}"),
         }
     }
@@ -68,7 +78,9 @@ async fn fifty_duplicates_over_three_instances_charge_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_on_another_instance_replays() {
-    let Some(db) = TestDatabase::create("replay").await else { return };
+    let Some(db) = TestDatabase::create("replay").await else {
+        return;
+    };
     let a = Instance::start(DEMO, &db.url, &["--gateway-latency-ms", "0"]).await;
     let b = Instance::start(DEMO, &db.url, &["--gateway-latency-ms", "0"]).await;
     let client = reqwest::Client::new();
@@ -86,7 +98,9 @@ async fn a_retry_on_another_instance_replays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges() {
-    let Some(db) = TestDatabase::create("kill").await else { return };
+    let Some(db) = TestDatabase::create("kill").await else {
+        return;
+    };
     let flags = ["--gateway-latency-ms", "1500", "--lease", "3s"];
     let mut a = Instance::start(DEMO, &db.url, &flags).await;
     let b = Instance::start(DEMO, &db.url, &flags).await;
@@ -108,12 +122,26 @@ async fn killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges() {
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
     a.kill(); // kill -9 while the gateway call is in flight
-    assert!(in_flight.await.unwrap().is_err(), "the client lost its connection");
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the client lost its connection"
+    );
 
     let blocked = post(&client, &b, "crash-1").await;
-    assert_eq!(blocked.status(), StatusCode::CONFLICT, "the dead owner's lease still holds");
-    let retry_after: u64 = blocked.headers()["retry-after"].to_str().unwrap().parse().unwrap();
-    assert!((1..=3).contains(&retry_after), "Retry-After {retry_after} within the lease");
+    assert_eq!(
+        blocked.status(),
+        StatusCode::CONFLICT,
+        "the dead owner's lease still holds"
+    );
+    let retry_after: u64 = blocked.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=3).contains(&retry_after),
+        "Retry-After {retry_after} within the lease"
+    );
 
     let mut outcome = None;
     for attempt in 0..60 {
@@ -125,7 +153,11 @@ async fn killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges() {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    assert_eq!(outcome, Some(StatusCode::CREATED), "taken over after the lease");
+    assert_eq!(
+        outcome,
+        Some(StatusCode::CREATED),
+        "taken over after the lease"
+    );
     let replay = post(&client, &c, "crash-1").await;
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(charges(&db).await, 1, "exactly one charge");
@@ -134,12 +166,20 @@ async fn killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_postgres_at_start_names_the_url_without_the_password() {
     let output = std::process::Command::new(DEMO)
-        .args(["--addr", "127.0.0.1:0", "--database-url", "postgres://app:hunter2@127.0.0.1:1/payments"])
+        .args([
+            "--addr",
+            "127.0.0.1:0",
+            "--database-url",
+            "postgres://app:hunter2@127.0.0.1:1/payments",
+        ])
         .env("RUST_LOG", "off")
         .output()
         .expect("run demo");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("postgres://app:***@127.0.0.1:1/payments"), "stderr: {stderr}");
+    assert!(
+        stderr.contains("postgres://app:***@127.0.0.1:1/payments"),
+        "stderr: {stderr}"
+    );
     assert!(!stderr.contains("hunter2"), "password leaked: {stderr}");
 }

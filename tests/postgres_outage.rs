@@ -31,7 +31,12 @@ impl Proxy {
     async fn start(upstream: String) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let mut proxy = Proxy { port, upstream, accept: None, connections: Arc::default() };
+        let mut proxy = Proxy {
+            port,
+            upstream,
+            accept: None,
+            connections: Arc::default(),
+        };
         proxy.serve(listener);
         proxy
     }
@@ -81,19 +86,37 @@ fn via_port(url: &str, port: u16) -> String {
     let scheme_end = url.find("://").unwrap() + 3;
     let rest = &url[scheme_end..];
     let host_start = rest.find('@').map_or(0, |at| at + 1);
-    let host_end = rest[host_start..].find('/').map_or(rest.len(), |i| host_start + i);
-    format!("{}{}127.0.0.1:{port}{}", &url[..scheme_end], &rest[..host_start], &rest[host_end..])
+    let host_end = rest[host_start..]
+        .find('/')
+        .map_or(rest.len(), |i| host_start + i);
+    format!(
+        "{}{}127.0.0.1:{port}{}",
+        &url[..scheme_end],
+        &rest[..host_start],
+        &rest[host_end..]
+    )
 }
 
 fn upstream_of(url: &str) -> String {
     let rest = &url[url.find("://").unwrap() + 3..];
     let host_start = rest.find('@').map_or(0, |at| at + 1);
-    let host_end = rest[host_start..].find(['/', '?']).map_or(rest.len(), |i| host_start + i);
+    let host_end = rest[host_start..]
+        .find(['/', '?'])
+        .map_or(rest.len(), |i| host_start + i);
     let host = &rest[host_start..host_end];
-    if host.contains(':') { host.to_owned() } else { format!("{host}:5432") }
+    if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    }
 }
 
-async fn post(client: &reqwest::Client, instance: &Instance, key: &str, amount: u32) -> (StatusCode, serde_json::Value, bool) {
+async fn post(
+    client: &reqwest::Client,
+    instance: &Instance,
+    key: &str,
+    amount: u32,
+) -> (StatusCode, serde_json::Value, bool) {
     let response = client
         .post(instance.url("/payments"))
         .header("authorization", "Bearer sk_test_alice")
@@ -112,10 +135,17 @@ async fn post(client: &reqwest::Client, instance: &Instance, key: &str, amount: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_outage_is_503_then_recovers_without_double_execution() {
-    let Some(db) = TestDatabase::create("outage").await else { return };
+    let Some(db) = TestDatabase::create("outage").await else {
+        return;
+    };
     let mut proxy = Proxy::start(upstream_of(&db.url)).await;
     let proxied_url = via_port(&db.url, proxy.port);
-    let demo = Instance::start(DEMO, &proxied_url, &["--gateway-latency-ms", "0", "--lease", "2s"]).await;
+    let demo = Instance::start(
+        DEMO,
+        &proxied_url,
+        &["--gateway-latency-ms", "0", "--lease", "2s"],
+    )
+    .await;
     let client = reqwest::Client::new();
 
     let (status, first, _) = post(&client, &demo, "before", 100).await;
@@ -139,14 +169,24 @@ async fn database_outage_is_503_then_recovers_without_double_execution() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let (_, replayed) = recovered.expect("the app recovered without a restart");
-    assert!(!replayed, "the request refused during the outage ran now, for the first time");
+    assert!(
+        !replayed,
+        "the request refused during the outage ran now, for the first time"
+    );
     let (status, again, replayed) = post(&client, &demo, "before", 100).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, true));
     assert_eq!(again, first);
 
     let pool = db.pool().await;
     let per_key: Vec<(i64, i64)> =
-        sqlx::query_as("SELECT amount, COUNT(*) FROM demo_charges GROUP BY amount ORDER BY amount").fetch_all(&pool).await.unwrap();
-    assert_eq!(per_key, vec![(100, 1), (200, 1)], "each operation charged exactly once");
+        sqlx::query_as("SELECT amount, COUNT(*) FROM demo_charges GROUP BY amount ORDER BY amount")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        per_key,
+        vec![(100, 1), (200, 1)],
+        "each operation charged exactly once"
+    );
     pool.close().await;
 }

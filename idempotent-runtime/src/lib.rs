@@ -37,14 +37,14 @@ pub use fingerprint::{Fingerprint, FingerprintMode};
 pub use idempotent_macros::idempotent;
 pub use key::KeyError;
 pub use problem::Problem;
-pub use store::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use transaction::Tx;
+#[cfg(feature = "postgres")]
+pub use sqlx::Postgres;
 /// The `sqlx` database types transactional handlers name: `Tx<Sqlite>`, `Tx<Postgres>`.
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
-#[cfg(feature = "postgres")]
-pub use sqlx::Postgres;
+pub use store::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use transaction::Tx;
 
 /// Not public API: the paths the `#[idempotent]` expansion names. Changes here follow the
 /// macro crate, never semver of this crate.

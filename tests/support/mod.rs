@@ -20,7 +20,10 @@ pub async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, 
     let (db, store) = database::open(&url).await.expect("open demo database");
     let gateway = Gateway::new(db, latency).await.expect("gateway schema");
     let idempotency = Idempotency::builder_shared(store).build();
-    let app = router(AppState { idempotency, gateway: gateway.clone() });
+    let app = router(AppState {
+        idempotency,
+        gateway: gateway.clone(),
+    });
     (app, gateway)
 }
 
@@ -45,7 +48,8 @@ pub struct Answer {
 
 impl Answer {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("JSON body, got {:?}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|_| panic!("JSON body, got {:?}", String::from_utf8_lossy(&self.body)))
     }
 
     pub fn code(&self) -> String {
@@ -53,7 +57,9 @@ impl Answer {
     }
 
     pub fn replayed(&self) -> bool {
-        self.headers.get("idempotent-replayed").is_some_and(|v| v == "true")
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -66,5 +72,9 @@ pub async fn send(app: &Router, request: Request<Body>) -> Answer {
     let response = app.clone().oneshot(request).await.expect("infallible");
     let (parts, body) = response.into_parts();
     let body = body.collect().await.expect("body").to_bytes().to_vec();
-    Answer { status: parts.status, headers: parts.headers, body }
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
 }
