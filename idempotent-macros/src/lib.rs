@@ -55,9 +55,16 @@ use proc_macro::TokenStream;
 ///
 /// # Requirements
 ///
-/// The function must be a non-generic `async fn` without `self`. An argument of type
-/// `IdempotencyKey` is not an extractor: it receives the claimed key. Every mistake is a
-/// compile error on the offending token; the function is then left as written.
+/// The function must be a non-generic `async fn` without `self`. Two arguments are not
+/// extractors:
+///
+/// - `key: IdempotencyKey` receives the claimed key (e.g. to derive downstream keys);
+/// - `tx: &mut Tx<Sqlite>` / `&mut Tx<Postgres>` makes the handler transactional: its
+///   writes through `tx.conn()` and the stored response commit together, and an `Err`, a
+///   5xx or a panic rolls both back. Such a handler returns a `Result`.
+///
+/// Every mistake is a compile error on the offending token; the function is then left as
+/// written, so the rest of the crate (and rust-analyzer) keeps working.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

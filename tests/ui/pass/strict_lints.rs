@@ -22,8 +22,8 @@
 use std::borrow::Cow;
 
 use axum::extract::{FromRef, FromRequestParts, Path, State};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -102,9 +102,9 @@ async fn many_arguments(
     caller: Caller,
     State(_a): State<AppState>,
     Path((_b, _c, _d)): Path<(u8, u8, u8)>,
-    _e: axum::http::HeaderMap,
-    _f: axum::http::Method,
-    _g: axum::http::Uri,
+    _e: HeaderMap,
+    _f: Method,
+    _g: Uri,
     _h: String,
 ) -> StatusCode {
     drop(caller);
