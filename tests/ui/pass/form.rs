@@ -1,10 +1,10 @@
-//! A form body as the last extractor. (`RawForm`: the root package does not enable
-//! axum's `form` feature, which `Form<T>` needs; the expansion treats both alike.)
+//! A form body (`Form<T>`) as the last extractor.
 
 use std::borrow::Cow;
 
 use axum::Router;
-use axum::extract::{FromRef, FromRequestParts, RawForm, State};
+use axum::Form;
+use axum::extract::{FromRef, FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::Redirect;
@@ -22,6 +22,11 @@ impl FromRef<AppState> for Idempotency {
     fn from_ref(state: &AppState) -> Self {
         state.engine.clone()
     }
+}
+
+#[derive(serde::Deserialize)]
+pub struct Subscription {
+    plan: String,
 }
 
 pub struct Account {
@@ -53,19 +58,14 @@ impl Scope for Account {
 pub async fn subscribe(
     mut account: Account,
     State(app): State<AppState>,
-    RawForm(mut form): RawForm,
+    Form(Subscription { mut plan }): Form<Subscription>,
 ) -> Result<Redirect, StatusCode> {
-    if form.is_empty() {
+    if plan.is_empty() {
         return Err(StatusCode::UNPROCESSABLE_ENTITY);
     }
-    form.truncate(64);
+    plan.truncate(64);
     account.id.make_ascii_lowercase();
-    Ok(Redirect::to(&format!(
-        "{}/{}?{}",
-        app.prefix,
-        account.id,
-        form.len()
-    )))
+    Ok(Redirect::to(&format!("{}/{}?plan={plan}", app.prefix, account.id)))
 }
 
 fn main() {

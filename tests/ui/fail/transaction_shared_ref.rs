@@ -1,0 +1,12 @@
+use axum::http::StatusCode;
+use idempotent_runtime::{Sqlite, Tx, idempotent};
+
+#[idempotent(scope = caller)]
+async fn deposit(caller: String, tx: &Tx<Sqlite>) -> Result<StatusCode, StatusCode> {
+    let _ = (caller, tx);
+    Ok(StatusCode::CREATED)
+}
+
+fn main() {
+    let _ = deposit;
+}

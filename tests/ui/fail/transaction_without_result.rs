@@ -1,0 +1,12 @@
+use axum::http::StatusCode;
+use idempotent_runtime::{Sqlite, Tx, idempotent};
+
+#[idempotent(scope = caller)]
+async fn deposit(caller: String, tx: &mut Tx<Sqlite>) -> StatusCode {
+    let _ = (caller, tx);
+    StatusCode::CREATED
+}
+
+fn main() {
+    let _ = deposit;
+}
