@@ -18,19 +18,44 @@ use proc_macro::TokenStream;
 /// and the same request gets the recorded answer (plus `Idempotent-Replayed: true`)
 /// without running the handler again.
 ///
-/// ```rust,ignore
-/// use idempotent_runtime::{idempotent, IdempotencyKey};
+/// ```
+/// # use std::borrow::Cow;
+/// # use axum::extract::{FromRef, FromRequestParts, State};
+/// # use axum::http::{StatusCode, request::Parts};
+/// # use axum::{Json, Router, routing::post};
+/// use idempotent_runtime::{Idempotency, IdempotencyKey, Scope, idempotent};
+/// # #[derive(Clone)]
+/// # struct AppState { idempotency: Idempotency }
+/// # impl FromRef<AppState> for Idempotency {
+/// #     fn from_ref(state: &AppState) -> Self { state.idempotency.clone() }
+/// # }
+/// # struct Caller(String);
+/// # impl<S: Send + Sync> FromRequestParts<S> for Caller {
+/// #     type Rejection = StatusCode;
+/// #     async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+/// #         Ok(Caller("acct_alice".into()))
+/// #     }
+/// # }
+/// impl Scope for Caller {
+///     fn scope(&self) -> Cow<'_, str> {
+///         Cow::Borrowed(&self.0)
+///     }
+/// }
 ///
 /// #[idempotent(scope = caller, ttl = "24h")]
 /// async fn create_payment(
-///     caller: Caller,                  // authenticated; implements `idempotent_runtime::Scope`
+///     caller: Caller,                  // authenticated; implements `Scope`
 ///     key: IdempotencyKey,             // optional: the claimed key, for downstream keys
 ///     State(app): State<AppState>,
-///     Json(req): Json<ChargeRequest>,
-/// ) -> Result<(StatusCode, Json<Payment>), ApiError> {
-///     let charge = app.gateway.charge(&req, &key.derive("charge")).await?;
-///     Ok((StatusCode::CREATED, Json(charge)))
+///     Json(amount): Json<u64>,
+/// ) -> Result<(StatusCode, Json<String>), StatusCode> {
+///     let downstream_key = key.derive("charge"); // send this to the payment provider
+///     let _ = (caller, app, amount);
+///     Ok((StatusCode::CREATED, Json(downstream_key)))
 /// }
+///
+/// # let state = AppState { idempotency: Idempotency::new(idempotent_runtime::store::MemoryStore::new()) };
+/// let app: Router = Router::new().route("/payments", post(create_payment)).with_state(state);
 /// ```
 ///
 /// The handler stays an ordinary Axum handler for any router state `S` with

@@ -27,10 +27,17 @@ use crate::store::{FencingToken, Store, StoreError, StoredResponse};
 /// The transaction an `#[idempotent]` handler writes through. Run statements on
 /// [`conn`](Self::conn):
 ///
-/// ```ignore
-/// sqlx::query("INSERT INTO ledger (account, amount) VALUES ($1, $2)")
-///     .bind(caller.account()).bind(amount)
-///     .execute(tx.conn()).await?;
+/// ```
+/// use idempotent_runtime::{Sqlite, Tx};
+///
+/// async fn credit(tx: &mut Tx<Sqlite>, account: &str, amount: i64) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO ledger (account, amount) VALUES ($1, $2)")
+///         .bind(account.to_owned())
+///         .bind(amount)
+///         .execute(tx.conn())
+///         .await?;
+///     Ok(())
+/// }
 /// ```
 pub struct Tx<DB: TxDatabase> {
     inner: sqlx::Transaction<'static, DB>,
