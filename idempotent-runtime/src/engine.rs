@@ -433,7 +433,7 @@ impl Execution {
         use crate::transaction::{BEGIN_TIMEOUT, Tx};
 
         let heartbeat = tokio::spawn(self.heartbeat().in_current_span());
-        let begun = tokio::time::timeout(BEGIN_TIMEOUT, pool.begin()).await;
+        let begun = tokio::time::timeout(BEGIN_TIMEOUT, DB::begin(&pool)).await;
         let transaction = match begun {
             Ok(Ok(transaction)) => transaction,
             Ok(Err(err)) => {

@@ -71,6 +71,14 @@ pub trait TxDatabase: sqlx::Database + Sized {
     /// The store's pool, if the store is of this database.
     fn pool_of(store: &dyn Store) -> Option<sqlx::Pool<Self>>;
 
+    /// Begins the handler's transaction (SQLite: `BEGIN IMMEDIATE`, so a handler that
+    /// reads before it writes never fails to upgrade its snapshot).
+    async fn begin(
+        pool: &sqlx::Pool<Self>,
+    ) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
+        pool.begin().await
+    }
+
     /// The database's name, for error messages.
     const DATABASE_NAME: &'static str;
 

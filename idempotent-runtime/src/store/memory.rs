@@ -33,6 +33,14 @@ struct Record {
     state: State,
 }
 
+impl Record {
+    /// Not expired: within its TTL, or a claim whose lease is still live.
+    fn is_live(&self, now: i64) -> bool {
+        self.expires_at > now
+            || matches!(self.state, State::InProgress { lease_expires_at } if lease_expires_at > now)
+    }
+}
+
 #[derive(Debug, Clone)]
 enum State {
     InProgress { lease_expires_at: i64 },
@@ -102,7 +110,7 @@ impl Store for MemoryStore {
         let mut records = self.lock();
         let id = (claim.scope.to_owned(), claim.key.to_owned());
         if let Some(existing) = records.get(&id)
-            && existing.expires_at > now
+            && existing.is_live(now)
         {
             let same = existing.fingerprint == *claim.fingerprint;
             match (&existing.state, same) {
@@ -146,9 +154,9 @@ impl Store for MemoryStore {
             token,
             |records, id, now| {
                 if let Some(record) = records.get_mut(&id) {
-                    record.state = State::InProgress {
-                        lease_expires_at: now.saturating_add(millis(lease)),
-                    };
+                    let lease_expires_at = now.saturating_add(millis(lease));
+                    record.state = State::InProgress { lease_expires_at };
+                    record.expires_at = record.expires_at.max(lease_expires_at);
                 }
                 true
             },
@@ -197,7 +205,7 @@ impl Store for MemoryStore {
         let mut records = self.lock();
         let expired: Vec<_> = records
             .iter()
-            .filter(|(_, r)| r.expires_at <= now)
+            .filter(|(_, r)| !r.is_live(now))
             .map(|(id, _)| id.clone())
             .take(limit as usize)
             .collect();

@@ -132,8 +132,9 @@ pub trait Store: std::any::Any + Send + Sync + std::fmt::Debug {
     /// in-progress record whose lease ran out *and* whose fingerprint matches.
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
-    /// Extends the lease of an in-progress claim. `Ok(false)`: the token no longer owns
-    /// the record (taken over, or released).
+    /// Extends the lease of an in-progress claim, and its expiry to at least the new
+    /// lease's end (a handler that outlives its TTL keeps its record). `Ok(false)`: the
+    /// token no longer owns the record (taken over, or released).
     async fn renew(
         &self,
         scope: &str,

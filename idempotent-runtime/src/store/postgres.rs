@@ -391,7 +391,8 @@ claimed AS (
            now() + $7, NULL, NULL, NULL, now(), now() + $6
     WHERE NOT EXISTS (
         SELECT 1 FROM existing e
-        WHERE e.expires_at > now()
+        WHERE NOT (e.expires_at <= now()
+                   AND (e.state = 'completed' OR e.lease_expires_at <= now()))
           AND NOT (e.state = 'in_progress' AND e.lease_expires_at <= now()
                    AND e.same_fingerprint))
     ON CONFLICT (scope, key) DO UPDATE SET
@@ -405,7 +406,8 @@ claimed AS (
         body = NULL,
         created_at = EXCLUDED.created_at,
         expires_at = EXCLUDED.expires_at
-    WHERE r.expires_at <= now()
+    WHERE (r.expires_at <= now()
+           AND (r.state = 'completed' OR r.lease_expires_at <= now()))
        OR (r.state = 'in_progress'
            AND r.lease_expires_at <= now()
            AND r.fingerprint = EXCLUDED.fingerprint
@@ -425,7 +427,7 @@ UNION ALL
 SELECT FALSE,
        e.state,
        e.same_fingerprint,
-       e.expires_at <= now()
+       (e.expires_at <= now() AND (e.state = 'completed' OR e.lease_expires_at <= now()))
            OR (e.state = 'in_progress' AND e.lease_expires_at <= now() AND e.same_fingerprint),
        ceil(extract(epoch FROM e.lease_expires_at - clock_timestamp()) * 1000)::bigint,
        CASE WHEN e.same_fingerprint THEN e.status END,
@@ -436,7 +438,7 @@ WHERE NOT EXISTS (SELECT 1 FROM claimed)";
 
 /// `$1` scope, `$2` key, `$3` token, `$4` lease.
 const RENEW: &str = "\
-UPDATE {t} SET lease_expires_at = now() + $4
+UPDATE {t} SET lease_expires_at = now() + $4, expires_at = GREATEST(expires_at, now() + $4)
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'";
 
 /// `$1` scope, `$2` key, `$3` token, `$4` status, `$5` headers, `$6` body (NULL: over the
@@ -456,9 +458,11 @@ const PURGE: &str = "\
 DELETE FROM {t}
 WHERE (scope, key) IN (SELECT scope, key FROM {t}
                        WHERE expires_at <= now()
+                         AND (state = 'completed' OR lease_expires_at <= now())
                        LIMIT $1
                        FOR UPDATE SKIP LOCKED)
-  AND expires_at <= now()";
+  AND expires_at <= now()
+  AND (state = 'completed' OR lease_expires_at <= now())";
 
 /// A `Duration` as a Postgres interval of whole microseconds, clamped (see
 /// [`MAX_INTERVAL_MICROS`]).

@@ -73,7 +73,9 @@ ON CONFLICT (scope, key) DO UPDATE SET
     body = NULL,
     created_at = excluded.created_at,
     expires_at = excluded.expires_at
-WHERE idempotency_records.expires_at <= excluded.created_at
+WHERE (idempotency_records.expires_at <= excluded.created_at
+       AND (idempotency_records.state = 'completed'
+            OR idempotency_records.lease_expires_at <= excluded.created_at))
    OR (idempotency_records.state = 'in_progress'
        AND idempotency_records.lease_expires_at <= excluded.created_at
        AND idempotency_records.fingerprint = excluded.fingerprint
@@ -87,7 +89,8 @@ FROM idempotency_records
 WHERE scope = ?1 AND key = ?2";
 
 const RENEW: &str = "\
-UPDATE idempotency_records SET lease_expires_at = ?4
+UPDATE idempotency_records
+SET lease_expires_at = ?4, expires_at = MAX(expires_at, ?4)
 WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_progress'";
 
 const COMPLETE: &str = "\
@@ -102,7 +105,9 @@ WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 'in_progress'";
 const PURGE: &str = "\
 DELETE FROM idempotency_records
 WHERE rowid IN (
-    SELECT rowid FROM idempotency_records WHERE expires_at <= ?1 LIMIT ?2
+    SELECT rowid FROM idempotency_records
+    WHERE expires_at <= ?1 AND (state = 'completed' OR lease_expires_at <= ?1)
+    LIMIT ?2
 )";
 
 /// A [`Store`] in an SQLite database file: the single-host embedded default (see the
@@ -258,7 +263,11 @@ fn classify(
     now: i64,
 ) -> Result<Option<ClaimOutcome>, StoreError> {
     let expires_at: i64 = row.try_get("expires_at")?;
-    if expires_at <= now {
+    let state: String = row.try_get("state")?;
+    let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
+    // A claim whose lease is live is never expired, whatever its TTL says.
+    let running = state == "in_progress" && lease_expires_at.is_some_and(|lease| lease > now);
+    if expires_at <= now && !running {
         return Ok(None);
     }
     let digest: Vec<u8> = row.try_get("fingerprint")?;
@@ -266,7 +275,6 @@ fn classify(
     if digest != fingerprint.digest || version != i64::from(fingerprint.version) {
         return Ok(Some(ClaimOutcome::Mismatch));
     }
-    let state: String = row.try_get("state")?;
     match state.as_str() {
         "completed" => {
             let status: Option<i64> = row.try_get("status")?;
@@ -287,7 +295,6 @@ fn classify(
             })))
         }
         "in_progress" => {
-            let lease_expires_at: Option<i64> = row.try_get("lease_expires_at")?;
             let lease_expires_at = lease_expires_at
                 .ok_or_else(|| StoreError::Corrupt("in progress without a lease".into()))?;
             if lease_expires_at > now {

@@ -55,6 +55,7 @@ macro_rules! conformance_suite {
             check_unknown_token_changes_nothing,
             check_release_lets_next_request_claim,
             check_renew_extends_lease,
+            check_renew_keeps_a_running_claim_past_its_ttl,
             check_owner_keeps_expired_lease_until_taken_over,
             check_concurrent_claims_one_winner,
             check_concurrent_takeover_one_winner,
@@ -318,17 +319,25 @@ pub async fn check_ttl_takeover_of_completed<H: Harness>() {
     assert_eq!(outcome, ClaimOutcome::Replay(response("new")));
 }
 
-/// An in-progress record whose TTL ran out is gone too, whatever its fingerprint, and its
-/// owner is fenced off.
+/// An in-progress record whose TTL *and* lease ran out is gone too, whatever its
+/// fingerprint, and its owner is fenced off; while its lease is live it is not expired.
 pub async fn check_ttl_takeover_of_in_progress<H: Harness>() {
     let Some((h, store)) = setup::<H>().await else {
         return;
     };
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
-    // A heartbeating owner keeps its lease, but not the record past its TTL.
+    // An owner that stopped heartbeating (crashed) past both its TTL and its lease: the
+    // record is expired, and a request with any fingerprint is new.
     h.advance(TTL - LEASE / 2).await;
     assert!(renew(&*store, old, LEASE).await);
     h.advance(LEASE / 2).await;
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_eq!(
+        outcome,
+        ClaimOutcome::Mismatch,
+        "past the TTL, but the lease is live"
+    );
+    h.advance(LEASE).await;
     let new = must_claim(&*store, SCOPE, KEY, fp(2)).await;
     assert!(!renew(&*store, old, LEASE).await);
     assert!(!complete(&*store, old, &response("stale")).await);
@@ -484,6 +493,38 @@ pub async fn check_renew_extends_lease<H: Harness>() {
     assert!(
         !renew(&*store, taker, LEASE).await,
         "a completed record has no lease"
+    );
+}
+
+/// A heartbeat near the end of the TTL keeps the running claim alive past it: a handler
+/// that outlives its TTL is not taken over by a request with another fingerprint.
+pub async fn check_renew_keeps_a_running_claim_past_its_ttl<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    h.advance(TTL - Duration::from_secs(10)).await;
+    assert!(renew(&*store, token, LEASE).await);
+    h.advance(Duration::from_secs(15)).await; // past the TTL, inside the renewed lease
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_eq!(
+        outcome,
+        ClaimOutcome::Mismatch,
+        "still running: not expired"
+    );
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&outcome, LEASE);
+    assert!(complete(&*store, token, &response("slow")).await);
+    assert_eq!(
+        store.purge_expired(10).await.expect("purge"),
+        0,
+        "not expired yet"
+    );
+    h.advance(LEASE).await;
+    assert_eq!(
+        store.purge_expired(10).await.expect("purge"),
+        1,
+        "expires after the lease it was kept for"
     );
 }
 
