@@ -29,7 +29,7 @@ pub async fn serve(demo: Demo, args: DemoArgs) -> Result<(), Box<dyn std::error:
         .default_lease(args.lease)
         .build();
     let _sweeper = idempotency.spawn_sweeper(Duration::from_secs(60));
-    let app = build(demo, db, idempotency, &args).await?;
+    let app = build(demo, db, idempotency.clone(), &args).await?;
 
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     let addr = listener.local_addr()?;
@@ -37,6 +37,10 @@ pub async fn serve(demo: Demo, args: DemoArgs) -> Result<(), Box<dyn std::error:
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    // Let detached handlers finish and record their outcomes before the runtime stops.
+    if !idempotency.drain(Duration::from_secs(30)).await {
+        eprintln!("shutdown: some requests were still running after 30s");
+    }
     Ok(())
 }
 

@@ -97,6 +97,36 @@ fn app() -> (Router, Arc<AtomicUsize>) {
     (router, runs)
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_routes_fingerprint_the_full_path() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let state = TestState {
+        idempotency: Idempotency::new(MemoryStore::new()),
+        runs: runs.clone(),
+    };
+    let accounts = Router::new().route("/transfers", post(echo));
+    let app = Router::new()
+        .nest("/accounts/{id}", accounts)
+        .with_state(state);
+    let first = send(
+        &app,
+        request("/accounts/A/transfers", "k", "{\"amount\":1}"),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::OK);
+    let other_account = send(
+        &app,
+        request("/accounts/B/transfers", "k", "{\"amount\":1}"),
+    )
+    .await;
+    assert_eq!(
+        other_account.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "another resource under the same key is another request, not a replay"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 fn request(
     uri: &str,
     key: &str,

@@ -58,6 +58,8 @@ struct Inner {
     max_stored_body: usize,
     header_name: HeaderName,
     completion_retry_window: Duration,
+    /// Every detached request and background recording, for [`Idempotency::drain`].
+    tracker: tokio_util::task::TaskTracker,
 }
 
 /// Configures an [`Idempotency`] engine.
@@ -131,6 +133,7 @@ impl Idempotency {
                 max_stored_body: DEFAULT_MAX_STORED_BODY,
                 header_name: HeaderName::from_static("idempotency-key"),
                 completion_retry_window: Duration::from_secs(300),
+                tracker: tokio_util::task::TaskTracker::new(),
             },
         }
     }
@@ -181,35 +184,45 @@ impl Idempotency {
         R: IntoResponse + 'static,
     {
         let span = info_span!("idempotent", scope = %scope, key = %key);
-        self.run_in_span(config, scope, key, fingerprint, handler)
-            .instrument(span)
-            .await
-    }
-
-    async fn run_in_span<F, Fut, R>(
-        &self,
-        config: &HandlerConfig,
-        scope: &str,
-        key: &str,
-        fingerprint: Fingerprint,
-        handler: F,
-    ) -> Response
-    where
-        F: FnOnce(IdempotencyKey) -> Fut + Send + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: IntoResponse + 'static,
-    {
-        let execution = match self.claim(config, scope, key, &fingerprint).await {
-            Ok(execution) => execution,
-            Err(answer) => return answer,
-        };
-        let idempotency_key = IdempotencyKey::new(scope.to_owned(), key.to_owned());
-        let task = tokio::spawn(
-            execution
-                .execute(async move { handler(idempotency_key).await.into_response() })
-                .in_current_span(),
+        let (engine, config) = (self.clone(), *config);
+        let (scope, key) = (scope.to_owned(), key.to_owned());
+        // Claim and execution run detached from the request: a client that hangs up
+        // cannot cancel the claim halfway (leaving a claim nothing runs) or the handler.
+        let task = self.spawn_tracked(
+            async move {
+                let execution = match engine.claim(&config, &scope, &key, &fingerprint).await {
+                    Ok(execution) => execution,
+                    Err(answer) => return answer,
+                };
+                let idempotency_key = IdempotencyKey::new(scope, key);
+                execution
+                    .execute(async move { handler(idempotency_key).await.into_response() })
+                    .await
+            }
+            .instrument(span),
         );
         join_detached(task).await
+    }
+
+    /// Spawns `task` so that [`drain`](Self::drain) waits for it.
+    fn spawn_tracked<T: Send + 'static>(
+        &self,
+        task: impl Future<Output = T> + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        self.inner.tracker.spawn(task)
+    }
+
+    /// Waits until every request the engine is running, and every outcome it is still
+    /// recording, has finished — or `timeout` passed; `true` when all finished. Call it
+    /// after the server stopped accepting connections and before the runtime shuts down,
+    /// so that no handler is cut off between its side effect and its record.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        self.inner.tracker.close();
+        let finished = tokio::time::timeout(timeout, self.inner.tracker.wait())
+            .await
+            .is_ok();
+        self.inner.tracker.reopen();
+        finished
     }
 
     /// Claims the key; `Err` carries the answer when the handler must not run (replay,
@@ -309,15 +322,20 @@ impl Idempotency {
                     <DB as crate::transaction::TxDatabase>::DATABASE_NAME,
                 );
             };
-            let execution = match self.claim(config, scope, key, &fingerprint).await {
-                Ok(execution) => execution,
-                Err(answer) => return answer,
-            };
-            let idempotency_key = IdempotencyKey::new(scope.to_owned(), key.to_owned());
-            let task = tokio::spawn(
-                execution
-                    .execute_in_transaction(pool, idempotency_key, handler)
-                    .in_current_span(),
+            let (engine, config) = (self.clone(), *config);
+            let (scope, key) = (scope.to_owned(), key.to_owned());
+            let task = self.spawn_tracked(
+                async move {
+                    let execution = match engine.claim(&config, &scope, &key, &fingerprint).await {
+                        Ok(execution) => execution,
+                        Err(answer) => return answer,
+                    };
+                    let idempotency_key = IdempotencyKey::new(scope, key);
+                    execution
+                        .execute_in_transaction(pool, idempotency_key, handler)
+                        .await
+                }
+                .in_current_span(),
             );
             join_detached(task).await
         }
@@ -334,6 +352,9 @@ impl Idempotency {
     /// Purges expired records in batches of `batch` until fewer than a batch remain;
     /// returns how many were deleted.
     pub async fn purge_expired(&self, batch: u32) -> Result<u64, crate::StoreError> {
+        if batch == 0 {
+            return Ok(0);
+        }
         let mut total = 0;
         loop {
             let deleted = self.inner.store.purge_expired(batch).await?;
@@ -397,14 +418,17 @@ impl Execution {
         })
         .catch_unwind()
         .await;
-        heartbeat.abort();
         match outcome {
-            Ok(Outcome::Record(parts, body)) => self.record(parts, body).await,
+            // The heartbeat goes on until the outcome is recorded: a store outage after
+            // the handler finished must not let the lease lapse while we retry.
+            Ok(Outcome::Record(parts, body)) => self.record(parts, body, heartbeat).await,
             Ok(Outcome::Release(response)) => {
+                heartbeat.abort();
                 self.release().await;
                 response
             }
             Err(_panic) => {
+                heartbeat.abort();
                 error!(
                     event = "released",
                     reason = "panic",
@@ -662,7 +686,12 @@ impl Execution {
         }
     }
 
-    async fn record(self, parts: http::response::Parts, body: bytes::Bytes) -> Response {
+    async fn record(
+        self,
+        parts: http::response::Parts,
+        body: bytes::Bytes,
+        heartbeat: tokio::task::JoinHandle<()>,
+    ) -> Response {
         let stored = StoredResponse {
             status: parts.status.as_u16(),
             headers: replayable_headers(&parts.headers, self.config.replay_headers),
@@ -676,7 +705,7 @@ impl Execution {
                 "response body over the stored-response cap; replays will carry status and headers only"
             );
         }
-        complete_with_retries(self, stored).await;
+        complete_with_retries(self, stored, heartbeat).await;
         Response::from_parts(parts, Body::from(body))
     }
 }
@@ -684,29 +713,38 @@ impl Execution {
 /// Tries to record the outcome a few times inline; if the store stays unreachable the
 /// client gets its answer and the attempts go on in the background, so the claim is
 /// completed as soon as the store is back (unless the lease was taken over meanwhile).
-async fn complete_with_retries(execution: Execution, stored: StoredResponse) {
+async fn complete_with_retries(
+    execution: Execution,
+    stored: StoredResponse,
+    heartbeat: tokio::task::JoinHandle<()>,
+) {
     let deadline = tokio::time::Instant::now() + execution.engine.inner.completion_retry_window;
     for delay_ms in [25, 50, 100, 200] {
         if execution.try_complete(&stored).await {
+            heartbeat.abort();
             return;
         }
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
     }
     let span = tracing::Span::current();
-    tokio::spawn(
+    let engine = execution.engine.clone();
+    engine.spawn_tracked(
         async move {
-            let mut delay = Duration::from_millis(400);
+            // Short steps: once the store answers again, record before a retry can take
+            // the key over.
+            let mut delay = Duration::from_millis(250);
             while !execution.try_complete(&stored).await {
                 if tokio::time::Instant::now() + delay > deadline {
                     error!(
                         event = "store_error",
                         "gave up recording the response; the claim frees when its lease runs out"
                     );
-                    return;
+                    break;
                 }
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                delay = (delay * 2).min(Duration::from_secs(1));
             }
+            heartbeat.abort();
         }
         .instrument(span),
     );

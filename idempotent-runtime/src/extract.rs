@@ -202,8 +202,14 @@ where
             .await
             .map_err(IntoResponse::into_response)?;
         let method = parts.method.clone();
-        let path = parts.uri.path().to_owned();
-        let query = parts.uri.query().map(str::to_owned);
+        // Behind `Router::nest` the URI has lost its prefix (and the prefix's path
+        // parameters): fingerprint the URI the client sent.
+        let uri = parts
+            .extensions
+            .get::<axum::extract::OriginalUri>()
+            .map_or(&parts.uri, |original| &original.0);
+        let path = uri.path().to_owned();
+        let query = uri.query().map(str::to_owned);
         let rebuilt = Request::from_parts(parts, Body::from(raw.clone()));
         let value = T::from_request(rebuilt, state)
             .await

@@ -565,3 +565,40 @@ async fn sweeper_purges_expired_records() {
     sweeper.abort();
     assert!(purged, "the sweeper purged the last record");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_waits_for_detached_handlers() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let gate = Arc::new(Notify::new());
+    let started = Arc::new(Notify::new());
+    let request = {
+        let (engine, gate, started) = (engine.clone(), gate.clone(), started.clone());
+        tokio::spawn(async move {
+            engine
+                .run(&CONFIG, "alice", "k", fingerprint(1), move |_| async move {
+                    started.notify_one();
+                    gate.notified().await;
+                    StatusCode::CREATED
+                })
+                .await
+        })
+    };
+    started.notified().await;
+    request.abort(); // the connection is gone; the handler is not
+    assert!(
+        !engine.drain(Duration::from_millis(100)).await,
+        "still running"
+    );
+    gate.notify_one();
+    assert!(engine.drain(Duration::from_secs(5)).await, "finished");
+    let replay = engine
+        .run(&CONFIG, "alice", "k", fingerprint(1), |_| async {
+            StatusCode::OK
+        })
+        .await;
+    assert_eq!(
+        replay.headers()["idempotent-replayed"],
+        "true",
+        "recorded before drain returned"
+    );
+}
