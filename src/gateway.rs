@@ -33,7 +33,12 @@ CREATE TABLE IF NOT EXISTS demo_charges (
     downstream_key TEXT NOT NULL UNIQUE,
     created_at BIGINT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS demo_charges_account ON demo_charges (account, created_at)
+CREATE INDEX IF NOT EXISTS demo_charges_account ON demo_charges (account, created_at);
+CREATE TABLE IF NOT EXISTS demo_gateway_calls (
+    downstream_key TEXT NOT NULL,
+    amount BIGINT NOT NULL,
+    called_at BIGINT NOT NULL
+)
 ";
 
 /// A charge as the gateway recorded it.
@@ -103,6 +108,16 @@ impl Gateway {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
+        // Every call that reaches the ledger is logged, deduplicated or not, so tests can
+        // tell "charged once" from "asked to charge many times, deduplicated downstream".
+        const LOG_CALL: &str = "INSERT INTO demo_gateway_calls (downstream_key, amount, called_at) VALUES ($1, $2, $3)";
+        on_pool!(&self.db, |pool| sqlx::query(LOG_CALL)
+            .bind(downstream_key)
+            .bind(amount)
+            .bind(now)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))?;
         const INSERT: &str = "INSERT INTO demo_charges (id, account, amount, currency, status, downstream_key, created_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (downstream_key) DO NOTHING";
         on_pool!(&self.db, |pool| sqlx::query(INSERT)
@@ -140,6 +155,15 @@ impl Gateway {
             .await?
             .into_iter()
             .find(|c| c.account == account))
+    }
+
+    /// How many charge calls reached the gateway's ledger, including those it answered
+    /// from an earlier charge with the same downstream key (for tests and operators).
+    pub async fn calls(&self) -> Result<i64, sqlx::Error> {
+        const SQL: &str = "SELECT COUNT(*) FROM demo_gateway_calls";
+        on_pool!(&self.db, |pool| sqlx::query_scalar(SQL)
+            .fetch_one(pool)
+            .await)
     }
 
     /// Every charge of every account (for tests and operators).

@@ -29,7 +29,9 @@ async fn post(client: &reqwest::Client, instance: &Instance, key: &str) -> reqwe
 
 async fn charges(db: &TestDatabase) -> i64 {
     let pool = db.pool().await;
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM demo_charges")
+    // Gateway calls, not charges: the gateway deduplicates by downstream key, so only
+    // its call log shows a handler that ran twice.
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM demo_gateway_calls")
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -58,22 +60,24 @@ async fn fifty_duplicates_over_three_instances_charge_once() {
                 (
                     response.status(),
                     response.headers().get("retry-after").is_some(),
+                    response.headers().get("idempotent-replayed").is_some(),
                 )
             })
         })
         .collect();
-    let mut created = 0;
+    let mut originals = 0;
     for task in tasks {
         match task.await.unwrap() {
-            (StatusCode::CREATED, _) => created += 1,
-            (StatusCode::CONFLICT, has_retry_after) => {
+            (StatusCode::CREATED, _, true) => {}
+            (StatusCode::CREATED, _, false) => originals += 1,
+            (StatusCode::CONFLICT, has_retry_after, _) => {
                 assert!(has_retry_after, "409 carries Retry-After")
             }
-            (other, _) => panic!("unexpected status {other}"),
+            (other, _, _) => panic!("unexpected status {other}"),
         }
     }
-    assert!(created >= 1);
-    assert_eq!(charges(&db).await, 1, "exactly one gateway charge");
+    assert_eq!(originals, 1, "exactly one answer is not a replay");
+    assert_eq!(charges(&db).await, 1, "exactly one gateway call");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

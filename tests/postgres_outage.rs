@@ -178,11 +178,12 @@ async fn database_outage_is_503_then_recovers_without_double_execution() {
     assert_eq!(again, first);
 
     let pool = db.pool().await;
-    let per_key: Vec<(i64, i64)> =
-        sqlx::query_as("SELECT amount, COUNT(*) FROM demo_charges GROUP BY amount ORDER BY amount")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let per_key: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT amount, COUNT(*) FROM demo_gateway_calls GROUP BY amount ORDER BY amount",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     assert_eq!(
         per_key,
         vec![(100, 1), (200, 1)],
