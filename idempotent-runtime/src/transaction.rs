@@ -68,7 +68,8 @@ impl<DB: TxDatabase> Tx<DB> {
 /// implementations live beside each store, with its SQL.
 #[async_trait]
 pub trait TxDatabase: sqlx::Database + Sized {
-    /// The store's pool, if the store is of this database.
+    /// The store's pool, if the store is of this database. Implementations look only at
+    /// [`Store::sql_pool`], so a decorator store that forwards it works too.
     fn pool_of(store: &dyn Store) -> Option<sqlx::Pool<Self>>;
 
     /// Begins the handler's transaction (SQLite: `BEGIN IMMEDIATE`, so a handler that
@@ -83,7 +84,9 @@ pub trait TxDatabase: sqlx::Database + Sized {
     const DATABASE_NAME: &'static str;
 
     /// Marks the claim completed with `response` inside the transaction, fenced by
-    /// `token`. `Ok(false)`: the token no longer owns the record.
+    /// `token`. `Ok(false)`: the token no longer owns the record. Where the record lives
+    /// (e.g. a Postgres store's schema) comes from `store`'s [`Store::sql_pool`], never
+    /// from its concrete type.
     async fn complete_in(
         conn: &mut Self::Connection,
         store: &dyn Store,

@@ -29,7 +29,7 @@ mod sqlite;
 
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::PostgresStore;
+pub use postgres::{PostgresPool, PostgresStore};
 pub use record::{decode_headers, encode_headers};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
@@ -172,17 +172,22 @@ pub trait Store: std::any::Any + Send + Sync + std::fmt::Debug {
     }
 }
 
-/// The pool of an SQL store, so transactional handlers can write to the same database.
+/// The pool of an SQL store, with what a transactional handler's completion needs to know
+/// about where the store keeps its records, so handlers can write to the same database.
+///
+/// The engine uses nothing but this value: a decorator store (metrics, tracing, …) that
+/// forwards [`Store::sql_pool`] of the store it wraps supports transactional handlers
+/// exactly like that store.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum SqlPool {
-    /// An SQLite pool.
+    /// An SQLite pool (the records live in its `idempotency_records` table).
     #[cfg(feature = "sqlite")]
     Sqlite(sqlx::SqlitePool),
-    /// A Postgres pool.
+    /// A Postgres pool and the table (possibly in a schema) of the store that made it.
     #[cfg(feature = "postgres")]
-    Postgres(sqlx::PgPool),
+    Postgres(PostgresPool),
 }
 
 /// Whole seconds to tell a client in `Retry-After`: rounded up, at least one.

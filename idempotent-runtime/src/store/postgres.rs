@@ -596,8 +596,7 @@ impl Store for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        self.complete_on(&self.pool, scope, key, token, response)
-            .await
+        complete_on(&self.sql, &self.pool, scope, key, token, response).await
     }
 
     async fn release(
@@ -627,49 +626,88 @@ impl Store for PostgresStore {
     }
 
     fn sql_pool(&self) -> Option<super::SqlPool> {
-        Some(super::SqlPool::Postgres(self.pool.clone()))
+        Some(super::SqlPool::Postgres(PostgresPool {
+            pool: self.pool.clone(),
+            schema: self.schema.clone(),
+            sql: self.sql.clone(),
+        }))
     }
 }
 
-impl PostgresStore {
-    /// The fenced completion on any Postgres executor: the pool, or the connection of a
-    /// transactional handler's transaction.
-    async fn complete_on<'e>(
-        &self,
-        executor: impl sqlx::PgExecutor<'e>,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        let status = i16::try_from(response.status).map_err(|_| {
-            StoreError::Corrupt(format!(
-                "status {} does not fit the schema",
-                response.status
-            ))
-        })?;
-        let done = sqlx::query(self.sql.complete.clone())
-            .bind(scope)
-            .bind(key)
-            .bind(token.0)
-            .bind(status)
-            .bind(encode_headers(&response.headers))
-            .bind(response.body.as_deref())
-            .execute(executor)
-            .await?;
-        Ok(done.rows_affected() == 1)
+/// The fenced completion on any Postgres executor: the pool, or the connection of a
+/// transactional handler's transaction.
+async fn complete_on<'e>(
+    sql: &Statements,
+    executor: impl sqlx::PgExecutor<'e>,
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+    response: &StoredResponse,
+) -> Result<bool, StoreError> {
+    let status = i16::try_from(response.status).map_err(|_| {
+        StoreError::Corrupt(format!(
+            "status {} does not fit the schema",
+            response.status
+        ))
+    })?;
+    let done = sqlx::query(sql.complete.clone())
+        .bind(scope)
+        .bind(key)
+        .bind(token.0)
+        .bind(status)
+        .bind(encode_headers(&response.headers))
+        .bind(response.body.as_deref())
+        .execute(executor)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A [`PostgresStore`]'s pool together with where its records live (the table, in the
+/// store's schema if it has one): what [`Store::sql_pool`] returns for Postgres, so a
+/// transactional handler's completion finds the store's table from the pool alone — a
+/// decorator store that forwards `sql_pool()` works like the store itself.
+///
+/// Only a `PostgresStore` makes one (the table name is spliced into SQL); a decorator
+/// passes it on unchanged.
+#[derive(Clone)]
+pub struct PostgresPool {
+    pool: PgPool,
+    schema: Option<Schema>,
+    sql: Arc<Statements>,
+}
+
+impl PostgresPool {
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The schema the store's table lives in, when one was chosen explicitly (as
+    /// [`PostgresStore::schema`]).
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_ref().map(|s| s.0.as_str())
+    }
+}
+
+impl std::fmt::Debug for PostgresPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresPool")
+            .field("location", &describe_options(&self.pool.connect_options()))
+            .field("schema", &self.schema())
+            .finish_non_exhaustive()
     }
 }
 
 /// Transactional handlers (`Tx<Postgres>`, DESIGN §5): the completion runs inside the
-/// handler's transaction, on the store's (possibly schema-qualified) table.
+/// handler's transaction, on the store's (possibly schema-qualified) table, as carried by
+/// the [`PostgresPool`] its `sql_pool()` returns.
 #[async_trait]
 impl crate::transaction::TxDatabase for sqlx::Postgres {
     const DATABASE_NAME: &'static str = "Postgres";
 
     fn pool_of(store: &dyn Store) -> Option<sqlx::Pool<Self>> {
         match store.sql_pool()? {
-            super::SqlPool::Postgres(pool) => Some(pool),
+            super::SqlPool::Postgres(pg) => Some(pg.pool),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -683,17 +721,15 @@ impl crate::transaction::TxDatabase for sqlx::Postgres {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        // The statement names the store's table, which only the store itself knows.
-        let any: &dyn std::any::Any = store;
-        let store = any.downcast_ref::<PostgresStore>().ok_or_else(|| {
-            StoreError::Database(sqlx::Error::Configuration(
-                format!(
-                    "a transactional completion on Postgres needs a PostgresStore, not {store:?}"
-                )
-                .into(),
-            ))
-        })?;
-        store.complete_on(conn, scope, key, token, response).await
+        let sql = match store.sql_pool() {
+            Some(super::SqlPool::Postgres(pg)) => pg.sql,
+            _ => {
+                return Err(StoreError::Database(sqlx::Error::Configuration(
+                    format!("the store no longer offers a Postgres pool: {store:?}").into(),
+                )));
+            }
+        };
+        complete_on(&sql, conn, scope, key, token, response).await
     }
 }
 

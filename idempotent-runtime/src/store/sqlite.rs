@@ -466,6 +466,16 @@ impl crate::transaction::TxDatabase for sqlx::Sqlite {
         }
     }
 
+    /// `BEGIN IMMEDIATE`: the transaction takes the write lock at once (waiting up to the
+    /// busy timeout for it). A deferred transaction that reads first holds a WAL snapshot,
+    /// and its first write fails with `SQLITE_BUSY_SNAPSHOT` — without waiting — if any
+    /// other connection (another request, this request's own heartbeat) committed since.
+    async fn begin(
+        pool: &sqlx::Pool<Self>,
+    ) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
+        pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
     async fn complete_in(
         conn: &mut sqlx::SqliteConnection,
         _store: &dyn Store,

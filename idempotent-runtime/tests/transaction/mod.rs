@@ -12,7 +12,8 @@ use http::StatusCode;
 use idempotent_runtime::store::SqlPool;
 use idempotent_runtime::transaction::TxDatabase;
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency, Tx,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency, Store,
+    StoreError, StoredResponse, Tx,
 };
 
 use crate::conformance::Harness;
@@ -21,6 +22,7 @@ use crate::conformance::Harness;
 #[async_trait::async_trait]
 pub trait Ledger: TxDatabase {
     async fn insert(tx: &mut Tx<Self>, account: &str) -> Result<(), sqlx::Error>;
+    async fn count(tx: &mut Tx<Self>) -> Result<i64, sqlx::Error>;
 }
 
 const INSERT: &str = "INSERT INTO test_ledger (account) VALUES ($1)";
@@ -37,6 +39,10 @@ impl Ledger for sqlx::Sqlite {
             .await
             .map(drop)
     }
+
+    async fn count(tx: &mut Tx<Self>) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(COUNT).fetch_one(tx.conn()).await
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -48,6 +54,10 @@ impl Ledger for sqlx::Postgres {
             .execute(tx.conn())
             .await
             .map(drop)
+    }
+
+    async fn count(tx: &mut Tx<Self>) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(COUNT).fetch_one(tx.conn()).await
     }
 }
 
@@ -66,12 +76,12 @@ async fn on_pool(pool: &SqlPool, sql: &'static str) -> i64 {
             }
         }
         #[cfg(feature = "postgres")]
-        SqlPool::Postgres(pool) => {
+        SqlPool::Postgres(pg) => {
             if sql.starts_with("SELECT") {
-                sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+                sqlx::query_scalar(sql).fetch_one(pg.pool()).await.unwrap()
             } else {
                 sqlx::query(sql)
-                    .execute(pool)
+                    .execute(pg.pool())
                     .await
                     .unwrap()
                     .rows_affected() as i64
@@ -220,61 +230,206 @@ pub async fn check_failures_roll_back_and_release<H: Harness, DB: Ledger>() {
     }
 }
 
-pub async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
+/// A handler that reads before it writes, while another connection commits a write in
+/// between (here an unrelated insert; in production, e.g. the request's own heartbeat
+/// renewing its lease). On SQLite a deferred `BEGIN` fails that handler's first write with
+/// `SQLITE_BUSY_SNAPSHOT`, at once; the engine's `BEGIN IMMEDIATE` holds the write lock
+/// from the start, so the other writer waits for the handler's commit instead.
+pub async fn check_read_then_write_beside_other_commits<H: Harness, DB: Ledger>() {
     let Some(setup) = setup::<H>().await else {
         return;
     };
-    let harness = Arc::new(setup.harness);
-    let store = harness.store();
-    let new_owner = Arc::new(std::sync::Mutex::new(None));
-    let response = {
-        let (harness, store, new_owner) = (harness.clone(), store.clone(), new_owner.clone());
-        setup
-            .engine
-            .run_in_transaction::<DB, _, _, _, _>(
-                &CONFIG,
-                "acct_alice",
-                "stale",
-                FINGERPRINT,
-                move |_key, mut tx| async move {
-                    // The lease runs out (a stalled owner) and a retry takes the key over.
-                    harness.advance(Duration::from_secs(31)).await;
-                    let token = FencingToken::random();
-                    let outcome = store
-                        .try_claim(&ClaimRequest {
-                            scope: "acct_alice",
-                            key: "stale",
-                            fingerprint: &FINGERPRINT,
-                            ttl: Duration::from_secs(3600),
-                            lease: Duration::from_secs(30),
-                            token,
-                        })
-                        .await
-                        .unwrap();
-                    assert_eq!(outcome, ClaimOutcome::Claimed { token });
-                    *new_owner.lock().unwrap() = Some(token);
-                    // The stale owner writes anyway and tries to commit.
-                    DB::insert(&mut tx, "acct_alice").await.unwrap();
-                    (Ok::<_, Response>(StatusCode::CREATED.into_response()), tx)
-                },
-            )
-            .await
+    on_pool(&setup.pool, CREATE_OTHER).await;
+    let read = Arc::new(tokio::sync::Notify::new());
+    let (written_tx, written_rx) = tokio::sync::oneshot::channel::<()>();
+    // The other writer: commits as soon as the handler has read (on SQLite with
+    // `BEGIN IMMEDIATE`, only once the handler committed).
+    let writer = {
+        let (pool, read) = (setup.pool.clone(), read.clone());
+        tokio::spawn(async move {
+            read.notified().await;
+            on_pool(&pool, INSERT_OTHER).await;
+            let _ = written_tx.send(());
+        })
     };
+    let response = setup
+        .engine
+        .run_in_transaction::<DB, _, _, _, _>(
+            &CONFIG,
+            "acct_alice",
+            "read-then-write",
+            FINGERPRINT,
+            move |_key, mut tx| async move {
+                let before = DB::count(&mut tx).await;
+                read.notify_one();
+                // Give the other writer time to commit; never wait for it to finish
+                // (on SQLite it waits for this transaction).
+                let _ = tokio::time::timeout(Duration::from_millis(500), written_rx).await;
+                let result = match (before, DB::insert(&mut tx, "acct_alice").await) {
+                    (Ok(0), Ok(())) => Ok((StatusCode::CREATED, "deposited").into_response()),
+                    (before, written) => Err((
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("read {before:?}, then write {written:?}"),
+                    )
+                        .into_response()),
+                };
+                (result, tx)
+            },
+        )
+        .await;
+    let status = response.status();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "read-then-write handler failed: {}",
+        String::from_utf8_lossy(&body)
+    );
+    tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("the other writer finishes once the handler committed")
+        .expect("the other writer's insert succeeds");
+    assert_eq!(setup.rows().await, 1, "the handler's write committed");
+    assert_eq!(
+        on_pool(&setup.pool, COUNT_OTHER).await,
+        1,
+        "and so did the other"
+    );
+}
+
+const CREATE_OTHER: &str = "CREATE TABLE IF NOT EXISTS test_other (note TEXT NOT NULL)";
+const INSERT_OTHER: &str = "INSERT INTO test_other (note) VALUES ('committed meanwhile')";
+const COUNT_OTHER: &str = "SELECT COUNT(*) FROM test_other";
+
+/// A store that forwards everything to `inner` (including `sql_pool()`, so transactional
+/// handlers run on it like on `inner`), except that its first claim is taken over before
+/// the engine even sees it: the claim succeeds with the caller's token, then the lease
+/// runs out (a stalled owner) and a retry claims the key with a new token. The engine
+/// thus runs the handler with a stale token from the start.
+struct TakenOverOnFirstClaim<H> {
+    inner: Arc<dyn Store>,
+    harness: Arc<H>,
+    new_owner: std::sync::Mutex<Option<FencingToken>>,
+}
+
+impl<H> std::fmt::Debug for TakenOverOnFirstClaim<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TakenOverOnFirstClaim")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl<H: Harness> Store for TakenOverOnFirstClaim<H> {
+    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let outcome = self.inner.try_claim(claim).await?;
+        if self.new_owner.lock().unwrap().is_some() {
+            return Ok(outcome);
+        }
+        assert_eq!(outcome, ClaimOutcome::Claimed { token: claim.token });
+        self.harness
+            .advance(claim.lease + Duration::from_secs(1))
+            .await;
+        let token = FencingToken::random();
+        let retry = self
+            .inner
+            .try_claim(&ClaimRequest { token, ..*claim })
+            .await?;
+        assert_eq!(
+            retry,
+            ClaimOutcome::Claimed { token },
+            "the retry took over"
+        );
+        *self.new_owner.lock().unwrap() = Some(token);
+        Ok(outcome)
+    }
+
+    async fn renew(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.renew(scope, key, token, lease).await
+    }
+
+    async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        self.inner.complete(scope, key, token, response).await
+    }
+
+    async fn release(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        self.inner.release(scope, key, token).await
+    }
+
+    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+
+    fn sql_pool(&self) -> Option<SqlPool> {
+        self.inner.sql_pool()
+    }
+}
+
+/// An owner whose lease was taken over cannot commit: its writes roll back, the answer
+/// is `409`, and the new owner keeps the record. The store is a decorator (see
+/// [`TakenOverOnFirstClaim`]), so this also checks that transactional handlers work on a
+/// store that merely forwards `sql_pool()`.
+pub async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
+    let Some(Setup { harness, pool, .. }) = setup::<H>().await else {
+        return;
+    };
+    let harness = Arc::new(harness);
+    let inner = harness.store();
+    let store = Arc::new(TakenOverOnFirstClaim {
+        inner: inner.clone(),
+        harness: harness.clone(),
+        new_owner: std::sync::Mutex::new(None),
+    });
+    let engine = Idempotency::builder_shared(store.clone()).build();
+    assert!(engine.supports_transactions::<DB>(), "sql_pool() forwarded");
+    let response = engine
+        .run_in_transaction::<DB, _, _, _, _>(
+            &CONFIG,
+            "acct_alice",
+            "stale",
+            FINGERPRINT,
+            move |_key, mut tx| async move {
+                // The stale owner writes and tries to commit.
+                DB::insert(&mut tx, "acct_alice").await.unwrap();
+                (Ok::<_, Response>(StatusCode::CREATED.into_response()), tx)
+            },
+        )
+        .await;
     assert_eq!(response.status(), StatusCode::CONFLICT, "fenced out");
-    let pool = setup.pool;
     assert_eq!(
         on_pool(&pool, COUNT).await,
         0,
         "the stale owner's write rolled back"
     );
-    let token = new_owner.lock().unwrap().expect("taken over");
-    let stored = idempotent_runtime::StoredResponse {
+    let token = store.new_owner.lock().unwrap().expect("taken over");
+    let stored = StoredResponse {
         status: 201,
         headers: vec![],
         body: Some("new".into()),
     };
     assert!(
-        store
+        inner
             .complete("acct_alice", "stale", token, &stored)
             .await
             .unwrap(),
@@ -319,6 +474,7 @@ macro_rules! transaction_suite {
             check_commit_together_and_replay,
             check_concurrent_duplicates_write_once,
             check_failures_roll_back_and_release,
+            check_read_then_write_beside_other_commits,
             check_stale_owner_cannot_commit,
             check_store_of_another_database_is_refused,
         );
