@@ -72,6 +72,8 @@ pub(crate) struct Args {
     pub(crate) ttl: Option<DurationArg>,
     pub(crate) lease: Option<DurationArg>,
     pub(crate) on_server_error: Option<OnServerError>,
+    /// The policy's token (`release` / `store`), for errors about the combination.
+    pub(crate) on_server_error_span: Option<Span>,
     pub(crate) fingerprint: Option<FingerprintMode>,
     /// Validated, lower-case header names.
     pub(crate) replay_headers: Option<Vec<LitStr>>,
@@ -159,9 +161,10 @@ impl Args {
             "scope" => scope_value(&value).map(|ident| self.scope = Some(ident)),
             "ttl" => duration_value("ttl", &value).map(|d| self.ttl = Some(d)),
             "lease" => duration_value("lease", &value).map(|d| self.lease = Some(d)),
-            "on_server_error" => {
-                on_server_error_value(&value).map(|policy| self.on_server_error = Some(policy))
-            }
+            "on_server_error" => on_server_error_value(&value).map(|(policy, span)| {
+                self.on_server_error = Some(policy);
+                self.on_server_error_span = Some(span);
+            }),
             "fingerprint" => fingerprint_value(&value).map(|mode| self.fingerprint = Some(mode)),
             "replay_headers" => {
                 replay_headers_value(&value, errors).map(|names| self.replay_headers = Some(names))
@@ -275,13 +278,14 @@ fn duration_value(name: &str, value: &Expr) -> syn::Result<DurationArg> {
     }
 }
 
-fn on_server_error_value(value: &Expr) -> syn::Result<OnServerError> {
+/// The policy and the span of its token.
+fn on_server_error_value(value: &Expr) -> syn::Result<(OnServerError, Span)> {
     const EXPECTED: &str = "expected `release` (the default: a 5xx frees the key so a retry runs \
                             the handler again) or `store` (the 5xx is stored and replayed)";
     if let Some(ident) = plain_ident(value) {
         return match ident.to_string().as_str() {
-            "release" => Ok(OnServerError::Release),
-            "store" => Ok(OnServerError::Store),
+            "release" => Ok((OnServerError::Release, ident.span())),
+            "store" => Ok((OnServerError::Store, ident.span())),
             other => Err(syn::Error::new(
                 ident.span(),
                 format!("unknown `on_server_error` policy `{other}`: {EXPECTED}"),

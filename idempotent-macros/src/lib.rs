@@ -71,7 +71,9 @@ use proc_macro::TokenStream;
 /// - `lease = "30s"`: how long a running request keeps its claim between heartbeats; must
 ///   be shorter than `ttl`. Default: the engine's (30s unless configured).
 /// - `on_server_error = release | store`: `release` (default) frees the key after a 5xx so a
-///   retry runs the handler again; `store` records and replays the 5xx.
+///   retry runs the handler again; `store` records and replays the 5xx. A transactional
+///   handler (one taking `&mut Tx<DB>`) always rolls back and releases on a 5xx, so `store`
+///   is refused there.
 /// - `fingerprint = "raw" | "json"`: what makes a retry "the same request": the raw body
 ///   (default) or a canonical form of the JSON body.
 /// - `replay_headers = ["x-request-cost"]`: response headers to record and replay besides

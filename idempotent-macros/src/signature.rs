@@ -4,7 +4,7 @@
 use quote::ToTokens;
 use syn::{FnArg, GenericParam, Ident, ItemFn, Pat, PatType, Safety, Type};
 
-use crate::args::{self, Args};
+use crate::args::{self, Args, OnServerError};
 
 /// Axum implements `Handler` for functions of at most this many arguments.
 const AXUM_MAX_ARGS: usize = 16;
@@ -158,6 +158,20 @@ pub(crate) fn check<'a>(
                 params.push(Param { arg, kind });
             }
         }
+    }
+
+    // DESIGN §5: a transactional handler's 5xx rolls its writes back, so the engine
+    // releases the claim; storing that answer is not something it can do.
+    if args.on_server_error == Some(OnServerError::Store)
+        && params.iter().any(|p| matches!(p.kind, ParamKind::Tx(_)))
+    {
+        errors.push(syn::Error::new(
+            args.on_server_error_span
+                .unwrap_or_else(args::attribute_span),
+            "a transactional handler always rolls back and releases on a 5xx (its writes must \
+             not commit with a failure); remove `on_server_error = store`, or drop the \
+             `&mut Tx` argument to store 5xx answers",
+        ));
     }
 
     let scope = match &args.scope {

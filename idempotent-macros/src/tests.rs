@@ -304,3 +304,34 @@ fn transaction_arguments_are_checked() {
         "{text}"
     );
 }
+
+#[test]
+fn transactional_handler_cannot_store_server_errors() {
+    let text = expand(
+        quote!(scope = caller, on_server_error = store),
+        quote! {
+            async fn deposit(caller: Caller, tx: &mut Tx<Sqlite>) -> Result<StatusCode, StatusCode> {
+                Ok(StatusCode::CREATED)
+            }
+        },
+    );
+    assert!(
+        text.contains("a transactional handler always rolls back and releases on a 5xx"),
+        "{text}"
+    );
+    // The function is left as written next to the error.
+    assert!(
+        text.contains("async fn deposit(caller: Caller, tx: &mut Tx<Sqlite>)"),
+        "{text}"
+    );
+    // `release` is what a transactional handler does anyway: accepted.
+    let text = expand(
+        quote!(scope = caller, on_server_error = release),
+        quote! {
+            async fn deposit(caller: Caller, tx: &mut Tx<Sqlite>) -> Result<StatusCode, StatusCode> {
+                Ok(StatusCode::CREATED)
+            }
+        },
+    );
+    assert!(!text.contains("compile_error"), "{text}");
+}
