@@ -77,6 +77,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[(
 /// Where applied migration versions are recorded (see the module docs).
 const MIGRATIONS_TABLE: &str = "_idempotent_migrations";
 
+/// How long a request waits for a pooled connection before it is answered `503`: while
+/// the database is unreachable, requests fail fast instead of hanging for sqlx's default
+/// 30 seconds.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long `connect` waits for the first connection before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -227,6 +232,7 @@ impl PostgresStore {
 
         let pool = PgPoolOptions::new()
             .test_before_acquire(false)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await
             .map_err(|e| open_error(e.to_string()))?;
