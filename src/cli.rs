@@ -25,6 +25,11 @@ pub struct DemoArgs {
     /// heartbeat, so how soon a crashed instance's request can be retried.
     #[arg(long, env = "IDEMPOTENCY_LEASE", default_value = "30s", value_parser = parse_duration)]
     pub lease: Duration,
+
+    /// The engine's default TTL (e.g. `24h`): how long a key is remembered. Shorten it to
+    /// watch an expired key run as new.
+    #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub ttl: Duration,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -24,9 +24,17 @@ pub enum Demo {
 
 /// Runs `demo` with `args` until Ctrl-C (or SIGTERM).
 pub async fn serve(demo: Demo, args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.lease >= args.ttl {
+        return Err(format!(
+            "--lease ({:?}) must be shorter than --ttl ({:?})",
+            args.lease, args.ttl
+        )
+        .into());
+    }
     let (db, store) = database::open(&args.database_url).await?;
     let idempotency = Idempotency::builder_shared(store)
         .default_lease(args.lease)
+        .default_ttl(args.ttl)
         .build();
     let _sweeper = idempotency.spawn_sweeper(Duration::from_secs(60));
     let app = build(demo, db, idempotency.clone(), &args).await?;
@@ -76,7 +84,7 @@ fn print_banner(demo: Demo, addr: std::net::SocketAddr, args: &DemoArgs) {
     };
     println!("{name} demo listening on http://{addr}");
     println!("database: {}", redact(&args.database_url));
-    println!("idempotency: ttl 24h, lease {:?}", args.lease);
+    println!("idempotency: ttl {:?}, lease {:?}", args.ttl, args.lease);
     for (key, account) in DEMO_KEYS {
         println!("  api key {key} -> {account}");
     }
