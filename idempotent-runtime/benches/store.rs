@@ -1,6 +1,8 @@
 //! The stores alone, without the engine: claim + complete of a fresh key (the write path
 //! of every first request) and the replay of a completed key (every retry), on
-//! `MemoryStore` and on `SqliteStore` (a WAL file in a temporary directory).
+//! `MemoryStore`, `SqliteStore` (a WAL file in a temporary directory) and, when
+//! `IDEMPOTENT_TEST_POSTGRES_URL` is set, `PostgresStore` (two round trips for a fresh
+//! key, one for a replay).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -113,6 +115,36 @@ fn stores(c: &mut Criterion) {
             .expect("open sqlite store");
         bench_store(c, &runtime, "sqlite", Arc::new(store));
     }
+
+    #[cfg(feature = "postgres")]
+    postgres(c, &runtime);
+}
+
+/// Postgres, when `IDEMPOTENT_TEST_POSTGRES_URL` is set: in a fresh schema, dropped
+/// afterwards.
+#[cfg(feature = "postgres")]
+fn postgres(c: &mut Criterion, runtime: &Runtime) {
+    const URL_VAR: &str = "IDEMPOTENT_TEST_POSTGRES_URL";
+    let Ok(url) = std::env::var(URL_VAR) else {
+        eprintln!("skipped store/postgres: {URL_VAR} is not set");
+        return;
+    };
+    let schema = format!("idem_bench_{:016x}", rand::random::<u64>());
+    let store = runtime
+        .block_on(idempotent_runtime::store::PostgresStore::connect_in_schema(
+            &url, &schema,
+        ))
+        .expect("open postgres store");
+    let pool = store.pool().clone();
+    bench_store(c, runtime, "postgres", Arc::new(store));
+    runtime.block_on(async {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+        )))
+        .execute(&pool)
+        .await
+        .expect("drop the benchmark schema");
+    });
 }
 
 criterion_group!(benches, stores);
