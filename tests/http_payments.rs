@@ -183,56 +183,28 @@ async fn quoted_and_bare_keys_are_one_key() {
     assert_eq!(gateway.calls().await.unwrap(), 1);
 }
 
+/// Sends the same charge twice under `key`; asserts the second is a byte-identical
+/// replay of the first, and returns the first.
+async fn send_twice(app: &axum::Router, key: &str, body: &str) -> support::Answer {
+    let first = send(app, post_payment("sk_test_alice", Some(key), body)).await;
+    let again = send(app, post_payment("sk_test_alice", Some(key), body)).await;
+    assert!(!first.replayed());
+    assert!(again.replayed(), "the second answer is a replay");
+    assert_eq!((again.status, &again.body), (first.status, &first.body));
+    first
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn validation_400_and_declined_402_are_stored_and_replayed() {
     let dir = tempfile::tempdir().unwrap();
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
-    let invalid = send(
-        &app,
-        post_payment(
-            "sk_test_alice",
-            Some("bad"),
-            r#"{"amount": -5, "currency": "brl"}"#,
-        ),
-    )
-    .await;
+    let invalid = send_twice(&app, "bad", r#"{"amount": -5, "currency": "brl"}"#).await;
     assert_eq!(invalid.status, StatusCode::BAD_REQUEST);
     assert_eq!(invalid.code(), "invalid_request");
-    let again = send(
-        &app,
-        post_payment(
-            "sk_test_alice",
-            Some("bad"),
-            r#"{"amount": -5, "currency": "brl"}"#,
-        ),
-    )
-    .await;
-    assert!(again.replayed());
-    assert_eq!(again.body, invalid.body);
 
-    let declined = send(
-        &app,
-        post_payment(
-            "sk_test_alice",
-            Some("dec"),
-            r#"{"amount": 40200, "currency": "BRL"}"#,
-        ),
-    )
-    .await;
+    let declined = send_twice(&app, "dec", r#"{"amount": 40200, "currency": "BRL"}"#).await;
     assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
     assert_eq!(declined.code(), "card_declined");
-    let replay = send(
-        &app,
-        post_payment(
-            "sk_test_alice",
-            Some("dec"),
-            r#"{"amount": 40200, "currency": "BRL"}"#,
-        ),
-    )
-    .await;
-    assert_eq!(replay.status, StatusCode::PAYMENT_REQUIRED);
-    assert!(replay.replayed());
-    assert_eq!(replay.body, declined.body);
     let charges = gateway.all().await.unwrap();
     assert_eq!(charges.len(), 1, "the declined charge is recorded once");
     assert_eq!(charges[0].status, "declined");
