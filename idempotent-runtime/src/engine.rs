@@ -184,22 +184,38 @@ impl Idempotency {
         R: IntoResponse + 'static,
     {
         let span = info_span!("idempotent", scope = %scope, key = %key);
+        self.claim_and_execute(config, scope, key, fingerprint, |execution, key| {
+            execution.execute(async move { handler(key).await.into_response() })
+        })
+        .instrument(span)
+        .await
+    }
+
+    /// Claims the key and, when claimed, runs `execute` — both in one detached task: a
+    /// client that hangs up can cancel neither the claim halfway (leaving a claim that
+    /// nothing runs) nor the handler.
+    async fn claim_and_execute<X, Fut>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+        execute: X,
+    ) -> Response
+    where
+        X: FnOnce(Execution, IdempotencyKey) -> Fut + Send + 'static,
+        Fut: Future<Output = Response> + Send + 'static,
+    {
         let (engine, config) = (self.clone(), *config);
         let (scope, key) = (scope.to_owned(), key.to_owned());
-        // Claim and execution run detached from the request: a client that hangs up
-        // cannot cancel the claim halfway (leaving a claim nothing runs) or the handler.
         let task = self.spawn_tracked(
             async move {
-                let execution = match engine.claim(&config, &scope, &key, &fingerprint).await {
-                    Ok(execution) => execution,
-                    Err(answer) => return answer,
-                };
-                let idempotency_key = IdempotencyKey::new(scope, key);
-                execution
-                    .execute(async move { handler(idempotency_key).await.into_response() })
-                    .await
+                match engine.claim(&config, &scope, &key, &fingerprint).await {
+                    Ok(execution) => execute(execution, IdempotencyKey::new(scope, key)).await,
+                    Err(answer) => answer,
+                }
             }
-            .instrument(span),
+            .in_current_span(),
         );
         join_detached(task).await
     }
@@ -322,22 +338,10 @@ impl Idempotency {
                     <DB as crate::transaction::TxDatabase>::DATABASE_NAME,
                 );
             };
-            let (engine, config) = (self.clone(), *config);
-            let (scope, key) = (scope.to_owned(), key.to_owned());
-            let task = self.spawn_tracked(
-                async move {
-                    let execution = match engine.claim(&config, &scope, &key, &fingerprint).await {
-                        Ok(execution) => execution,
-                        Err(answer) => return answer,
-                    };
-                    let idempotency_key = IdempotencyKey::new(scope, key);
-                    execution
-                        .execute_in_transaction(pool, idempotency_key, handler)
-                        .await
-                }
-                .in_current_span(),
-            );
-            join_detached(task).await
+            self.claim_and_execute(config, scope, key, fingerprint, |execution, key| {
+                execution.execute_in_transaction(pool, key, handler)
+            })
+            .await
         }
         .instrument(span)
         .await
