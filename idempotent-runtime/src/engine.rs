@@ -8,6 +8,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, StatusCode, header};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::config::{HandlerConfig, OnServerError};
@@ -58,6 +59,7 @@ struct Inner {
     max_stored_body: usize,
     header_name: HeaderName,
     completion_retry_window: Duration,
+    store_timeout: Duration,
     /// Every detached request and background recording, for [`Idempotency::drain`].
     tracker: tokio_util::task::TaskTracker,
 }
@@ -76,7 +78,12 @@ impl IdempotencyBuilder {
     }
 
     /// Lease for handlers that set none (default 30s).
+    ///
+    /// # Panics
+    ///
+    /// On a zero lease: every claim could be taken over at once.
     pub fn default_lease(mut self, lease: Duration) -> Self {
+        assert!(!lease.is_zero(), "the default lease must be positive");
         self.inner.default_lease = lease;
         self
     }
@@ -101,6 +108,14 @@ impl IdempotencyBuilder {
     /// attempts; the rest continues in the background.
     pub fn completion_retry_window(mut self, window: Duration) -> Self {
         self.inner.completion_retry_window = window;
+        self
+    }
+
+    /// How long one store operation (claim, renew, complete, release) may take before it
+    /// counts as failed (default 5s): a database that stopped answering gives `503`
+    /// instead of a request that hangs.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.inner.store_timeout = timeout;
         self
     }
 
@@ -133,6 +148,7 @@ impl Idempotency {
                 max_stored_body: DEFAULT_MAX_STORED_BODY,
                 header_name: HeaderName::from_static("idempotency-key"),
                 completion_retry_window: Duration::from_secs(300),
+                store_timeout: Duration::from_secs(5),
                 tracker: tokio_util::task::TaskTracker::new(),
             },
         }
@@ -259,7 +275,9 @@ impl Idempotency {
             lease,
             token: FencingToken::random(),
         };
-        let outcome = match self.inner.store.try_claim(&claim).await {
+        let outcome = match bounded(self.inner.store_timeout, self.inner.store.try_claim(&claim))
+            .await
+        {
             Ok(outcome) => outcome,
             Err(err) => {
                 error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
@@ -371,7 +389,12 @@ impl Idempotency {
 
     /// Spawns a background task that purges expired records every `interval`, in
     /// batches of 1000. Abort the returned handle to stop it.
+    ///
+    /// # Panics
+    ///
+    /// On a zero `interval`.
     pub fn spawn_sweeper(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
+        assert!(!interval.is_zero(), "the sweeper interval must be positive");
         let engine = self.clone();
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
@@ -415,7 +438,7 @@ enum Outcome {
 
 impl Execution {
     async fn execute(self, handler: impl Future<Output = Response> + Send) -> Response {
-        let heartbeat = tokio::spawn(self.heartbeat().in_current_span());
+        let heartbeat = AbortOnDropHandle::new(tokio::spawn(self.heartbeat().in_current_span()));
         let outcome = AssertUnwindSafe(async {
             let response = handler.await;
             self.classify(response).await
@@ -460,7 +483,7 @@ impl Execution {
     {
         use crate::transaction::{BEGIN_TIMEOUT, Tx};
 
-        let heartbeat = tokio::spawn(self.heartbeat().in_current_span());
+        let heartbeat = AbortOnDropHandle::new(tokio::spawn(self.heartbeat().in_current_span()));
         let begun = tokio::time::timeout(BEGIN_TIMEOUT, DB::begin(&pool)).await;
         let transaction = match begun {
             Ok(Ok(transaction)) => transaction,
@@ -612,6 +635,7 @@ impl Execution {
     /// store never stalls the handler.
     fn heartbeat(&self) -> impl Future<Output = ()> + Send + 'static {
         let store = self.engine.inner.store.clone();
+        let timeout = self.engine.inner.store_timeout;
         let (scope, key, token, lease) =
             (self.scope.clone(), self.key.clone(), self.token, self.lease);
         async move {
@@ -620,13 +644,12 @@ impl Execution {
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticker.tick().await;
-                match store.renew(&scope, &key, token, lease).await {
+                match bounded(timeout, store.renew(&scope, &key, token, lease)).await {
                     Ok(true) => debug!(event = "renewed", "lease renewed"),
+                    // Completed or released just now, or taken over: completion tells
+                    // which (and warns with `lease_lost` when it was taken over).
                     Ok(false) => {
-                        warn!(
-                            event = "lease_lost",
-                            "lease was taken over while the handler ran"
-                        );
+                        debug!(event = "renewed", "claim no longer held; heartbeat stops");
                         return;
                     }
                     Err(err) => {
@@ -639,13 +662,9 @@ impl Execution {
 
     /// One attempt to record `stored`; `true` when there is nothing left to do.
     async fn try_complete(&self, stored: &StoredResponse) -> bool {
-        match self
-            .engine
-            .inner
-            .store
-            .complete(&self.scope, &self.key, self.token, stored)
-            .await
-        {
+        let store = &self.engine.inner.store;
+        let completion = store.complete(&self.scope, &self.key, self.token, stored);
+        match bounded(self.engine.inner.store_timeout, completion).await {
             Ok(true) => {
                 info!(
                     event = "completed",
@@ -669,13 +688,9 @@ impl Execution {
     }
 
     async fn release(&self) {
-        match self
-            .engine
-            .inner
-            .store
-            .release(&self.scope, &self.key, self.token)
-            .await
-        {
+        let store = &self.engine.inner.store;
+        let release = store.release(&self.scope, &self.key, self.token);
+        match bounded(self.engine.inner.store_timeout, release).await {
             Ok(true) => info!(
                 event = "released",
                 "claim released; a retry runs the handler again"
@@ -694,7 +709,7 @@ impl Execution {
         self,
         parts: http::response::Parts,
         body: bytes::Bytes,
-        heartbeat: tokio::task::JoinHandle<()>,
+        heartbeat: AbortOnDropHandle<()>,
     ) -> Response {
         let stored = StoredResponse {
             status: parts.status.as_u16(),
@@ -720,13 +735,18 @@ impl Execution {
 async fn complete_with_retries(
     execution: Execution,
     stored: StoredResponse,
-    heartbeat: tokio::task::JoinHandle<()>,
+    heartbeat: AbortOnDropHandle<()>,
 ) {
-    let deadline = tokio::time::Instant::now() + execution.engine.inner.completion_retry_window;
+    let started = tokio::time::Instant::now();
+    let deadline = started + execution.engine.inner.completion_retry_window;
+    // Inline, the client waits: a few quick attempts within about a second.
     for delay_ms in [25, 50, 100, 200] {
         if execution.try_complete(&stored).await {
             heartbeat.abort();
             return;
+        }
+        if started.elapsed() > Duration::from_secs(1) {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
     }
@@ -752,6 +772,16 @@ async fn complete_with_retries(
         }
         .instrument(span),
     );
+}
+
+/// `operation`, failed with [`StoreError::Timeout`] when it takes longer than `timeout`.
+async fn bounded<T>(
+    timeout: Duration,
+    operation: impl Future<Output = Result<T, crate::StoreError>>,
+) -> Result<T, crate::StoreError> {
+    tokio::time::timeout(timeout, operation)
+        .await
+        .unwrap_or(Err(crate::StoreError::Timeout(timeout)))
 }
 
 /// The response headers to store: the defaults plus the handler's opt-ins, in order.

@@ -602,3 +602,60 @@ async fn drain_waits_for_detached_handlers() {
         "recorded before drain returned"
     );
 }
+
+/// A store that never answers, as behind a silent network partition.
+#[derive(Debug)]
+struct SilentStore;
+
+#[async_trait]
+impl Store for SilentStore {
+    async fn try_claim(&self, _: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        std::future::pending().await
+    }
+    async fn renew(
+        &self,
+        _: &str,
+        _: &str,
+        _: FencingToken,
+        _: Duration,
+    ) -> Result<bool, StoreError> {
+        std::future::pending().await
+    }
+    async fn complete(
+        &self,
+        _: &str,
+        _: &str,
+        _: FencingToken,
+        _: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        std::future::pending().await
+    }
+    async fn release(&self, _: &str, _: &str, _: FencingToken) -> Result<bool, StoreError> {
+        std::future::pending().await
+    }
+    async fn purge_expired(&self, _: u32) -> Result<u64, StoreError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_store_is_503_after_the_store_timeout() {
+    let engine = Idempotency::builder(SilentStore)
+        .store_timeout(Duration::from_millis(100))
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        engine.run(&CONFIG, "alice", "k", fingerprint(1), created(&runs)),
+    )
+    .await
+    .expect("answered, not hung");
+    let (status, _, body) = body_of(answer).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(problem_code(&body), "idempotency_store_unavailable");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert!(
+        engine.drain(Duration::from_secs(5)).await,
+        "nothing left hanging"
+    );
+}

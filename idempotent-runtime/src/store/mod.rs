@@ -116,6 +116,9 @@ pub enum StoreError {
         /// Why it failed.
         reason: String,
     },
+    /// The store did not answer within the engine's store timeout.
+    #[error("the idempotency store did not answer within {0:?}")]
+    Timeout(Duration),
     /// A stored record could not be decoded.
     #[error("corrupt idempotency record: {0}")]
     Corrupt(String),
