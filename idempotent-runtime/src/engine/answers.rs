@@ -1,0 +1,119 @@
+//! The answers the engine gives itself: replays, `409`, `422`, `503`, `500`, all but
+//! replays as problem+json.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderName, HeaderValue, StatusCode, header};
+
+use super::REPLAYED_HEADER;
+use crate::problem::{Problem, codes};
+use crate::store::StoredResponse;
+
+/// Rebuilds a stored response, marked as a replay.
+pub(super) fn replay(stored: StoredResponse) -> Response {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body_kept = stored.body.is_some();
+    let mut response = match stored.body {
+        Some(body) => Response::new(Body::from(body)),
+        None => {
+            let problem = Problem::new(
+                status,
+                codes::RESPONSE_NOT_STORED,
+                "Response not stored",
+                "The original request completed with this status, but its body was larger \
+                 than the idempotency store keeps, so it cannot be replayed. The operation \
+                 was not run again; fetch the resource (see Location, if present) instead.",
+            );
+            Response::new(Body::from(problem.to_json()))
+        }
+    };
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    for (name, value) in stored.headers {
+        if !body_kept && name == "content-type" {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::from_bytes(&value))
+        {
+            headers.append(name, value);
+        }
+    }
+    if !body_kept {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::problem::PROBLEM_JSON),
+        );
+    }
+    headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    response
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(super) fn transaction_unsupported(database: &str) -> Response {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        codes::TRANSACTION_UNSUPPORTED,
+        "Transactional handler misconfigured",
+        format!(
+            "This handler writes through a {database} transaction, but the idempotency engine's store is not a {database} store. Nothing was run."
+        ),
+    )
+    .into_response()
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(super) fn lease_lost() -> Response {
+    Problem::new(
+        StatusCode::CONFLICT,
+        codes::IN_PROGRESS,
+        "Request in progress",
+        "This request's claim on the idempotency key was taken over by a retry before it could commit; its writes were rolled back. Retry with the same key.",
+    )
+    .with_retry_after(1)
+    .into_response()
+}
+
+pub(super) fn in_progress(retry_after: Duration) -> Response {
+    let secs = retry_after.as_secs().max(1);
+    Problem::new(
+        StatusCode::CONFLICT,
+        codes::IN_PROGRESS,
+        "Request in progress",
+        "A request with this idempotency key is still being processed. Retry with the same key after Retry-After seconds.",
+    )
+    .with_retry_after(secs)
+    .into_response()
+}
+
+pub(super) fn key_reused() -> Response {
+    Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        codes::KEY_REUSED,
+        "Idempotency key reused",
+        "This idempotency key was already used for a different request (method, path, query or body differ). Use a new key for a new operation.",
+    )
+    .into_response()
+}
+
+pub(crate) fn store_unavailable() -> Response {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        codes::STORE_UNAVAILABLE,
+        "Idempotency store unavailable",
+        "The request was not processed because its idempotency key could not be checked. Retry with the same key.",
+    )
+    .with_retry_after(1)
+    .into_response()
+}
+
+pub(super) fn internal_error(detail: &str) -> Response {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        codes::HANDLER_PANICKED,
+        "Internal server error",
+        detail,
+    )
+    .into_response()
+}

@@ -1,0 +1,444 @@
+//! [`Idempotency`]: the claim → execute → record loop every idempotent request runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use http::HeaderName;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::config::HandlerConfig;
+use crate::extract::IdempotencyKey;
+use crate::fingerprint::Fingerprint;
+use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
+
+mod answers;
+mod execution;
+
+pub(crate) use answers::store_unavailable;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use answers::transaction_unsupported;
+use answers::{in_progress, internal_error, key_reused, replay};
+use execution::Execution;
+
+/// The header marking a replayed response.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// Response headers always stored and replayed. Everything else is per-request (`Date`,
+/// trace ids, `Set-Cookie`, …) unless a handler opts in with `replay_headers`.
+pub const DEFAULT_REPLAY_HEADERS: [&str; 5] = [
+    "content-type",
+    "location",
+    "etag",
+    "last-modified",
+    "content-location",
+];
+
+/// Default TTL: Stripe's 24 hours.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default lease: 30 seconds, renewed every third of it while the handler runs.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default cap on a stored response body: 1 MiB.
+pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
+
+/// The idempotency engine: one per application, cheap to clone (an `Arc` inside). Put
+/// it in the router state and implement `FromRef` so the `#[idempotent]` handlers find
+/// it.
+///
+/// ```
+/// use idempotent_runtime::{Idempotency, store::MemoryStore};
+/// let engine = Idempotency::new(MemoryStore::new());
+/// assert_eq!(engine.header_name().as_str(), "idempotency-key");
+/// ```
+#[derive(Clone, Debug)]
+pub struct Idempotency {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<dyn Store>,
+    default_ttl: Duration,
+    default_lease: Duration,
+    max_stored_body: usize,
+    header_name: HeaderName,
+    completion_retry_window: Duration,
+    store_timeout: Duration,
+    /// Every detached request and background recording, for [`Idempotency::drain`].
+    tracker: tokio_util::task::TaskTracker,
+}
+
+/// Configures an [`Idempotency`] engine.
+#[derive(Debug)]
+pub struct IdempotencyBuilder {
+    inner: Inner,
+}
+
+impl IdempotencyBuilder {
+    /// TTL for handlers that set none (default 24h).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.inner.default_ttl = ttl;
+        self
+    }
+
+    /// Lease for handlers that set none (default 30s).
+    ///
+    /// # Panics
+    ///
+    /// On a zero lease: every claim could be taken over at once.
+    pub fn default_lease(mut self, lease: Duration) -> Self {
+        assert!(!lease.is_zero(), "the default lease must be positive");
+        self.inner.default_lease = lease;
+        self
+    }
+
+    /// Largest response body stored for replay (default 1 MiB). A larger response is
+    /// answered in full the first time; its status and headers are stored, and a replay
+    /// says in a problem body that the original body was not kept. The handler never
+    /// runs twice because of it.
+    pub fn max_stored_body(mut self, bytes: usize) -> Self {
+        self.inner.max_stored_body = bytes;
+        self
+    }
+
+    /// The request header carrying the key (default `Idempotency-Key`).
+    pub fn header_name(mut self, name: HeaderName) -> Self {
+        self.inner.header_name = name;
+        self
+    }
+
+    /// How long a finished request keeps trying to record its outcome while the store
+    /// is unreachable (default 5 minutes). The client gets its answer after the first
+    /// attempts; the rest continues in the background.
+    pub fn completion_retry_window(mut self, window: Duration) -> Self {
+        self.inner.completion_retry_window = window;
+        self
+    }
+
+    /// How long one store operation (claim, renew, complete, release) may take before it
+    /// counts as failed (default 5s): a database that stopped answering gives `503`
+    /// instead of a request that hangs.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.inner.store_timeout = timeout;
+        self
+    }
+
+    /// Builds the engine.
+    pub fn build(self) -> Idempotency {
+        Idempotency {
+            inner: Arc::new(self.inner),
+        }
+    }
+}
+
+impl Idempotency {
+    /// An engine with the default policy over `store`.
+    pub fn new(store: impl Store) -> Self {
+        Self::builder(store).build()
+    }
+
+    /// A builder over `store`.
+    pub fn builder(store: impl Store) -> IdempotencyBuilder {
+        Self::builder_shared(Arc::new(store))
+    }
+
+    /// A builder over a store that is already shared.
+    pub fn builder_shared(store: Arc<dyn Store>) -> IdempotencyBuilder {
+        IdempotencyBuilder {
+            inner: Inner {
+                store,
+                default_ttl: DEFAULT_TTL,
+                default_lease: DEFAULT_LEASE,
+                max_stored_body: DEFAULT_MAX_STORED_BODY,
+                header_name: HeaderName::from_static("idempotency-key"),
+                completion_retry_window: Duration::from_secs(300),
+                store_timeout: Duration::from_secs(5),
+                tracker: tokio_util::task::TaskTracker::new(),
+            },
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The request header carrying the key.
+    pub fn header_name(&self) -> &HeaderName {
+        &self.inner.header_name
+    }
+
+    /// The TTL a handler with `config` uses.
+    pub fn ttl_for(&self, config: &HandlerConfig) -> Duration {
+        config.ttl.unwrap_or(self.inner.default_ttl)
+    }
+
+    /// The lease a handler with `config` uses.
+    pub fn lease_for(&self, config: &HandlerConfig) -> Duration {
+        config.lease.unwrap_or(self.inner.default_lease)
+    }
+
+    /// Runs `handler` at most once for `(scope, key)` and `fingerprint`:
+    ///
+    /// - new key (or expired, or a lease that ran out with the same fingerprint): the
+    ///   handler runs in a spawned task — a client that hangs up cannot cancel it or the
+    ///   recording of its outcome — while the lease is renewed every third of it;
+    /// - completed with the same fingerprint: the stored response plus
+    ///   `Idempotent-Replayed: true`;
+    /// - still running: `409` + `Retry-After`; another fingerprint: `422`;
+    /// - store unreachable: `503`, and the handler does not run.
+    ///
+    /// A 5xx answer or a panic (→ `500`) releases the claim unless the config says
+    /// `OnServerError::Store`.
+    pub async fn run<F, Fut, R>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+        handler: F,
+    ) -> Response
+    where
+        F: FnOnce(IdempotencyKey) -> Fut + Send + 'static,
+        Fut: Future<Output = R> + Send + 'static,
+        R: IntoResponse + 'static,
+    {
+        let span = info_span!("idempotent", scope = %scope, key = %key);
+        self.claim_and_execute(config, scope, key, fingerprint, |execution, key| {
+            execution.execute(async move { handler(key).await.into_response() })
+        })
+        .instrument(span)
+        .await
+    }
+
+    /// Claims the key and, when claimed, runs `execute` — both in one detached task: a
+    /// client that hangs up can cancel neither the claim halfway (leaving a claim that
+    /// nothing runs) nor the handler.
+    async fn claim_and_execute<X, Fut>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+        execute: X,
+    ) -> Response
+    where
+        X: FnOnce(Execution, IdempotencyKey) -> Fut + Send + 'static,
+        Fut: Future<Output = Response> + Send + 'static,
+    {
+        let (engine, config) = (self.clone(), *config);
+        let (scope, key) = (scope.to_owned(), key.to_owned());
+        let task = self.spawn_tracked(
+            async move {
+                match engine.claim(&config, &scope, &key, &fingerprint).await {
+                    Ok(execution) => execute(execution, IdempotencyKey::new(scope, key)).await,
+                    Err(answer) => answer,
+                }
+            }
+            .in_current_span(),
+        );
+        join_detached(task).await
+    }
+
+    /// Spawns `task` so that [`drain`](Self::drain) waits for it.
+    fn spawn_tracked<T: Send + 'static>(
+        &self,
+        task: impl Future<Output = T> + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        self.inner.tracker.spawn(task)
+    }
+
+    /// Waits until every request the engine is running, and every outcome it is still
+    /// recording, has finished — or `timeout` passed; `true` when all finished. Call it
+    /// after the server stopped accepting connections and before the runtime shuts down,
+    /// so that no handler is cut off between its side effect and its record.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        self.inner.tracker.close();
+        let finished = tokio::time::timeout(timeout, self.inner.tracker.wait())
+            .await
+            .is_ok();
+        self.inner.tracker.reopen();
+        finished
+    }
+
+    /// Claims the key; `Err` carries the answer when the handler must not run (replay,
+    /// `409`, `422`, `503`).
+    async fn claim(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Result<Execution, Response> {
+        let lease = self.lease_for(config);
+        let claim = ClaimRequest {
+            scope,
+            key,
+            fingerprint,
+            ttl: self.ttl_for(config),
+            lease,
+            token: FencingToken::random(),
+        };
+        let outcome = match bounded(self.inner.store_timeout, self.inner.store.try_claim(&claim))
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
+                return Err(store_unavailable());
+            }
+        };
+        match outcome {
+            ClaimOutcome::Replay(stored) => {
+                info!(
+                    event = "replayed",
+                    status = stored.status,
+                    "replaying stored response"
+                );
+                Err(replay(stored))
+            }
+            ClaimOutcome::InProgress { retry_after } => {
+                info!(
+                    event = "in_progress",
+                    retry_after_secs = retry_after.as_secs(),
+                    "original request still running"
+                );
+                Err(in_progress(retry_after))
+            }
+            ClaimOutcome::Mismatch => {
+                info!(event = "mismatch", "key reused with a different request");
+                Err(key_reused())
+            }
+            ClaimOutcome::Claimed { token } => {
+                info!(event = "claimed", "running handler");
+                Ok(Execution {
+                    engine: self.clone(),
+                    config: *config,
+                    scope: scope.to_owned(),
+                    key: key.to_owned(),
+                    token,
+                    lease,
+                })
+            }
+        }
+    }
+
+    /// Like [`run`](Self::run), for a handler whose writes go to the store's own
+    /// database: the handler's writes and the recorded response commit in one
+    /// transaction, or neither does (see [`crate::transaction`]). `Ok` with a non-5xx
+    /// status commits; `Err` (whatever its status), a 5xx or a panic rolls back and
+    /// releases the claim; a lease lost meanwhile rolls back and answers `409`.
+    ///
+    /// The engine's store must be of database `DB`; otherwise every request is answered
+    /// `500` (`transaction_unsupported`) without claiming or running anything. Check at
+    /// startup with [`supports_transactions`](Self::supports_transactions).
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub async fn run_in_transaction<DB, F, Fut, T, E>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+        handler: F,
+    ) -> Response
+    where
+        DB: crate::transaction::TxDatabase,
+        F: FnOnce(IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
+        Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
+        T: IntoResponse + 'static,
+        E: IntoResponse + 'static,
+    {
+        let span = info_span!("idempotent", scope = %scope, key = %key, transactional = true);
+        async move {
+            let Some(pool) = DB::pool_of(self.inner.store.as_ref()) else {
+                error!(
+                    event = "store_error",
+                    database = <DB as crate::transaction::TxDatabase>::DATABASE_NAME,
+                    "transactional handler on an engine whose store is not of its database"
+                );
+                return transaction_unsupported(
+                    <DB as crate::transaction::TxDatabase>::DATABASE_NAME,
+                );
+            };
+            self.claim_and_execute(config, scope, key, fingerprint, |execution, key| {
+                execution.execute_in_transaction(pool, key, handler)
+            })
+            .await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Whether transactional handlers on database `DB` can run on this engine's store.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub fn supports_transactions<DB: crate::transaction::TxDatabase>(&self) -> bool {
+        DB::pool_of(self.inner.store.as_ref()).is_some()
+    }
+
+    /// Purges expired records in batches of `batch` until fewer than a batch remain;
+    /// returns how many were deleted.
+    pub async fn purge_expired(&self, batch: u32) -> Result<u64, crate::StoreError> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        let mut total = 0;
+        loop {
+            let deleted = self.inner.store.purge_expired(batch).await?;
+            total += deleted;
+            if deleted < u64::from(batch) {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Spawns a background task that purges expired records every `interval`, in
+    /// batches of 1000. Abort the returned handle to stop it.
+    ///
+    /// # Panics
+    ///
+    /// On a zero `interval`.
+    pub fn spawn_sweeper(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
+        assert!(!interval.is_zero(), "the sweeper interval must be positive");
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                match engine.purge_expired(1000).await {
+                    Ok(0) => {}
+                    Ok(n) => debug!(
+                        event = "purged",
+                        records = n,
+                        "purged expired idempotency records"
+                    ),
+                    Err(err) => {
+                        warn!(event = "store_error", error = %err, "purging expired records failed")
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Awaits the detached task running a claimed request.
+async fn join_detached(task: tokio::task::JoinHandle<Response>) -> Response {
+    match task.await {
+        Ok(response) => response,
+        // Only when the runtime shuts down under the task.
+        Err(err) => {
+            error!(event = "store_error", error = %err, "handler task did not finish");
+            internal_error("the request was interrupted")
+        }
+    }
+}
+
+/// `operation`, failed with [`StoreError::Timeout`] when it takes longer than `timeout`.
+async fn bounded<T>(
+    timeout: Duration,
+    operation: impl Future<Output = Result<T, crate::StoreError>>,
+) -> Result<T, crate::StoreError> {
+    tokio::time::timeout(timeout, operation)
+        .await
+        .unwrap_or(Err(crate::StoreError::Timeout(timeout)))
+}
