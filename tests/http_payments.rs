@@ -269,3 +269,24 @@ async fn listing_and_fetching_payments() {
         serde_json::json!([])
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_key_runs_as_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(500);
+    let (app, gateway) = support::payments_app_with_ttl(dir.path(), Duration::ZERO, ttl).await;
+    let first = send(&app, post_payment("sk_test_alice", Some("reused"), CHARGE)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+
+    // The same key for another operation after its TTL: a new request, a new charge
+    // (its derived downstream key differs, so the gateway does not answer with the old one).
+    let other = r#"{"amount": 777, "currency": "BRL"}"#;
+    let second = send(&app, post_payment("sk_test_alice", Some("reused"), other)).await;
+    assert_eq!(second.status, StatusCode::CREATED);
+    assert!(!second.replayed(), "expired: treated as new");
+    assert_eq!(second.json()["amount"], 777);
+    assert_ne!(second.json()["id"], first.json()["id"]);
+    assert_eq!(gateway.calls().await.unwrap(), 2);
+    assert_eq!(gateway.all().await.unwrap().len(), 2, "two charges");
+}

@@ -244,12 +244,27 @@ impl<T> Hashed<T> {
 pub struct IdempotencyKey {
     scope: String,
     key: String,
+    fingerprint: Option<Fingerprint>,
 }
 
 impl IdempotencyKey {
     /// The key for `key` in `scope`.
     pub fn new(scope: String, key: String) -> Self {
-        Self { scope, key }
+        Self {
+            scope,
+            key,
+            fingerprint: None,
+        }
+    }
+
+    /// The key as claimed for a request with `fingerprint` (what the engine hands a
+    /// handler): [`derive`](Self::derive) then also depends on the request.
+    pub fn for_request(scope: String, key: String, fingerprint: Fingerprint) -> Self {
+        Self {
+            scope,
+            key,
+            fingerprint: Some(fingerprint),
+        }
     }
 
     /// The key as the client sent it.
@@ -262,9 +277,14 @@ impl IdempotencyKey {
         &self.scope
     }
 
-    /// A deterministic key for a downstream call, unique per (scope, key, purpose):
-    /// `idem_` followed by 64 hex digits (69 characters, within every provider's limit).
-    /// A retry after a crash sends the same derived key, so the provider deduplicates too.
+    /// A deterministic key for a downstream call, unique per (scope, key, purpose) and,
+    /// for the key the engine hands a handler, per request fingerprint: `idem_` followed
+    /// by 64 hex digits (69 characters, within every provider's limit).
+    ///
+    /// A retry after a crash is the same request under the same key, so it sends the same
+    /// derived key and the provider deduplicates too. A key reused after its TTL for a
+    /// *different* request derives a different downstream key, so the provider sees a new
+    /// operation instead of answering with the old one.
     ///
     /// ```
     /// use idempotent_runtime::IdempotencyKey;
@@ -272,6 +292,12 @@ impl IdempotencyKey {
     /// assert_eq!(key.derive("charge"), key.derive("charge"));
     /// assert_ne!(key.derive("charge"), key.derive("refund"));
     /// assert_eq!(key.derive("charge").len(), 69);
+    ///
+    /// use idempotent_runtime::Fingerprint;
+    /// let request = |n| Fingerprint { version: 1, digest: [n; 32] };
+    /// let claimed = |n| IdempotencyKey::for_request("acct_alice".into(), "order-1042".into(), request(n));
+    /// assert_eq!(claimed(1).derive("charge"), claimed(1).derive("charge"));
+    /// assert_ne!(claimed(1).derive("charge"), claimed(2).derive("charge"));
     /// ```
     pub fn derive(&self, purpose: &str) -> String {
         let mut hasher = Sha256::new();
@@ -282,6 +308,10 @@ impl IdempotencyKey {
         ] {
             hasher.update((part.len() as u64).to_be_bytes());
             hasher.update(part);
+        }
+        if let Some(fingerprint) = &self.fingerprint {
+            hasher.update(fingerprint.version.to_be_bytes());
+            hasher.update(fingerprint.digest);
         }
         let digest = hasher.finalize();
         let mut out = String::with_capacity(69);

@@ -16,10 +16,22 @@ use tower::ServiceExt;
 
 /// The payments demo on an SQLite file in `dir`.
 pub async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, Gateway) {
+    payments_app_with_ttl(dir, latency, Duration::from_secs(24 * 3600)).await
+}
+
+/// The payments demo on an SQLite file in `dir`, remembering keys for `ttl`.
+pub async fn payments_app_with_ttl(
+    dir: &std::path::Path,
+    latency: Duration,
+    ttl: Duration,
+) -> (Router, Gateway) {
     let url = format!("sqlite://{}", dir.join("payments.db").display());
     let (db, store) = database::open(&url).await.expect("open demo database");
     let gateway = Gateway::new(db, latency).await.expect("gateway schema");
-    let idempotency = Idempotency::builder_shared(store).build();
+    let idempotency = Idempotency::builder_shared(store)
+        .default_ttl(ttl)
+        .default_lease(ttl / 2)
+        .build();
     let app = router(AppState {
         idempotency,
         gateway: gateway.clone(),

@@ -231,7 +231,10 @@ impl Idempotency {
         let task = self.spawn_tracked(
             async move {
                 match engine.claim(&config, &scope, &key, &fingerprint).await {
-                    Ok(execution) => execute(execution, IdempotencyKey::new(scope, key)).await,
+                    Ok(execution) => {
+                        let key = IdempotencyKey::for_request(scope, key, fingerprint);
+                        execute(execution, key).await
+                    }
                     Err(answer) => answer,
                 }
             }
