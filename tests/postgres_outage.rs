@@ -143,7 +143,7 @@ async fn database_outage_is_503_then_recovers_without_double_execution() {
     let demo = Instance::start(
         DEMO,
         &proxied_url,
-        &["--gateway-latency-ms", "0", "--lease", "2s"],
+        &["--gateway-latency-ms", "800", "--lease", "2s"],
     )
     .await;
     let client = reqwest::Client::new();
@@ -151,7 +151,28 @@ async fn database_outage_is_503_then_recovers_without_double_execution() {
     let (status, first, _) = post(&client, &demo, "before", 100).await;
     assert_eq!(status, StatusCode::CREATED);
 
+    // A request whose handler is at the gateway when the database goes away.
+    let in_flight = {
+        let (client, url) = (client.clone(), demo.url("/payments"));
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .header("authorization", "Bearer sk_test_alice")
+                .header("idempotency-key", "in-flight")
+                .header("content-type", "application/json")
+                .body(r#"{"amount": 300, "currency": "BRL"}"#)
+                .send()
+                .await
+                .map(|response| response.status())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.cut();
+    let in_flight = in_flight.await.unwrap().expect("answered");
+    assert!(
+        in_flight.is_server_error(),
+        "its charge could not be recorded: {in_flight}"
+    );
     for (key, amount) in [("during", 200), ("before", 100)] {
         let (status, problem, _) = post(&client, &demo, key, amount).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{key}: {problem}");
@@ -173,6 +194,17 @@ async fn database_outage_is_503_then_recovers_without_double_execution() {
         !replayed,
         "the request refused during the outage ran now, for the first time"
     );
+    // The request cut off mid-flight runs again once its claim frees, exactly once.
+    let mut retried = None;
+    for _ in 0..120 {
+        let (status, _, replayed) = post(&client, &demo, "in-flight", 300).await;
+        if status != StatusCode::CONFLICT {
+            retried = Some((status, replayed));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(retried, Some((StatusCode::CREATED, false)));
     let (status, again, replayed) = post(&client, &demo, "before", 100).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, true));
     assert_eq!(again, first);
@@ -186,7 +218,7 @@ async fn database_outage_is_503_then_recovers_without_double_execution() {
     .unwrap();
     assert_eq!(
         per_key,
-        vec![(100, 1), (200, 1)],
+        vec![(100, 1), (200, 1), (300, 1)],
         "each operation charged exactly once"
     );
     pool.close().await;
