@@ -168,6 +168,20 @@ async fn unauthenticated_is_401_and_bad_json_is_rejected_without_claiming() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_without_key_is_401() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
+    // Authentication answers first: the missing key is not revealed to an unknown caller.
+    let anonymous = send(&app, post_payment("sk_test_mallory", None, CHARGE)).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        anonymous.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(gateway.calls().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quoted_and_bare_keys_are_one_key() {
     let dir = tempfile::tempdir().unwrap();
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;

@@ -2,7 +2,7 @@
 //! and runs the original body (moved into an inner `async fn`) through the engine.
 //!
 //! ```text
-//! pub async fn create(__idem: Guard, __arg0: Caller, __arg2: Hashed<Json<Req>>) -> Response {
+//! pub async fn create(__arg0: Caller, __idem: Guard, __arg2: Hashed<Json<Req>>) -> Response {
 //!     async fn create(caller: Caller, key: IdempotencyKey, Json(req): Json<Req>) -> R { body }
 //!     const __CONFIG: HandlerConfig = HandlerConfig::new().ttl(duration_from_secs(86400));
 //!     let (__arg2, __fingerprint) = __arg2.into_parts(__CONFIG.fingerprint);
@@ -77,19 +77,24 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
     let last_extractor = handler.extractors().last().map(|(index, _)| index);
     let wraps_last = !handler.appends_unit_hash();
 
-    // The wrapper's extractors: the user's, minus `IdempotencyKey`, the last in `Hashed`.
-    let mut wrapper_params: Vec<TokenStream> = handler
-        .extractors()
-        .map(|(index, param)| {
-            let ident = arg_name(index);
-            let ty = &param.arg.ty;
-            if wraps_last && Some(index) == last_extractor {
-                quote!(#ident: #p::Hashed<#ty>)
-            } else {
-                quote!(#ident: #ty)
-            }
-        })
-        .collect();
+    // The wrapper's extractors: the user's, minus `IdempotencyKey`, the last in `Hashed`,
+    // with the `Guard` right after the scope argument. Axum runs `FromRequestParts`
+    // extractors in argument order: authentication rejects first (401 before a missing
+    // key's 400), and the key is still checked before the body (always in the last
+    // argument, never the scope's) is read and before the store is touched.
+    let mut wrapper_params: Vec<TokenStream> = Vec::new();
+    for (index, param) in handler.extractors() {
+        let ident = arg_name(index);
+        let ty = &param.arg.ty;
+        if wraps_last && Some(index) == last_extractor {
+            wrapper_params.push(quote!(#ident: #p::Hashed<#ty>));
+        } else {
+            wrapper_params.push(quote!(#ident: #ty));
+        }
+        if index == handler.scope {
+            wrapper_params.push(quote!(__idem: #p::Guard));
+        }
+    }
     let unhash = match last_extractor {
         Some(index) if wraps_last => {
             let ident = arg_name(index);
@@ -160,7 +165,7 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
     // Clippy counts the wrapper's arguments: when only the added `Guard`/`Hashed<()>` take
     // it over the default limit, that is not the user's doing. (Above the limit already,
     // the user's own `#[allow]` on the function covers the wrapper too.)
-    let wrapper_count = 1 + wrapper_params.len();
+    let wrapper_count = wrapper_params.len();
     let user_count = handler.params.len();
     let allow_arity = (user_count <= CLIPPY_MAX_ARGS && wrapper_count > CLIPPY_MAX_ARGS)
         .then(|| quote!(#[allow(clippy::too_many_arguments)]));
@@ -180,7 +185,7 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
     quote! {
         #(#attrs)*
         #allow_arity
-        #vis #asyncness #fn_token #name(__idem: #p::Guard, #(#wrapper_params),*) -> #p::Response
+        #vis #asyncness #fn_token #name(#(#wrapper_params),*) -> #p::Response
         #body
     }
 }

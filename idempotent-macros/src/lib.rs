@@ -90,6 +90,11 @@ use proc_macro::TokenStream;
 ///   writes through `tx.conn()` and the stored response commit together, and an `Err`, a
 ///   5xx or a panic rolls both back. Such a handler returns a `Result`.
 ///
+/// The wrapper checks the `Idempotency-Key` header right after extracting the `scope`
+/// argument: an unauthenticated request gets the authentication extractor's rejection
+/// (e.g. 401) whether or not it has a key, and a missing or invalid key is answered with
+/// 400 before the body is read and before the store is touched.
+///
 /// Every mistake is a compile error on the offending token; the function is then left as
 /// written, so the rest of the crate (and rust-analyzer) keeps working.
 #[proc_macro_attribute]
