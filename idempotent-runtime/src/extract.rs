@@ -1,4 +1,4 @@
-//! The Axum glue the `#[idempotent]` expansion uses: [`Guard`] (first argument),
+//! The Axum glue the `#[idempotent]` expansion uses: [`Guard`] (after the scope argument),
 //! [`Hashed`] (wraps the last extractor), [`IdempotencyKey`] (optional handler argument)
 //! and the [`Scope`] trait.
 
@@ -63,11 +63,12 @@ scope_for_integers!(
     u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
 );
 
-/// The first argument of an `#[idempotent]` handler: the parsed `Idempotency-Key` and
-/// the engine, found in the router state through `FromRef`.
+/// The argument the expansion adds right after the scope argument: the parsed
+/// `Idempotency-Key` and the engine, found in the router state through `FromRef`.
 ///
-/// Rejects with `400` problem+json when the key is missing or invalid, before any other
-/// extractor runs and before the store is touched.
+/// Rejects with `400` problem+json when the key is missing or invalid — after
+/// authentication (an unauthenticated caller gets its `401` first), before the body is
+/// read and before the store is touched.
 #[derive(Debug, Clone)]
 pub struct Guard {
     engine: Idempotency,
