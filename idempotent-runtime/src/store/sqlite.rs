@@ -51,7 +51,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[(
 /// How often opening tries to apply the migrations. Two processes (or pools) opening one
 /// fresh file at the same moment both try; the loser fails (its bookkeeping insert is a
 /// duplicate, or its transaction is busy) and its next attempt finds nothing to do.
-const MIGRATION_ATTEMPTS: u32 = 5;
+const MIGRATION_ATTEMPTS: u32 = 10;
+
+/// How often opening retries a first connection refused as busy (see
+/// [`SqliteStore::open_with_clock`]).
+const OPEN_ATTEMPTS: u32 = 10;
 
 /// How often a claim is retried when the record changed between the atomic claim and
 /// the read that classifies a refusal (released or purged meanwhile).
@@ -162,11 +166,24 @@ impl SqliteStore {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
         let options = Self::connect_options(url_or_path)?;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(Self::DEFAULT_MAX_CONNECTIONS)
-            .connect_with(options)
-            .await
-            .map_err(|e| open_error(url_or_path, e))?;
+        // Processes opening one fresh file together race to switch it to WAL; the loser's
+        // first connection is refused as busy at once (no busy handler applies), so it
+        // waits a moment and tries again.
+        let mut attempt = 1;
+        let pool = loop {
+            let connected = SqlitePoolOptions::new()
+                .max_connections(Self::DEFAULT_MAX_CONNECTIONS)
+                .connect_with(options.clone())
+                .await;
+            match connected {
+                Ok(pool) => break pool,
+                Err(e) if is_busy(&e) && attempt < OPEN_ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(25 * u64::from(attempt))).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(open_error(url_or_path, e)),
+            }
+        };
         migrate(&pool)
             .await
             .map_err(|e| open_error(url_or_path, e))?;
@@ -309,6 +326,16 @@ fn classify(
     }
 }
 
+/// SQLITE_BUSY or SQLITE_LOCKED, with any extended code.
+fn is_busy(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    db.code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
+}
+
 async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
     let migrator = SqliteStore::migrator();
     let mut attempt = 1;
@@ -321,7 +348,7 @@ async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
             Err(MigrateError::Execute(_) | MigrateError::ExecuteMigration(..))
                 if attempt < MIGRATION_ATTEMPTS =>
             {
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
+                tokio::time::sleep(Duration::from_millis(25 * u64::from(attempt))).await;
                 attempt += 1;
             }
             Err(e) => return Err(e),
