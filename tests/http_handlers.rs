@@ -3,6 +3,9 @@
 
 mod support;
 
+#[path = "support/process.rs"]
+mod process;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -202,8 +205,17 @@ async fn client_hanging_up_mid_request_still_records_the_outcome() {
     );
     let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
     socket.write_all(raw.as_bytes()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    drop(socket); // hang up while the gateway call is in flight
+    let records = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("payments.db").display()
+    ))
+    .await
+    .unwrap();
+    process::wait_until("the request is claimed", || {
+        process::claimed(&records, "hangup-1")
+    })
+    .await;
+    drop(socket); // hang up while the gateway call (400 ms) is in flight
 
     let client = reqwest::Client::new();
     let mut replayed = None;

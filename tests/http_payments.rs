@@ -287,11 +287,12 @@ async fn listing_and_fetching_payments() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_key_runs_as_new() {
     let dir = tempfile::tempdir().unwrap();
-    let ttl = Duration::from_millis(500);
-    let (app, gateway) = support::payments_app_with_ttl(dir.path(), Duration::ZERO, ttl).await;
+    let clock = idempotent_runtime::ManualClock::new();
+    let (app, gateway) =
+        support::payments_app_on_clock(dir.path(), Duration::ZERO, clock.clone()).await;
     let first = send(&app, post_payment("sk_test_alice", Some("reused"), CHARGE)).await;
     assert_eq!(first.status, StatusCode::CREATED);
-    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    clock.advance(Duration::from_secs(24 * 3600 + 1)); // past the default TTL
 
     // The same key for another operation after its TTL: a new request, a new charge
     // (its derived downstream key differs, so the gateway does not answer with the old one).

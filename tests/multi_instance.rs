@@ -124,8 +124,12 @@ async fn killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    a.kill(); // kill -9 while the gateway call is in flight
+    let pool = db.pool().await;
+    process::wait_until("the original is claimed", || {
+        process::claimed(&pool, "crash-1")
+    })
+    .await;
+    a.kill(); // kill -9 while the gateway call (1.5 s) is in flight
     assert!(
         in_flight.await.unwrap().is_err(),
         "the client lost its connection"

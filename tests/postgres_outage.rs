@@ -166,8 +166,12 @@ async fn database_outage_is_503_then_recovers_without_double_execution() {
                 .map(|response| response.status())
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.cut();
+    let direct = db.pool().await; // not through the proxy
+    process::wait_until("the in-flight request is claimed", || {
+        process::claimed(&direct, "in-flight")
+    })
+    .await;
+    proxy.cut(); // while its handler waits on the gateway (800 ms)
     let in_flight = in_flight.await.unwrap().expect("answered");
     assert!(
         in_flight.is_server_error(),

@@ -366,7 +366,8 @@ async fn response_over_the_cap_is_answered_once_and_never_rerun() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_keeps_a_slow_handler_owned() {
-    let engine = Idempotency::new(MemoryStore::new());
+    let store = Arc::new(ObservedStore::default());
+    let engine = Idempotency::builder_shared(store.clone()).build();
     let config = HandlerConfig::new().lease(Duration::from_millis(300));
     let gate = Arc::new(Notify::new());
     let original = {
@@ -380,8 +381,17 @@ async fn heartbeat_keeps_a_slow_handler_owned() {
                 .await
         })
     };
-    // Well past several leases: without renewal a duplicate would take over.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Four renewals, a third of the lease apart: more than a whole lease has passed, so
+    // without them a duplicate would take over.
+    let mut waited = Duration::ZERO;
+    while store.renewals.load(Ordering::SeqCst) < 4 {
+        assert!(
+            waited < Duration::from_secs(10),
+            "the heartbeat renews the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += Duration::from_millis(10);
+    }
     let duplicate = engine
         .run(&config, "alice", "k", fingerprint(1), |_| async {
             StatusCode::OK
@@ -450,15 +460,17 @@ async fn unreachable_store_is_503_and_the_handler_never_runs() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
-/// The memory store, but `complete` fails the first `failures` times.
-#[derive(Debug)]
-struct FlakyCompletion {
+/// The memory store, watched: it counts lease renewals, and `complete` fails the first
+/// `complete_failures` times.
+#[derive(Debug, Default)]
+struct ObservedStore {
     inner: MemoryStore,
-    failures: AtomicU32,
+    complete_failures: AtomicU32,
+    renewals: AtomicU32,
 }
 
 #[async_trait]
-impl Store for FlakyCompletion {
+impl Store for ObservedStore {
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         self.inner.try_claim(claim).await
     }
@@ -469,6 +481,7 @@ impl Store for FlakyCompletion {
         t: FencingToken,
         l: Duration,
     ) -> Result<bool, StoreError> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
         self.inner.renew(s, k, t, l).await
     }
     async fn complete(
@@ -479,7 +492,7 @@ impl Store for FlakyCompletion {
         r: &StoredResponse,
     ) -> Result<bool, StoreError> {
         if self
-            .failures
+            .complete_failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
@@ -499,9 +512,9 @@ impl Store for FlakyCompletion {
 async fn completion_is_retried_until_the_store_answers() {
     for failures in [2, 6] {
         // 2: recorded inline before answering; 6: answered first, recorded in the background.
-        let engine = Idempotency::new(FlakyCompletion {
-            inner: MemoryStore::new(),
-            failures: AtomicU32::new(failures),
+        let engine = Idempotency::new(ObservedStore {
+            complete_failures: AtomicU32::new(failures),
+            ..ObservedStore::default()
         });
         let runs = Arc::new(AtomicUsize::new(0));
         let first = engine

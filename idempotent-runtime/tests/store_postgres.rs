@@ -737,8 +737,17 @@ async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
             assert!(matches!(outcome, ClaimOutcome::Replay(_)), "{outcome:?}");
         }
     };
-    // Let the pool's background release ping finish before counting on.
-    let settle = || tokio::time::sleep(Duration::from_millis(100));
+    // Let the pool's background release ping finish before counting on: a connection is
+    // idle again once its ping is done.
+    let settle = || async {
+        for _ in 0..1000 {
+            if store.pool().num_idle() == store.pool().size() as usize {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("the pool's connections never became idle");
+    };
     // Warm up: the first use of each statement on a connection also prepares it.
     fresh("warm").await;
     replay("warm").await;

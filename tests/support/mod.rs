@@ -2,36 +2,49 @@
 //! request builders, and response readers.
 #![allow(dead_code)] // each test file uses a different subset
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use idempotent_demo::database;
+use idempotent_demo::database::{self, Database};
 use idempotent_demo::gateway::Gateway;
 use idempotent_demo::payments::{AppState, router};
-use idempotent_runtime::Idempotency;
+use idempotent_runtime::store::SqliteStore;
+use idempotent_runtime::{Idempotency, ManualClock, Store};
 use tower::ServiceExt;
 
 /// The payments demo on an SQLite file in `dir`.
 pub async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, Gateway) {
-    payments_app_with_ttl(dir, latency, Duration::from_secs(24 * 3600)).await
-}
-
-/// The payments demo on an SQLite file in `dir`, remembering keys for `ttl`.
-pub async fn payments_app_with_ttl(
-    dir: &std::path::Path,
-    latency: Duration,
-    ttl: Duration,
-) -> (Router, Gateway) {
     let url = format!("sqlite://{}", dir.join("payments.db").display());
     let (db, store) = database::open(&url).await.expect("open demo database");
+    payments_app_on(db, store, latency).await
+}
+
+/// The payments demo on an SQLite file in `dir` whose store keeps time by `clock`, so a
+/// test can move past a TTL instead of waiting for it.
+pub async fn payments_app_on_clock(
+    dir: &std::path::Path,
+    latency: Duration,
+    clock: ManualClock,
+) -> (Router, Gateway) {
+    let path = dir.join("payments.db");
+    let store = SqliteStore::open_with_clock(path.to_str().expect("utf-8 path"), Arc::new(clock))
+        .await
+        .expect("open demo database");
+    let db = Database::Sqlite(store.pool().clone());
+    payments_app_on(db, Arc::new(store), latency).await
+}
+
+async fn payments_app_on(
+    db: Database,
+    store: Arc<dyn Store>,
+    latency: Duration,
+) -> (Router, Gateway) {
     let gateway = Gateway::new(db, latency).await.expect("gateway schema");
-    let idempotency = Idempotency::builder_shared(store)
-        .default_ttl(ttl)
-        .default_lease(ttl / 2)
-        .build();
+    let idempotency = Idempotency::builder_shared(store).build();
     let app = router(AppState {
         idempotency,
         gateway: gateway.clone(),

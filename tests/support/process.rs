@@ -71,6 +71,42 @@ impl Drop for Instance {
     }
 }
 
+/// Polls `condition` every 10 ms until it holds; panics, naming `what`, after 10 s.
+pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..1000 {
+        if condition().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// Whether the demo database behind `pool` holds an in-progress claim on `key`: the
+/// request is past its claim and its handler is running.
+pub async fn claimed<DB>(pool: &sqlx::Pool<DB>, key: &str) -> bool
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let (count,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM idempotency_records WHERE key = $1 AND state = 'in_progress'",
+    )
+    .bind(key.to_owned())
+    .fetch_one(pool)
+    .await
+    .expect("read the idempotency records");
+    count == 1
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -80,6 +116,7 @@ fn free_port() -> u16 {
 }
 
 #[cfg(feature = "postgres")]
+#[allow(unused_imports)] // not every test file that shares this module needs it
 pub use postgres::TestDatabase;
 
 #[cfg(feature = "postgres")]

@@ -193,6 +193,20 @@ pub enum SqlPool {
     Postgres(PostgresPool),
 }
 
+/// A store's answer when the record kept changing under every claim attempt: someone
+/// else is busy with the key, which is what `409 request_in_progress` says. Nothing ran.
+pub(crate) fn contended(claim: &ClaimRequest<'_>, attempts: usize) -> ClaimOutcome {
+    tracing::warn!(
+        scope = claim.scope,
+        key = claim.key,
+        attempts,
+        "idempotency record kept changing during claim; answering in progress"
+    );
+    ClaimOutcome::InProgress {
+        retry_after: Duration::from_secs(1),
+    }
+}
+
 /// Whole seconds to tell a client in `Retry-After`: rounded up, at least one.
 pub(crate) fn retry_after_from_millis(millis: i64) -> Duration {
     let millis = u64::try_from(millis.max(0)).unwrap_or(0);

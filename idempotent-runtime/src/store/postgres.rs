@@ -567,15 +567,7 @@ impl Store for PostgresStore {
                 }
             }
         }
-        // Still changing under us after several attempts: someone else is busy with this
-        // key, which is what `409 request_in_progress` says. Nothing ran.
-        tracing::warn!(
-            attempts = CLAIM_ATTEMPTS,
-            "idempotency record kept changing during claim; answering in-progress"
-        );
-        Ok(ClaimOutcome::InProgress {
-            retry_after: Duration::from_secs(1),
-        })
+        Ok(super::contended(claim, CLAIM_ATTEMPTS))
     }
 
     async fn renew(

@@ -59,7 +59,7 @@ const OPEN_ATTEMPTS: u32 = 10;
 
 /// How often a claim is retried when the record changed between the atomic claim and
 /// the read that classifies a refusal (released or purged meanwhile).
-const CLAIM_ATTEMPTS: u32 = 8;
+const CLAIM_ATTEMPTS: usize = 8;
 
 const CLAIM: &str = "\
 INSERT INTO idempotency_records
@@ -396,15 +396,7 @@ impl Store for SqliteStore {
                 return Ok(outcome);
             }
         }
-        // The record keeps changing under us: someone is actively working on this key.
-        tracing::warn!(
-            scope = claim.scope,
-            key = claim.key,
-            "idempotency record kept changing during claim; reporting in progress"
-        );
-        Ok(ClaimOutcome::InProgress {
-            retry_after: Duration::from_secs(1),
-        })
+        Ok(super::contended(claim, CLAIM_ATTEMPTS))
     }
 
     async fn renew(
