@@ -33,7 +33,7 @@ pub struct DemoArgs {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    idempotent_runtime::duration::parse(text).map_err(|err| err.to_string())
+    humantime::parse_duration(text).map_err(|err| err.to_string())
 }
 
 impl DemoArgs {

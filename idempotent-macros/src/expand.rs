@@ -4,7 +4,7 @@
 //! ```text
 //! pub async fn create(__arg0: Caller, __idem: Guard, __arg2: Hashed<Json<Req>>) -> Response {
 //!     async fn create(caller: Caller, key: IdempotencyKey, Json(req): Json<Req>) -> R { body }
-//!     const __CONFIG: HandlerConfig = HandlerConfig::new().ttl(duration_from_secs(86400));
+//!     const __CONFIG: HandlerConfig = HandlerConfig::new().ttl(Duration::from_secs(86400));
 //!     let (__arg2, __fingerprint) = __arg2.into_parts(__CONFIG.fingerprint);
 //!     let __scope = <Caller as Scope>::scope(&__arg0).into_owned();
 //!     __idem.run(&__CONFIG, &__scope, __fingerprint, move |__key| create(__arg0, __key, __arg2)).await
@@ -196,11 +196,11 @@ fn config(args: &Args, p: &TokenStream) -> TokenStream {
     let mut config = quote!(#p::HandlerConfig::new());
     if let Some(ttl) = &args.ttl {
         let secs = Literal::u64_unsuffixed(ttl.secs);
-        config.extend(quote!(.ttl(#p::duration_from_secs(#secs))));
+        config.extend(quote!(.ttl(#p::Duration::from_secs(#secs))));
     }
     if let Some(lease) = &args.lease {
         let secs = Literal::u64_unsuffixed(lease.secs);
-        config.extend(quote!(.lease(#p::duration_from_secs(#secs))));
+        config.extend(quote!(.lease(#p::Duration::from_secs(#secs))));
     }
     if let Some(policy) = args.on_server_error {
         let variant = match policy {

@@ -6,12 +6,15 @@
 //!
 //! The pieces, one module each:
 //!
-//! - [`key`]: parsing the `Idempotency-Key` header (RFC 9651 sf-string or bare token);
+//! - [`key`]: the `Idempotency-Key` header (RFC 9651 sf-string or bare token) and the
+//!   claimed [`IdempotencyKey`] with its derived downstream keys;
+//! - [`scope`]: the [`Scope`] of a key, the authenticated caller;
 //! - [`fingerprint`]: SHA-256 over method, path, query and raw body (or canonical JSON);
 //! - [`store`]: the [`Store`] trait and its implementations (memory, SQLite, Postgres);
 //! - [`engine`]: [`Idempotency`], the claim → execute → record loop;
 //! - [`problem`]: RFC 9457 `application/problem+json` error responses;
-//! - [`extract`]: the Axum glue the attribute macro expands to.
+//! - [`macro_support`]: the Axum extractors the attribute macro expands to (not for
+//!   direct use).
 //!
 //! Users depend on this crate only; the attribute macro is re-exported as [`idempotent`].
 #![warn(missing_docs)]
@@ -19,12 +22,12 @@
 
 pub mod clock;
 pub mod config;
-pub mod duration;
 pub mod engine;
-pub mod extract;
 pub mod fingerprint;
 pub mod key;
+pub mod macro_support;
 pub mod problem;
+pub mod scope;
 pub mod store;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod transaction;
@@ -32,11 +35,11 @@ pub mod transaction;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{HandlerConfig, OnServerError};
 pub use engine::{Idempotency, IdempotencyBuilder};
-pub use extract::{Guard, Hashed, IdempotencyKey, Scope};
 pub use fingerprint::{Fingerprint, FingerprintMode};
 pub use idempotent_macros::idempotent;
-pub use key::KeyError;
+pub use key::{IdempotencyKey, KeyError};
 pub use problem::Problem;
+pub use scope::Scope;
 #[cfg(feature = "postgres")]
 pub use sqlx::Postgres;
 /// The `sqlx` database types transactional handlers name: `Tx<Sqlite>`, `Tx<Postgres>`.
@@ -46,18 +49,14 @@ pub use store::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, Sto
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transaction::Tx;
 
-/// Not public API: the paths the `#[idempotent]` expansion names. Changes here follow the
-/// macro crate, never semver of this crate.
+/// Not public API: exactly the paths the `#[idempotent]` expansion names (so users depend
+/// on this crate alone). Changes here follow the macro crate, never semver of this crate.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::config::{HandlerConfig, OnServerError};
-    pub use crate::duration::from_secs as duration_from_secs;
-    pub use crate::extract::{Guard, Hashed, IdempotencyKey, Scope};
     pub use crate::fingerprint::FingerprintMode;
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    pub use crate::transaction::Tx;
-    pub use axum;
+    pub use crate::macro_support::{Guard, Hashed};
+    pub use crate::scope::Scope;
     pub use axum::response::Response;
-    pub use http;
-    pub use std;
+    pub use std::time::Duration;
 }

@@ -4,6 +4,8 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
 
+use crate::key::KeyError;
+
 /// The media type of problem documents.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -79,6 +81,33 @@ impl IntoResponse for Problem {
         }
         response
     }
+}
+
+/// The `400` problem for a refused key.
+pub(crate) fn key_problem(err: &KeyError) -> Problem {
+    let (code, reason) = match err {
+        KeyError::Missing => (codes::KEY_MISSING, "missing"),
+        KeyError::Blank => (codes::KEY_INVALID, "blank"),
+        KeyError::TooLong { .. } => (codes::KEY_INVALID, "too_long"),
+        KeyError::InvalidCharacter => (codes::KEY_INVALID, "invalid_character"),
+        KeyError::MalformedQuoting(_) => (codes::KEY_INVALID, "malformed_quoting"),
+        KeyError::Multiple => (codes::KEY_INVALID, "multiple_fields"),
+    };
+    let title = if matches!(err, KeyError::Missing) {
+        "Idempotency key missing"
+    } else {
+        "Idempotency key invalid"
+    };
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        code,
+        title,
+        format!(
+            "{err}. Send one Idempotency-Key header with 1 to 255 printable ASCII characters, \
+             e.g. a UUID, and reuse it on every retry of the same operation."
+        ),
+    )
+    .with_reason(reason)
 }
 
 /// The stable problem codes this crate answers with.

@@ -15,7 +15,7 @@ use super::answers::lease_lost;
 use super::answers::{internal_error, store_unavailable};
 use super::{DEFAULT_REPLAY_HEADERS, Idempotency, bounded};
 use crate::config::{HandlerConfig, OnServerError};
-use crate::extract::IdempotencyKey;
+use crate::key::IdempotencyKey;
 use crate::store::{FencingToken, StoredResponse};
 
 /// One claimed request: runs the handler, renews the lease meanwhile, records or

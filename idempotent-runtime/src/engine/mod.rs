@@ -8,8 +8,8 @@ use http::HeaderName;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::config::HandlerConfig;
-use crate::extract::IdempotencyKey;
 use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
 use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
 
 mod answers;

@@ -1,5 +1,5 @@
 //! The expansion is clean under strict lints, also when the user imported the same items
-//! the expansion names through `__private` (`Response`, `Scope`, `IdempotencyKey`).
+//! the expansion names through `__private` (`Response`, `Scope`, `Guard`, `Hashed`, `Duration`).
 #![deny(
     warnings,
     unused,

@@ -1,46 +1,5 @@
-//! The `Idempotency-Key` request header.
-//!
-//! # Syntax
-//!
-//! The field value is an RFC 9651 structured-field String: `"8e03978e-40d5"`, where the
-//! only escapes are `\"` and `\\`. A bare (unquoted) value such as `8e03978e-40d5` is
-//! accepted too and names the same key: the key is always the *unquoted* value, so
-//! `"abc"` and `abc` are one key. Whitespace (SP, HTAB) around the field value is ignored,
-//! as HTTP ignores it; whitespace inside the quotes is part of the key.
-//!
-//! # Rules
-//!
-//! [`parse_header`] checks, in this order:
-//!
-//! 1. exactly one field: none is [`KeyError::Missing`], two or more is
-//!    [`KeyError::Multiple`] (a present but empty field is [`KeyError::Blank`], not
-//!    missing);
-//! 2. every byte of the (trimmed) value is printable ASCII `0x20..=0x7E`, else
-//!    [`KeyError::InvalidCharacter`] — this covers control characters, tabs inside the
-//!    value and obs-text (bytes `>= 0x80`, e.g. UTF-8);
-//! 3. the value parses: a value starting with `"` must be one complete sf-string with
-//!    nothing after the closing quote; any other value is a bare key. Failures are
-//!    [`KeyError::MalformedQuoting`];
-//! 4. the unquoted key is not empty or all spaces, else [`KeyError::Blank`];
-//! 5. the unquoted key has at most [`MAX_KEY_LEN`] characters, else
-//!    [`KeyError::TooLong`].
-//!
-//! # Bare keys: where this parser is lenient, and where not
-//!
-//! A strict RFC 9651 sf-token must start with a letter or `*`, which would refuse about
-//! two thirds of bare UUIDs. Accepting any other first character is harmless, so a bare
-//! key may be any run of visible ASCII (`0x21..=0x7E`) **except** these, which are
-//! refused with [`KeyError::MalformedQuoting`] because they carry structure that a key
-//! must not silently absorb:
-//!
-//! - spaces or tabs inside the value (`abc def` is not one token; send `"abc def"`);
-//! - `,`, the list separator: a proxy that merges two `Idempotency-Key` fields produces
-//!   `a, b`, which must not become a third key;
-//! - `;`, which starts structured-field parameters (not supported here);
-//! - `"` anywhere but at the start (a broken quoted string).
-//!
-//! Structured-field parameters after a quoted key (`"abc";p=1`) are refused as trailing
-//! characters.
+//! Parsing the `Idempotency-Key` request header; the rules are in the [`key`](crate::key)
+//! module docs.
 
 use http::{HeaderMap, HeaderName};
 
@@ -78,7 +37,7 @@ pub enum KeyError {
 }
 
 /// Reads and validates the key from the field `name` of `headers` (normally
-/// `Idempotency-Key`), returning the unquoted key. See the [module docs](self) for the
+/// `Idempotency-Key`), returning the unquoted key. See the [module docs](crate::key) for the
 /// rules.
 ///
 /// # Errors

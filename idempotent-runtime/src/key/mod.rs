@@ -1,0 +1,143 @@
+//! Idempotency keys: the `Idempotency-Key` request header ([`parse_header`]) and the
+//! claimed key a handler receives ([`IdempotencyKey`]).
+//!
+//! # Header syntax
+//!
+//! The field value is an RFC 9651 structured-field String: `"8e03978e-40d5"`, where the
+//! only escapes are `\"` and `\\`. A bare (unquoted) value such as `8e03978e-40d5` is
+//! accepted too and names the same key: the key is always the *unquoted* value, so
+//! `"abc"` and `abc` are one key. Whitespace (SP, HTAB) around the field value is ignored,
+//! as HTTP ignores it; whitespace inside the quotes is part of the key.
+//!
+//! # Header rules
+//!
+//! [`parse_header`] checks, in this order:
+//!
+//! 1. exactly one field: none is [`KeyError::Missing`], two or more is
+//!    [`KeyError::Multiple`] (a present but empty field is [`KeyError::Blank`], not
+//!    missing);
+//! 2. every byte of the (trimmed) value is printable ASCII `0x20..=0x7E`, else
+//!    [`KeyError::InvalidCharacter`] — this covers control characters, tabs inside the
+//!    value and obs-text (bytes `>= 0x80`, e.g. UTF-8);
+//! 3. the value parses: a value starting with `"` must be one complete sf-string with
+//!    nothing after the closing quote; any other value is a bare key. Failures are
+//!    [`KeyError::MalformedQuoting`];
+//! 4. the unquoted key is not empty or all spaces, else [`KeyError::Blank`];
+//! 5. the unquoted key has at most [`MAX_KEY_LEN`] characters, else
+//!    [`KeyError::TooLong`].
+//!
+//! # Bare keys: where this parser is lenient, and where not
+//!
+//! A strict RFC 9651 sf-token must start with a letter or `*`, which would refuse about
+//! two thirds of bare UUIDs. Accepting any other first character is harmless, so a bare
+//! key may be any run of visible ASCII (`0x21..=0x7E`) **except** these, which are
+//! refused with [`KeyError::MalformedQuoting`] because they carry structure that a key
+//! must not silently absorb:
+//!
+//! - spaces or tabs inside the value (`abc def` is not one token; send `"abc def"`);
+//! - `,`, the list separator: a proxy that merges two `Idempotency-Key` fields produces
+//!   `a, b`, which must not become a third key;
+//! - `;`, which starts structured-field parameters (not supported here);
+//! - `"` anywhere but at the start (a broken quoted string).
+//!
+//! Structured-field parameters after a quoted key (`"abc";p=1`) are refused as trailing
+//! characters.
+
+use sha2::{Digest, Sha256};
+
+use crate::fingerprint::Fingerprint;
+
+mod header;
+
+pub use header::{KeyError, MAX_KEY_LEN, parse_header, quote};
+
+/// The claimed key, handed to the handler body when it asks for it (an argument of type
+/// `IdempotencyKey`). Use [`derive`](Self::derive) for keys sent to downstream providers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    scope: String,
+    key: String,
+    fingerprint: Option<Fingerprint>,
+}
+
+impl IdempotencyKey {
+    /// The key for `key` in `scope`.
+    pub fn new(scope: String, key: String) -> Self {
+        Self {
+            scope,
+            key,
+            fingerprint: None,
+        }
+    }
+
+    /// The key as claimed for a request with `fingerprint` (what the engine hands a
+    /// handler): [`derive`](Self::derive) then also depends on the request.
+    pub fn for_request(scope: String, key: String, fingerprint: Fingerprint) -> Self {
+        Self {
+            scope,
+            key,
+            fingerprint: Some(fingerprint),
+        }
+    }
+
+    /// The key as the client sent it.
+    pub fn as_str(&self) -> &str {
+        &self.key
+    }
+
+    /// The caller's scope.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// A deterministic key for a downstream call, unique per (scope, key, purpose) and,
+    /// for the key the engine hands a handler, per request fingerprint: `idem_` followed
+    /// by 64 hex digits (69 characters, within every provider's limit).
+    ///
+    /// A retry after a crash is the same request under the same key, so it sends the same
+    /// derived key and the provider deduplicates too. A key reused after its TTL for a
+    /// *different* request derives a different downstream key, so the provider sees a new
+    /// operation instead of answering with the old one.
+    ///
+    /// ```
+    /// use idempotent_runtime::IdempotencyKey;
+    /// let key = IdempotencyKey::new("acct_alice".into(), "order-1042".into());
+    /// assert_eq!(key.derive("charge"), key.derive("charge"));
+    /// assert_ne!(key.derive("charge"), key.derive("refund"));
+    /// assert_eq!(key.derive("charge").len(), 69);
+    ///
+    /// use idempotent_runtime::Fingerprint;
+    /// let request = |n| Fingerprint { version: 1, digest: [n; 32] };
+    /// let claimed = |n| IdempotencyKey::for_request("acct_alice".into(), "order-1042".into(), request(n));
+    /// assert_eq!(claimed(1).derive("charge"), claimed(1).derive("charge"));
+    /// assert_ne!(claimed(1).derive("charge"), claimed(2).derive("charge"));
+    /// ```
+    pub fn derive(&self, purpose: &str) -> String {
+        let mut hasher = Sha256::new();
+        for part in [
+            self.scope.as_bytes(),
+            self.key.as_bytes(),
+            purpose.as_bytes(),
+        ] {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        if let Some(fingerprint) = &self.fingerprint {
+            hasher.update(fingerprint.version.to_be_bytes());
+            hasher.update(fingerprint.digest);
+        }
+        let digest = hasher.finalize();
+        let mut out = String::with_capacity(69);
+        out.push_str("idem_");
+        for byte in digest.iter() {
+            out.push_str(&format!("{byte:02x}"));
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.key)
+    }
+}
