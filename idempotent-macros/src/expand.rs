@@ -132,7 +132,7 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
     } else {
         quote!(_)
     };
-    let config = config(args, &p);
+    let config = config(args, name, &p);
     // The engine's bounds (a `Send + 'static` future, an `IntoResponse` output) are
     // reported on the return type (or the name): that is what the user changes.
     let bound_span = match output {
@@ -192,8 +192,12 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
 
 /// The `const` handler configuration: only what the attribute sets, the rest is the
 /// engine's default.
-fn config(args: &Args, p: &TokenStream) -> TokenStream {
-    let mut config = quote!(#p::HandlerConfig::new());
+fn config(args: &Args, handler_name: &syn::Ident, p: &TokenStream) -> TokenStream {
+    let name = handler_name.to_string();
+    let mut config = quote! {
+        #p::HandlerConfig::new()
+            .name(::core::concat!(::core::module_path!(), "::", #name))
+    };
     if let Some(ttl) = &args.ttl {
         let secs = Literal::u64_unsuffixed(ttl.secs);
         config.extend(quote!(.ttl(#p::Duration::from_secs(#secs))));

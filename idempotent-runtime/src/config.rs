@@ -6,6 +6,7 @@ use crate::fingerprint::FingerprintMode;
 
 /// What happens to the claim when the handler answers with a 5xx status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OnServerError {
     /// Delete the claim so a retry runs the handler again (the default): a 5xx usually
     /// means the operation did not happen.
@@ -20,7 +21,11 @@ pub enum OnServerError {
 ///
 /// All setters are `const fn` so the attribute macro can build a `const` config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HandlerConfig {
+    /// The handler's name (the attribute sets `module::function`): keeps its own
+    /// `Retry-After` estimate.
+    pub name: Option<&'static str>,
     /// How long a key is remembered after it was first claimed.
     pub ttl: Option<Duration>,
     /// How long a claim stays owned without a heartbeat.
@@ -38,12 +43,19 @@ impl HandlerConfig {
     /// The defaults: engine TTL and lease, release on 5xx, raw fingerprint.
     pub const fn new() -> Self {
         Self {
+            name: None,
             ttl: None,
             lease: None,
             on_server_error: OnServerError::Release,
             fingerprint: FingerprintMode::Raw,
             replay_headers: &[],
         }
+    }
+
+    /// Names the handler.
+    pub const fn name(mut self, name: &'static str) -> Self {
+        self.name = Some(name);
+        self
     }
 
     /// Sets the TTL.

@@ -672,3 +672,90 @@ async fn a_silent_store_is_503_after_the_store_timeout() {
         "nothing left hanging"
     );
 }
+
+/// `Retry-After` of a `409` follows how long the handler usually takes (here ~50 ms, so
+/// one second), not the 30 s lease that heartbeats keep renewing; a handler that never
+/// completed yet, or another handler, still gets the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_follows_the_handlers_usual_duration() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let fast = HandlerConfig::new().name("tests::fast");
+    let other = HandlerConfig::new().name("tests::other");
+    let retry_after_of = |response: Response| -> u64 {
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        response.headers()[header::RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    // Holds key `held` of `config` until the gate opens; returns once it runs.
+    let hold = |config: HandlerConfig, key: &'static str| {
+        let (gate, started) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let engine = engine.clone();
+        let (g, s) = (gate.clone(), started.clone());
+        let task = tokio::spawn(async move {
+            engine
+                .run(&config, "alice", key, fingerprint(1), move |_| async move {
+                    s.notify_one();
+                    g.notified().await;
+                    StatusCode::CREATED
+                })
+                .await
+        });
+        (task, gate, started)
+    };
+
+    // No run completed yet: the lease left.
+    let (task, gate, started) = hold(fast, "k0");
+    started.notified().await;
+    let duplicate = engine
+        .run(&fast, "alice", "k0", fingerprint(1), |_| async {
+            StatusCode::OK
+        })
+        .await;
+    assert!(retry_after_of(duplicate) >= 29);
+    gate.notify_one();
+    task.await.unwrap();
+
+    for n in 1..=3 {
+        let response = engine
+            .run(
+                &fast,
+                "alice",
+                &format!("done-{n}"),
+                fingerprint(1),
+                |_| async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    StatusCode::CREATED
+                },
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+    }
+
+    let (task, gate, started) = hold(fast, "k1");
+    started.notified().await;
+    let duplicate = engine
+        .run(&fast, "alice", "k1", fingerprint(1), |_| async {
+            StatusCode::OK
+        })
+        .await;
+    assert_eq!(retry_after_of(duplicate), 1);
+    gate.notify_one();
+    task.await.unwrap();
+
+    let (task, gate, started) = hold(other, "k2");
+    started.notified().await;
+    let duplicate = engine
+        .run(&other, "alice", "k2", fingerprint(1), |_| async {
+            StatusCode::OK
+        })
+        .await;
+    assert!(
+        retry_after_of(duplicate) >= 29,
+        "another handler keeps the lease"
+    );
+    gate.notify_one();
+    task.await.unwrap();
+}

@@ -1,21 +1,28 @@
 //! One claimed request: the handler runs (detached), the lease is renewed meanwhile, and
-//! the outcome is recorded — or released on a 5xx or panic.
+//! the outcome is recorded — or the claim is released on a 5xx, an error or a panic.
+//!
+//! Both paths, plain and transactional, go through the same three steps: [`capture`]
+//! turns what the handler answered into an [`Outcome`]; a recorded outcome is completed
+//! (the plain path with retries, the transactional one inside the handler's
+//! transaction); every way of giving up goes through [`Execution::give_up`], which logs
+//! why and releases the claim.
+//!
+//! [`capture`]: Execution::capture
 
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use futures_util::FutureExt;
+use http::response::Parts;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, debug, error, info, warn};
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-use super::answers::lease_lost;
 use super::answers::{internal_error, store_unavailable};
 use super::{DEFAULT_REPLAY_HEADERS, Idempotency, bounded};
 use crate::config::{HandlerConfig, OnServerError};
-use crate::key::IdempotencyKey;
 use crate::store::{FencingToken, StoredResponse};
 
 /// One claimed request: runs the handler, renews the lease meanwhile, records or
@@ -27,219 +34,290 @@ pub(super) struct Execution {
     pub(super) key: String,
     pub(super) token: FencingToken,
     pub(super) lease: Duration,
+    /// When the claim was won: how long the handler took feeds `Retry-After`.
+    pub(super) claimed_at: tokio::time::Instant,
 }
 
-/// What to do with the claim once the handler finished.
+/// What the handler's answer means for the claim.
 enum Outcome {
-    /// Record this response (status, headers, buffered body) and answer it.
-    Record(http::response::Parts, bytes::Bytes),
-    /// Release the claim and answer this.
-    Release(Response),
+    /// Record this response and answer it.
+    Record(Captured),
+    /// Release the claim (logging why) and answer this.
+    GiveUp(GiveUp, Response),
+}
+
+/// A response taken apart for recording: its head and buffered body, and the record a
+/// replay is rebuilt from.
+struct Captured {
+    parts: Parts,
+    body: Bytes,
+    stored: StoredResponse,
+}
+
+impl Captured {
+    fn into_response(self) -> Response {
+        Response::from_parts(self.parts, Body::from(self.body))
+    }
+}
+
+/// Why a claim is given up. Each has its own log line; all release the claim so that a
+/// retry runs the handler again.
+enum GiveUp {
+    /// The handler answered 5xx under `OnServerError::Release`.
+    ServerError(http::StatusCode),
+    /// A transactional handler returned `Err`.
+    HandlerError(http::StatusCode),
+    /// The handler panicked.
+    Panic,
+    /// The handler's response body failed while it was read.
+    BodyFailed(String),
+    /// The store (or the handler's transaction) failed: the answer is `503`.
+    Store {
+        /// What the engine was doing.
+        doing: &'static str,
+        /// The error.
+        error: String,
+    },
+}
+
+/// The answer to a panicking handler.
+fn panicked() -> Response {
+    internal_error("The handler failed; it is safe to retry with the same key.")
 }
 
 impl Execution {
+    /// Runs a plain handler (its answer becomes the response).
     pub(super) async fn execute(self, handler: impl Future<Output = Response> + Send) -> Response {
-        let heartbeat = AbortOnDropHandle::new(tokio::spawn(self.heartbeat().in_current_span()));
+        let heartbeat = self.start_heartbeat();
+        let release_server_errors = self.config.on_server_error == OnServerError::Release;
         let outcome = AssertUnwindSafe(async {
             let response = handler.await;
-            self.classify(response).await
+            self.capture(response, release_server_errors).await
         })
         .catch_unwind()
-        .await;
+        .await
+        .unwrap_or_else(|_panic| Outcome::GiveUp(GiveUp::Panic, panicked()));
         match outcome {
             // The heartbeat goes on until the outcome is recorded: a store outage after
             // the handler finished must not let the lease lapse while we retry.
-            Ok(Outcome::Record(parts, body)) => self.record(parts, body, heartbeat).await,
-            Ok(Outcome::Release(response)) => {
-                heartbeat.abort();
-                self.release().await;
-                response
+            Outcome::Record(captured) => {
+                self.observe_duration();
+                let stored = captured.stored.clone();
+                complete_with_retries(self, stored, heartbeat).await;
+                captured.into_response()
             }
-            Err(_panic) => {
-                heartbeat.abort();
-                error!(
-                    event = "released",
-                    reason = "panic",
-                    "handler panicked; claim released"
-                );
-                self.release().await;
-                internal_error("the handler failed; it is safe to retry with the same key")
+            Outcome::GiveUp(why, answer) => {
+                drop(heartbeat);
+                self.give_up(why, answer).await
             }
         }
     }
 
+    /// Runs a transactional handler: its writes and the recorded response commit
+    /// together; anything else rolls back and releases the claim.
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(super) async fn execute_in_transaction<DB, F, Fut, T, E>(
         self,
         pool: sqlx::Pool<DB>,
-        idempotency_key: IdempotencyKey,
+        idempotency_key: crate::key::IdempotencyKey,
         handler: F,
     ) -> Response
     where
         DB: crate::transaction::TxDatabase,
-        F: FnOnce(IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
+        F: FnOnce(crate::key::IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
         Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
         T: IntoResponse + 'static,
         E: IntoResponse + 'static,
     {
         use crate::transaction::{BEGIN_TIMEOUT, Tx};
 
-        let heartbeat = AbortOnDropHandle::new(tokio::spawn(self.heartbeat().in_current_span()));
-        let begun = tokio::time::timeout(BEGIN_TIMEOUT, DB::begin(&pool)).await;
-        let transaction = match begun {
+        let heartbeat = self.start_heartbeat();
+        let transaction = match tokio::time::timeout(BEGIN_TIMEOUT, DB::begin(&pool)).await {
             Ok(Ok(transaction)) => transaction,
-            Ok(Err(err)) => {
-                heartbeat.abort();
-                error!(event = "store_error", error = %err, "could not begin the transaction");
-                self.release().await;
-                return store_unavailable();
-            }
-            Err(_) => {
-                heartbeat.abort();
-                error!(
-                    event = "store_error",
-                    "timed out waiting for a connection to begin the transaction"
-                );
-                self.release().await;
-                return store_unavailable();
+            failed => {
+                let error = match failed {
+                    Ok(Err(err)) => err.to_string(),
+                    _ => format!("no connection within {BEGIN_TIMEOUT:?}"),
+                };
+                let why = GiveUp::Store {
+                    doing: "beginning the transaction",
+                    error,
+                };
+                return self.give_up(why, store_unavailable()).await;
             }
         };
-        // The handler runs; a panic drops its transaction, which rolls back.
-        let outcome = AssertUnwindSafe(async {
+        // A panic drops the handler's transaction, which rolls it back.
+        let finished = AssertUnwindSafe(async {
+            let (result, tx) = handler(idempotency_key, Tx::new(transaction)).await;
             // Into a response at once: `T`/`E` need not be `Send` across the awaits below.
-            let (response, ok, tx) = match handler(idempotency_key, Tx::new(transaction)).await {
-                (Ok(ok), tx) => (ok.into_response(), true, tx),
-                (Err(err), tx) => (err.into_response(), false, tx),
+            let result = result
+                .map(IntoResponse::into_response)
+                .map_err(IntoResponse::into_response);
+            let outcome = match result {
+                Ok(answer) => self.capture(answer, true).await,
+                Err(answer) => Outcome::GiveUp(GiveUp::HandlerError(answer.status()), answer),
             };
-            if !ok || response.status().is_server_error() {
-                return (Outcome::Release(response), tx);
-            }
-            let (parts, body) = response.into_parts();
-            match axum::body::to_bytes(body, usize::MAX).await {
-                Ok(bytes) => (Outcome::Record(parts, bytes), tx),
-                Err(err) => {
-                    error!(error = %err, "reading the handler's response body failed");
-                    let answer = internal_error(
-                        "the response could not be produced; it is safe to retry with the same key",
-                    );
-                    (Outcome::Release(answer), tx)
-                }
-            }
+            (outcome, tx)
         })
         .catch_unwind()
         .await;
-        let answer = match outcome {
-            Err(_panic) => {
-                error!(
-                    event = "released",
-                    reason = "panic",
-                    "handler panicked; its writes rolled back, claim released"
-                );
-                self.release().await;
-                internal_error("the handler failed; it is safe to retry with the same key")
-            }
-            Ok((Outcome::Release(response), tx)) => {
+        let answer = match finished {
+            Err(_panic) => self.give_up(GiveUp::Panic, panicked()).await,
+            Ok((Outcome::GiveUp(why, answer), tx)) => {
                 if let Err(err) = tx.into_inner().rollback().await {
                     warn!(error = %err, "rollback failed; the connection discards the transaction");
                 }
-                self.release().await;
-                response
+                self.give_up(why, answer).await
             }
-            Ok((Outcome::Record(parts, body), mut tx)) => {
-                let stored = self.stored_response(&parts, &body);
-                let completed = DB::complete_in(
-                    tx.conn(),
-                    self.engine.inner.store.as_ref(),
-                    &self.scope,
-                    &self.key,
-                    self.token,
-                    &stored,
-                )
-                .await;
-                match completed {
-                    Ok(true) => match tx.into_inner().commit().await {
-                        Ok(()) => {
-                            info!(
-                                event = "completed",
-                                status = stored.status,
-                                "writes and response committed together"
-                            );
-                            Response::from_parts(parts, Body::from(body))
-                        }
-                        Err(err) => {
-                            error!(event = "store_error", error = %err, "commit failed; nothing was written");
-                            self.release().await;
-                            store_unavailable()
-                        }
-                    },
-                    Ok(false) => {
-                        let _ = tx.into_inner().rollback().await;
-                        warn!(
-                            event = "lease_lost",
-                            "lease was taken over; the handler's writes rolled back"
-                        );
-                        lease_lost()
-                    }
-                    Err(err) => {
-                        let _ = tx.into_inner().rollback().await;
-                        error!(event = "store_error", error = %err, "recording the response failed; writes rolled back");
-                        self.release().await;
-                        store_unavailable()
-                    }
-                }
-            }
+            Ok((Outcome::Record(captured), tx)) => self.commit(tx, captured).await,
         };
-        heartbeat.abort();
+        drop(heartbeat);
         answer
     }
 
-    /// The record of a response: status, replayable headers, body unless over the cap.
-    fn stored_response(
+    /// Completes the claim inside the handler's transaction and commits both.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    async fn commit<DB: crate::transaction::TxDatabase>(
         &self,
-        parts: &http::response::Parts,
-        body: &bytes::Bytes,
-    ) -> StoredResponse {
-        let kept = body.len() <= self.engine.inner.max_stored_body;
+        mut tx: crate::transaction::Tx<DB>,
+        captured: Captured,
+    ) -> Response {
+        let store = self.engine.inner.store.as_ref();
+        let completed = DB::complete_in(
+            tx.conn(),
+            store,
+            &self.scope,
+            &self.key,
+            self.token,
+            &captured.stored,
+        )
+        .await;
+        let error = match completed {
+            Ok(true) => match tx.into_inner().commit().await {
+                Ok(()) => {
+                    info!(
+                        event = "completed",
+                        status = captured.stored.status,
+                        "writes and response committed together"
+                    );
+                    self.observe_duration();
+                    return captured.into_response();
+                }
+                Err(err) => GiveUp::Store {
+                    doing: "committing",
+                    error: err.to_string(),
+                },
+            },
+            Ok(false) => {
+                let _ = tx.into_inner().rollback().await;
+                warn!(
+                    event = "lease_lost",
+                    "lease was taken over; the handler's writes rolled back"
+                );
+                return super::answers::lease_lost();
+            }
+            Err(err) => {
+                let _ = tx.into_inner().rollback().await;
+                GiveUp::Store {
+                    doing: "recording the response",
+                    error: err.to_string(),
+                }
+            }
+        };
+        self.give_up(error, store_unavailable()).await
+    }
+
+    /// What the handler's response means for the claim: a 5xx (when
+    /// `release_server_errors`) or a body that fails to read gives up; anything else is
+    /// buffered and recorded, its body only up to the stored-response cap.
+    async fn capture(&self, response: Response, release_server_errors: bool) -> Outcome {
+        let status = response.status();
+        if release_server_errors && status.is_server_error() {
+            return Outcome::GiveUp(GiveUp::ServerError(status), response);
+        }
+        let (parts, body) = response.into_parts();
+        let body = match axum::body::to_bytes(body, usize::MAX).await {
+            Ok(body) => body,
+            Err(err) => {
+                let answer = internal_error(
+                    "The response could not be produced; it is safe to retry with the same key.",
+                );
+                return Outcome::GiveUp(GiveUp::BodyFailed(err.to_string()), answer);
+            }
+        };
+        let cap = self.engine.inner.max_stored_body;
+        let kept = body.len() <= cap;
         if !kept {
             warn!(
                 event = "completed",
                 body_len = body.len(),
-                cap = self.engine.inner.max_stored_body,
+                cap,
                 "response body over the stored-response cap; replays will carry status and headers only"
             );
         }
-        StoredResponse {
+        let stored = StoredResponse {
             status: parts.status.as_u16(),
             headers: replayable_headers(&parts.headers, self.config.replay_headers),
             body: kept.then(|| body.clone()),
-        }
+        };
+        Outcome::Record(Captured {
+            parts,
+            body,
+            stored,
+        })
     }
 
-    async fn classify(&self, response: Response) -> Outcome {
-        let status = response.status();
-        if status.is_server_error() && self.config.on_server_error == OnServerError::Release {
-            return Outcome::Release(response);
+    /// Logs why the claim is given up, releases it and answers `answer`.
+    async fn give_up(&self, why: GiveUp, answer: Response) -> Response {
+        match why {
+            GiveUp::ServerError(status) => info!(
+                event = "released",
+                reason = "server_error",
+                status = status.as_u16(),
+                "handler answered a server error; releasing the claim"
+            ),
+            GiveUp::HandlerError(status) => info!(
+                event = "released",
+                reason = "handler_error",
+                status = status.as_u16(),
+                "handler returned an error; its writes rolled back"
+            ),
+            GiveUp::Panic => error!(
+                event = "released",
+                reason = "panic",
+                "handler panicked; releasing the claim"
+            ),
+            GiveUp::BodyFailed(error) => error!(
+                event = "released",
+                reason = "body_failed",
+                error,
+                "reading the handler's response body failed"
+            ),
+            GiveUp::Store { doing, error } => error!(
+                event = "store_error",
+                error, "{doing} failed; releasing the claim"
+            ),
         }
-        let (parts, body) = response.into_parts();
-        match axum::body::to_bytes(body, usize::MAX).await {
-            Ok(bytes) => Outcome::Record(parts, bytes),
-            Err(err) => {
-                error!(error = %err, "reading the handler's response body failed");
-                Outcome::Release(internal_error(
-                    "the response could not be produced; it is safe to retry with the same key",
-                ))
-            }
-        }
+        self.release().await;
+        answer
     }
 
-    /// Renews the lease every third of it until aborted. Runs as its own task so a slow
-    /// store never stalls the handler.
-    fn heartbeat(&self) -> impl Future<Output = ()> + Send + 'static {
+    /// Feeds how long this handler took into the engine's `Retry-After` estimate.
+    fn observe_duration(&self) {
+        self.engine
+            .inner
+            .durations
+            .observe(self.config.name, self.claimed_at.elapsed());
+    }
+
+    /// Renews the lease every third of it until the returned handle is dropped. Runs as
+    /// its own task so a slow store never stalls the handler.
+    fn start_heartbeat(&self) -> AbortOnDropHandle<()> {
         let store = self.engine.inner.store.clone();
         let timeout = self.engine.inner.store_timeout;
         let (scope, key, token, lease) =
             (self.scope.clone(), self.key.clone(), self.token, self.lease);
-        async move {
+        let heartbeat = async move {
             let period = (lease / 3).max(Duration::from_millis(10));
             let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -258,7 +336,8 @@ impl Execution {
                     }
                 }
             }
-        }
+        };
+        AbortOnDropHandle::new(tokio::spawn(heartbeat.in_current_span()))
     }
 
     /// One attempt to record `stored`; `true` when there is nothing left to do.
@@ -292,7 +371,7 @@ impl Execution {
         let store = &self.engine.inner.store;
         let release = store.release(&self.scope, &self.key, self.token);
         match bounded(self.engine.inner.store_timeout, release).await {
-            Ok(true) => info!(
+            Ok(true) => debug!(
                 event = "released",
                 "claim released; a retry runs the handler again"
             ),
@@ -304,29 +383,6 @@ impl Execution {
                 warn!(event = "store_error", error = %err, "releasing the claim failed; it frees when the lease runs out")
             }
         }
-    }
-
-    async fn record(
-        self,
-        parts: http::response::Parts,
-        body: bytes::Bytes,
-        heartbeat: AbortOnDropHandle<()>,
-    ) -> Response {
-        let stored = StoredResponse {
-            status: parts.status.as_u16(),
-            headers: replayable_headers(&parts.headers, self.config.replay_headers),
-            body: (body.len() <= self.engine.inner.max_stored_body).then(|| body.clone()),
-        };
-        if stored.body.is_none() {
-            warn!(
-                event = "completed",
-                body_len = body.len(),
-                cap = self.engine.inner.max_stored_body,
-                "response body over the stored-response cap; replays will carry status and headers only"
-            );
-        }
-        complete_with_retries(self, stored, heartbeat).await;
-        Response::from_parts(parts, Body::from(body))
     }
 }
 
@@ -343,7 +399,6 @@ async fn complete_with_retries(
     // Inline, the client waits: a few quick attempts within about a second.
     for delay_ms in [25, 50, 100, 200] {
         if execution.try_complete(&stored).await {
-            heartbeat.abort();
             return;
         }
         if started.elapsed() > Duration::from_secs(1) {
@@ -369,7 +424,7 @@ async fn complete_with_retries(
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(1));
             }
-            heartbeat.abort();
+            drop(heartbeat);
         }
         .instrument(span),
     );

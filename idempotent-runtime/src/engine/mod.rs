@@ -14,6 +14,7 @@ use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
 
 mod answers;
 mod execution;
+mod retry_after;
 
 pub(crate) use answers::store_unavailable;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -64,6 +65,8 @@ struct Inner {
     header_name: HeaderName,
     completion_retry_window: Duration,
     store_timeout: Duration,
+    /// How long each handler usually takes, for `Retry-After`.
+    durations: retry_after::DurationEstimates,
     /// Every detached request and background recording, for [`Idempotency::drain`].
     tracker: tokio_util::task::TaskTracker,
 }
@@ -153,6 +156,7 @@ impl Idempotency {
                 header_name: HeaderName::from_static("idempotency-key"),
                 completion_retry_window: Duration::from_secs(300),
                 store_timeout: Duration::from_secs(5),
+                durations: retry_after::DurationEstimates::default(),
                 tracker: tokio_util::task::TaskTracker::new(),
             },
         }
@@ -301,6 +305,7 @@ impl Idempotency {
                 Err(replay(stored))
             }
             ClaimOutcome::InProgress { retry_after } => {
+                let retry_after = self.inner.durations.retry_after(config.name, retry_after);
                 info!(
                     event = "in_progress",
                     retry_after_secs = retry_after.as_secs(),
@@ -321,6 +326,7 @@ impl Idempotency {
                     key: key.to_owned(),
                     token,
                     lease,
+                    claimed_at: tokio::time::Instant::now(),
                 })
             }
         }
