@@ -34,7 +34,7 @@ pub(crate) enum ParamKind<'a> {
     Extractor,
     /// `IdempotencyKey`: the claimed key, handed over by the engine.
     Key,
-    /// `&mut Tx<DB>`: the transaction the engine opens (DESIGN §5); holds `Tx<DB>`.
+    /// `&mut Tx<DB>`: the transaction the engine opens (the transactional unit of work); holds `Tx<DB>`.
     Tx(&'a Type),
 }
 
@@ -160,7 +160,7 @@ pub(crate) fn check<'a>(
         }
     }
 
-    // DESIGN §5: a transactional handler's 5xx rolls its writes back, so the engine
+    // A transactional handler's 5xx rolls its writes back, so the engine
     // releases the claim; storing that answer is not something it can do.
     if args.on_server_error == Some(OnServerError::Store)
         && params.iter().any(|p| matches!(p.kind, ParamKind::Tx(_)))

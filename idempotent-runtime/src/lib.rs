@@ -1,22 +1,136 @@
 //! # idempotent-runtime
 //!
-//! The engine behind `#[idempotent]`: it makes payment-style HTTP APIs safe to retry.
-//! A client names an operation once with an `Idempotency-Key` header and reuses the key
-//! on every retry; the server runs the handler once and replays what it answered.
+//! Makes payment-style HTTP APIs safe to retry. A client names an operation once with an
+//! `Idempotency-Key` header and reuses the key on every retry; the server runs the
+//! handler once and replays what it answered. Two duplicates that arrive together never
+//! both run: one claims the key atomically in a shared store, the other gets `409`.
 //!
-//! The pieces, one module each:
+//! Users depend on this crate only; the attribute macro is re-exported as [`idempotent`].
+//!
+//! # A complete app
+//!
+//! An engine ([`Idempotency`]) over a store, in the router state (found through
+//! `FromRef`), an authenticated caller type that implements [`Scope`], and a handler
+//! marked `#[idempotent]`:
+//!
+//! ```no_run
+//! use std::borrow::Cow;
+//! use std::time::Duration;
+//!
+//! use axum::extract::{FromRef, FromRequestParts, State};
+//! use axum::http::{StatusCode, request::Parts};
+//! use axum::routing::post;
+//! use axum::{Json, Router};
+//! use idempotent_runtime::store::SqliteStore;
+//! use idempotent_runtime::{Idempotency, IdempotencyKey, Scope, idempotent};
+//! use serde::Deserialize;
+//!
+//! /// The router state: the engine, plus whatever else the app needs.
+//! #[derive(Clone)]
+//! struct AppState {
+//!     idempotency: Idempotency,
+//! }
+//!
+//! // How `#[idempotent]` handlers find the engine.
+//! impl FromRef<AppState> for Idempotency {
+//!     fn from_ref(state: &AppState) -> Self {
+//!         state.idempotency.clone()
+//!     }
+//! }
+//!
+//! /// The authenticated caller: keys are unique per caller, never global.
+//! struct Caller {
+//!     account: String,
+//! }
+//!
+//! impl Scope for Caller {
+//!     fn scope(&self) -> Cow<'_, str> {
+//!         Cow::Borrowed(&self.account)
+//!     }
+//! }
+//!
+//! impl<S: Send + Sync> FromRequestParts<S> for Caller {
+//!     type Rejection = StatusCode;
+//!
+//!     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+//!         // Your authentication here; never a header the client picks freely.
+//!         let token = parts.headers.get("authorization").and_then(|v| v.to_str().ok());
+//!         match token.and_then(|t| t.strip_prefix("Bearer sk_")) {
+//!             Some(account) => Ok(Caller { account: account.to_owned() }),
+//!             None => Err(StatusCode::UNAUTHORIZED),
+//!         }
+//!     }
+//! }
+//!
+//! #[derive(Deserialize)]
+//! struct NewOrder {
+//!     amount: u64,
+//! }
+//!
+//! #[idempotent(scope = caller, ttl = "24h")]
+//! async fn create_order(
+//!     caller: Caller,
+//!     key: IdempotencyKey,
+//!     State(_state): State<AppState>,
+//!     Json(order): Json<NewOrder>,
+//! ) -> Result<(StatusCode, Json<serde_json::Value>), StatusCode> {
+//!     // Runs once per (caller, key); a retry gets this answer replayed. Send
+//!     // `key.derive("charge")` to a payment provider so it deduplicates too.
+//!     let id = format!("ord_{}", &key.derive("order")[5..17]);
+//!     let body = serde_json::json!({ "id": id, "amount": order.amount, "owner": caller.account });
+//!     Ok((StatusCode::CREATED, Json(body)))
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // SQLite for one host; `PostgresStore::connect(url)` (feature `postgres`) for many.
+//!     let store = SqliteStore::open("sqlite://orders.db").await?;
+//!     let idempotency = Idempotency::builder(store)
+//!         .default_lease(Duration::from_secs(30))
+//!         .build();
+//!     let _sweeper = idempotency.spawn_sweeper(Duration::from_secs(3600));
+//!
+//!     let state = AppState { idempotency: idempotency.clone() };
+//!     let app = Router::new().route("/orders", post(create_order)).with_state(state);
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//!     axum::serve(listener, app)
+//!         .with_graceful_shutdown(async { tokio::signal::ctrl_c().await.unwrap_or(()) })
+//!         .await?;
+//!     // Let requests that are still running record their outcome.
+//!     idempotency.drain(Duration::from_secs(30)).await;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! What a client then sees is the contract: a replay carries `Idempotent-Replayed: true`;
+//! the same key with another body is `422`; a duplicate of a running request is `409`
+//! with `Retry-After`; a missing or malformed key is `400`; a store that cannot be
+//! reached is `503` and the handler does not run. Errors are `application/problem+json`
+//! ([`Problem`]) with a stable `code` ([`problem::codes`]).
+//!
+//! # The pieces
 //!
 //! - [`key`]: the `Idempotency-Key` header (RFC 9651 sf-string or bare token) and the
 //!   claimed [`IdempotencyKey`] with its derived downstream keys;
 //! - [`scope`]: the [`Scope`] of a key, the authenticated caller;
 //! - [`fingerprint`]: SHA-256 over method, path, query and raw body (or canonical JSON);
-//! - [`store`]: the [`Store`] trait and its implementations (memory, SQLite, Postgres);
+//! - [`store`]: the [`Store`] trait and its implementations;
 //! - [`engine`]: [`Idempotency`], the claim → execute → record loop;
+//! - [`transaction`]: handlers whose writes commit together with the stored response
+//!   (`tx: &mut Tx<Sqlite>` / `Tx<Postgres>`);
 //! - [`problem`]: RFC 9457 `application/problem+json` error responses;
 //! - [`macro_support`]: the Axum extractors the attribute macro expands to (not for
 //!   direct use).
 //!
-//! Users depend on this crate only; the attribute macro is re-exported as [`idempotent`].
+//! # Feature flags
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `sqlite` | yes | `store::SqliteStore` (one host, embedded), `Tx<Sqlite>` |
+//! | `postgres` | no | `store::PostgresStore` (many instances, one database), `Tx<Postgres>` |
+//!
+//! [`store::MemoryStore`] (one process; tests and demos) is always there. Build without
+//! SQLite with `default-features = false, features = ["postgres"]`.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

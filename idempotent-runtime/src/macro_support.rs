@@ -45,16 +45,6 @@ where
 }
 
 impl Guard {
-    /// The claimed key as the client sent it (unquoted).
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The engine.
-    pub fn engine(&self) -> &Idempotency {
-        &self.engine
-    }
-
     /// Runs the handler through the engine; see [`Idempotency::run`].
     pub async fn run<F, Fut, R>(
         self,

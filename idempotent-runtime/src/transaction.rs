@@ -1,5 +1,5 @@
 //! Transactional unit of work: the handler's writes and the stored response commit
-//! together, or not at all (DESIGN §5).
+//! together, or not at all.
 //!
 //! When a handler's side effect is a write to the same database as the idempotency
 //! store, it takes a `tx: &mut Tx<Sqlite>` / `tx: &mut Tx<Postgres>` argument:

@@ -42,14 +42,42 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Default cap on a stored response body: 1 MiB.
 pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
 
-/// The idempotency engine: one per application, cheap to clone (an `Arc` inside). Put
-/// it in the router state and implement `FromRef` so the `#[idempotent]` handlers find
-/// it.
+/// The idempotency engine: one per application, cheap to clone (an `Arc` inside).
+///
+/// Build it over a [`Store`], put it in the router state and implement `FromRef` so the
+/// `#[idempotent]` handlers find it; at shutdown, [`drain`](Self::drain) it:
 ///
 /// ```
-/// use idempotent_runtime::{Idempotency, store::MemoryStore};
-/// let engine = Idempotency::new(MemoryStore::new());
-/// assert_eq!(engine.header_name().as_str(), "idempotency-key");
+/// use std::time::Duration;
+///
+/// use axum::extract::FromRef;
+/// use idempotent_runtime::Idempotency;
+/// use idempotent_runtime::store::MemoryStore;
+///
+/// #[derive(Clone)]
+/// struct AppState {
+///     idempotency: Idempotency,
+///     // … the app's own state
+/// }
+///
+/// impl FromRef<AppState> for Idempotency {
+///     fn from_ref(state: &AppState) -> Self {
+///         state.idempotency.clone()
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // MemoryStore: one process only. SqliteStore / PostgresStore for real deployments.
+/// let idempotency = Idempotency::builder(MemoryStore::new())
+///     .default_ttl(Duration::from_secs(24 * 60 * 60)) // for handlers that set no `ttl`
+///     .default_lease(Duration::from_secs(30))         // for handlers that set no `lease`
+///     .build();
+/// let state = AppState { idempotency: idempotency.clone() };
+/// // Router::new().route(…, post(handler)).with_state(state), serve, then:
+/// assert!(idempotency.drain(Duration::from_secs(30)).await);
+/// # let _ = state;
+/// # }
 /// ```
 #[derive(Clone, Debug)]
 pub struct Idempotency {
@@ -173,12 +201,12 @@ impl Idempotency {
     }
 
     /// The TTL a handler with `config` uses.
-    pub fn ttl_for(&self, config: &HandlerConfig) -> Duration {
+    pub(crate) fn ttl_for(&self, config: &HandlerConfig) -> Duration {
         config.ttl.unwrap_or(self.inner.default_ttl)
     }
 
     /// The lease a handler with `config` uses.
-    pub fn lease_for(&self, config: &HandlerConfig) -> Duration {
+    pub(crate) fn lease_for(&self, config: &HandlerConfig) -> Duration {
         config.lease.unwrap_or(self.inner.default_lease)
     }
 

@@ -1,4 +1,4 @@
-//! A transactional handler (DESIGN §5): `tx: &mut Tx<Sqlite>` is not an extractor; the
+//! A transactional handler: `tx: &mut Tx<Sqlite>` is not an extractor; the
 //! engine opens the transaction, and commits it with the stored response.
 
 use std::borrow::Cow;
