@@ -139,6 +139,7 @@ pub mod config;
 pub mod engine;
 pub mod fingerprint;
 pub mod key;
+mod lease;
 pub mod macro_support;
 pub mod problem;
 pub mod scope;

@@ -128,6 +128,9 @@ pub mod codes {
     /// A transactional handler runs on an engine whose store is of another database
     /// (`500`); nothing was run.
     pub const TRANSACTION_UNSUPPORTED: &str = "transaction_unsupported";
+    /// The handler's scope argument yielded an empty scope (`500`): nothing ran, since
+    /// an empty scope would share one key space between callers.
+    pub const SCOPE_EMPTY: &str = "idempotency_scope_empty";
     /// A replay of a response whose body was over the store cap: the operation ran and
     /// its status and headers are replayed, the body was not kept.
     pub const RESPONSE_NOT_STORED: &str = "idempotency_response_not_stored";

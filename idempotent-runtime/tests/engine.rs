@@ -759,3 +759,143 @@ async fn retry_after_follows_the_handlers_usual_duration() {
     gate.notify_one();
     task.await.unwrap();
 }
+
+/// The memory store, whose renewals and completions hang while `stalled` is set (a
+/// database that stopped answering, then came back).
+#[derive(Debug, Default)]
+struct StallingStore {
+    inner: MemoryStore,
+    stalled: std::sync::atomic::AtomicBool,
+}
+
+impl StallingStore {
+    async fn wait_while_stalled(&self) {
+        while self.stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl Store for StallingStore {
+    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.inner.try_claim(claim).await
+    }
+    async fn renew(
+        &self,
+        s: &str,
+        k: &str,
+        t: FencingToken,
+        l: Duration,
+    ) -> Result<bool, StoreError> {
+        self.wait_while_stalled().await;
+        self.inner.renew(s, k, t, l).await
+    }
+    async fn complete(
+        &self,
+        s: &str,
+        k: &str,
+        t: FencingToken,
+        r: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        self.wait_while_stalled().await;
+        self.inner.complete(s, k, t, r).await
+    }
+    async fn release(&self, s: &str, k: &str, t: FencingToken) -> Result<bool, StoreError> {
+        self.inner.release(s, k, t).await
+    }
+    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+}
+
+/// Renewals stall for longer than the lease, then the store recovers and a retry comes
+/// at once: the retry may take the key over, so the original must learn that it lost its
+/// lease before its side effect — one execution, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_learns_it_lost_its_lease_before_its_side_effect() {
+    let store = Arc::new(StallingStore::default());
+    let engine = Idempotency::builder_shared(store.clone()).build();
+    let config = HandlerConfig::new().lease(Duration::from_millis(300));
+    let side_effects = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(Notify::new());
+    // Prepares for two seconds (long past the lease), then charges — unless the lease
+    // was lost first.
+    let handler = {
+        let (side_effects, started) = (side_effects.clone(), started.clone());
+        move |key: idempotent_runtime::IdempotencyKey| async move {
+            started.notify_one();
+            tokio::select! {
+                () = key.until_lease_lost() => {}
+                () = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+            if key.lease_lost() {
+                return StatusCode::SERVICE_UNAVAILABLE;
+            }
+            side_effects.fetch_add(1, Ordering::SeqCst);
+            StatusCode::CREATED
+        }
+    };
+    let original = {
+        let (engine, handler) = (engine.clone(), handler.clone());
+        tokio::spawn(async move {
+            engine
+                .run(&config, "alice", "k", fingerprint(1), handler)
+                .await
+        })
+    };
+    started.notified().await;
+    store.stalled.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    store.stalled.store(false, Ordering::SeqCst);
+
+    let retry = engine
+        .run(&config, "alice", "k", fingerprint(1), handler)
+        .await;
+    assert_eq!(
+        retry.status(),
+        StatusCode::CREATED,
+        "the retry took over and ran"
+    );
+    assert_eq!(
+        original.await.unwrap().status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the original stopped before its side effect"
+    );
+    assert_eq!(side_effects.load(Ordering::SeqCst), 1);
+}
+
+/// A key the engine did not hand out never reports a lost lease.
+#[tokio::test]
+async fn a_key_made_by_hand_has_no_lease_to_lose() {
+    let key = idempotent_runtime::IdempotencyKey::new("alice".into(), "k".into());
+    assert!(!key.lease_lost());
+    let waited = tokio::time::timeout(Duration::from_millis(20), key.until_lease_lost()).await;
+    assert!(waited.is_err());
+}
+
+/// An empty scope (say, optional authentication that found nobody) is refused with
+/// `500`: one key space for every anonymous caller would replay one caller's answer to
+/// another. The handler never runs and nothing is claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_scope_is_refused_and_nothing_runs() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    for scope in ["", "  "] {
+        let (status, headers, body) = body_of(
+            engine
+                .run(&CONFIG, scope, "k", fingerprint(1), created(&runs))
+                .await,
+        )
+        .await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+        assert_eq!(problem_code(&body), "idempotency_scope_empty");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The key is still free for a real caller.
+    let response = engine
+        .run(&CONFIG, "alice", "k", fingerprint(1), created(&runs))
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+}

@@ -87,6 +87,16 @@ pub(super) fn in_progress(retry_after: Duration) -> Response {
     .into_response()
 }
 
+pub(super) fn scope_empty() -> Response {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        codes::SCOPE_EMPTY,
+        "Idempotency scope missing",
+        "The server could not tell whose idempotency key this is (its scope is empty), so the request was not processed. This is a server misconfiguration; retrying will not help.",
+    )
+    .into_response()
+}
+
 pub(super) fn key_reused() -> Response {
     Problem::new(
         StatusCode::UNPROCESSABLE_ENTITY,

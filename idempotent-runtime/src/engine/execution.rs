@@ -34,8 +34,11 @@ pub(super) struct Execution {
     pub(super) key: String,
     pub(super) token: FencingToken,
     pub(super) lease: Duration,
-    /// When the claim was won: how long the handler took feeds `Retry-After`.
+    /// When the claim was sent: the store's lease ends no earlier than this plus the
+    /// lease; how long the handler took (from here) feeds `Retry-After`.
     pub(super) claimed_at: tokio::time::Instant,
+    /// Raised when the lease is lost while the handler runs.
+    pub(super) lease_signal: std::sync::Arc<crate::lease::LeaseSignal>,
 }
 
 /// What the handler's answer means for the claim.
@@ -312,23 +315,60 @@ impl Execution {
 
     /// Renews the lease every third of it until the returned handle is dropped. Runs as
     /// its own task so a slow store never stalls the handler.
+    ///
+    /// Raises the lease signal (the handler sees [`IdempotencyKey::lease_lost`]) when
+    /// the store says the claim was taken over, or when no renewal succeeded for a whole
+    /// lease: counted from before the last successful renewal (or the claim) was sent,
+    /// so the signal is raised no later than the store could hand the key to a retry.
+    ///
+    /// [`IdempotencyKey::lease_lost`]: crate::IdempotencyKey::lease_lost
     fn start_heartbeat(&self) -> AbortOnDropHandle<()> {
         let store = self.engine.inner.store.clone();
-        let timeout = self.engine.inner.store_timeout;
+        let renew_timeout = renew_timeout(self.engine.inner.store_timeout, self.lease);
         let (scope, key, token, lease) =
             (self.scope.clone(), self.key.clone(), self.token, self.lease);
+        let signal = self.lease_signal.clone();
+        let mut deadline = self.claimed_at + lease;
         let heartbeat = async move {
             let period = (lease / 3).max(Duration::from_millis(10));
             let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let lose = || {
+                if !signal.is_raised() {
+                    warn!(
+                        event = "lease_lost",
+                        "no lease renewal succeeded for a whole lease; a retry may take the key over"
+                    );
+                    signal.raise();
+                }
+            };
             loop {
-                ticker.tick().await;
-                match bounded(timeout, store.renew(&scope, &key, token, lease)).await {
-                    Ok(true) => debug!(event = "renewed", "lease renewed"),
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline), if !signal.is_raised() => {
+                        lose();
+                        continue;
+                    }
+                    _ = ticker.tick() => {}
+                }
+                let sent_at = tokio::time::Instant::now();
+                let renewal = bounded(renew_timeout, store.renew(&scope, &key, token, lease));
+                let renewed = tokio::select! {
+                    renewed = renewal => renewed,
+                    () = tokio::time::sleep_until(deadline), if !signal.is_raised() => {
+                        lose();
+                        continue;
+                    }
+                };
+                match renewed {
+                    Ok(true) => {
+                        debug!(event = "renewed", "lease renewed");
+                        deadline = sent_at + lease;
+                    }
                     // Completed or released just now, or taken over: completion tells
                     // which (and warns with `lease_lost` when it was taken over).
                     Ok(false) => {
                         debug!(event = "renewed", "claim no longer held; heartbeat stops");
+                        signal.raise();
                         return;
                     }
                     Err(err) => {
@@ -384,6 +424,13 @@ impl Execution {
             }
         }
     }
+}
+
+/// How long one renewal may take: the store timeout, but at most a third of the lease,
+/// so that one stalled renewal still leaves time for the next before the lease runs out
+/// (the rule "lease ≥ 3 × store timeout", enforced by shortening the renewal's timeout).
+fn renew_timeout(store_timeout: Duration, lease: Duration) -> Duration {
+    store_timeout.min(lease / 3).max(Duration::from_millis(1))
 }
 
 /// Tries to record the outcome a few times inline; if the store stays unreachable the

@@ -19,7 +19,7 @@ mod retry_after;
 pub(crate) use answers::store_unavailable;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use answers::transaction_unsupported;
-use answers::{in_progress, internal_error, key_reused, replay};
+use answers::{in_progress, internal_error, key_reused, replay, scope_empty};
 use execution::Execution;
 
 /// The header marking a replayed response.
@@ -139,8 +139,11 @@ impl IdempotencyBuilder {
     }
 
     /// How long a finished request keeps trying to record its outcome while the store
-    /// is unreachable (default 5 minutes). The client gets its answer after the first
-    /// attempts; the rest continues in the background.
+    /// is unreachable (default 30 s). The client gets its answer after the first
+    /// attempts; the rest continues in the background, and [`Idempotency::drain`] waits
+    /// for it: drain with at least this long at shutdown, or a response that was sent
+    /// may go unrecorded (its claim then frees when the lease runs out, and a retry runs
+    /// the handler again).
     pub fn completion_retry_window(mut self, window: Duration) -> Self {
         self.inner.completion_retry_window = window;
         self
@@ -149,6 +152,10 @@ impl IdempotencyBuilder {
     /// How long one store operation (claim, renew, complete, release) may take before it
     /// counts as failed (default 5s): a database that stopped answering gives `503`
     /// instead of a request that hangs.
+    ///
+    /// A lease must be at least three times the store timeout, so that one stalled
+    /// renewal still leaves time for the next: for a handler whose lease is shorter, a
+    /// renewal's timeout is cut to a third of its lease.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.inner.store_timeout = timeout;
         self
@@ -182,7 +189,7 @@ impl Idempotency {
                 default_lease: DEFAULT_LEASE,
                 max_stored_body: DEFAULT_MAX_STORED_BODY,
                 header_name: HeaderName::from_static("idempotency-key"),
-                completion_retry_window: Duration::from_secs(300),
+                completion_retry_window: Duration::from_secs(30),
                 store_timeout: Duration::from_secs(5),
                 durations: retry_after::DurationEstimates::default(),
                 tracker: tokio_util::task::TaskTracker::new(),
@@ -258,13 +265,23 @@ impl Idempotency {
         X: FnOnce(Execution, IdempotencyKey) -> Fut + Send + 'static,
         Fut: Future<Output = Response> + Send + 'static,
     {
+        if scope.trim().is_empty() {
+            // One key space for every caller whose scope came out empty (say, from
+            // optional authentication) would replay one caller's answer to another.
+            error!(
+                event = "scope_empty",
+                "the scope argument yielded an empty scope; refusing to run unscoped"
+            );
+            return scope_empty();
+        }
         let (engine, config) = (self.clone(), *config);
         let (scope, key) = (scope.to_owned(), key.to_owned());
         let task = self.spawn_tracked(
             async move {
                 match engine.claim(&config, &scope, &key, &fingerprint).await {
                     Ok(execution) => {
-                        let key = IdempotencyKey::for_request(scope, key, fingerprint);
+                        let lease = execution.lease_signal.clone();
+                        let key = IdempotencyKey::claimed(scope, key, fingerprint, lease);
                         execute(execution, key).await
                     }
                     Err(answer) => answer,
@@ -314,6 +331,8 @@ impl Idempotency {
             lease,
             token: FencingToken::random(),
         };
+        // Before the claim is sent: the store's lease ends no earlier than this + lease.
+        let sent_at = tokio::time::Instant::now();
         let outcome = match bounded(self.inner.store_timeout, self.inner.store.try_claim(&claim))
             .await
         {
@@ -354,7 +373,8 @@ impl Idempotency {
                     key: key.to_owned(),
                     token,
                     lease,
-                    claimed_at: tokio::time::Instant::now(),
+                    claimed_at: sent_at,
+                    lease_signal: Default::default(),
                 })
             }
         }

@@ -45,7 +45,10 @@
 
 use sha2::{Digest, Sha256};
 
+use std::sync::Arc;
+
 use crate::fingerprint::Fingerprint;
+use crate::lease::LeaseSignal;
 
 mod header;
 
@@ -53,12 +56,25 @@ pub use header::{KeyError, MAX_KEY_LEN, parse_header, quote};
 
 /// The claimed key, handed to the handler body when it asks for it (an argument of type
 /// `IdempotencyKey`). Use [`derive`](Self::derive) for keys sent to downstream providers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct IdempotencyKey {
     scope: String,
     key: String,
     fingerprint: Option<Fingerprint>,
+    /// Raised by the engine when this request's lease is lost.
+    lease: Option<Arc<LeaseSignal>>,
 }
+
+/// Keys are equal when they name the same key of the same request; the lease is state,
+/// not identity.
+impl PartialEq for IdempotencyKey {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.scope, &self.key, &self.fingerprint)
+            == (&other.scope, &other.key, &other.fingerprint)
+    }
+}
+
+impl Eq for IdempotencyKey {}
 
 impl IdempotencyKey {
     /// The key for `key` in `scope`.
@@ -67,6 +83,7 @@ impl IdempotencyKey {
             scope,
             key,
             fingerprint: None,
+            lease: None,
         }
     }
 
@@ -77,6 +94,39 @@ impl IdempotencyKey {
             scope,
             key,
             fingerprint: Some(fingerprint),
+            lease: None,
+        }
+    }
+
+    /// The key the engine hands a running handler: it also carries the lease signal.
+    pub(crate) fn claimed(
+        scope: String,
+        key: String,
+        fingerprint: Fingerprint,
+        lease: Arc<LeaseSignal>,
+    ) -> Self {
+        Self {
+            lease: Some(lease),
+            ..Self::for_request(scope, key, fingerprint)
+        }
+    }
+
+    /// Whether this request lost its claim on the key while it runs: the store said it
+    /// was taken over, or renewing the lease kept failing until the lease ran out (a
+    /// stalled store), so a retry may be running the same operation now. A handler with
+    /// a side effect that cannot be deduplicated downstream checks this right before it,
+    /// and answers `503` instead when it is `true`. Always `false` for a key the engine
+    /// did not hand out.
+    pub fn lease_lost(&self) -> bool {
+        self.lease.as_ref().is_some_and(|lease| lease.is_raised())
+    }
+
+    /// Completes when [`lease_lost`](Self::lease_lost) becomes `true` (never, for a key
+    /// the engine did not hand out): race it against slow work with `tokio::select!`.
+    pub async fn until_lease_lost(&self) {
+        match &self.lease {
+            Some(lease) => lease.raised().await,
+            None => std::future::pending().await,
         }
     }
 
