@@ -125,8 +125,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// usually answers first). Generous enough for a 1 MiB response on a busy server.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Reconnect attempts back off exponentially up to this delay.
-const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+/// A connection attempt that fails is retried this often, backing off exponentially
+/// from 100 ms: long enough to ride out a server restarting, short enough that a wrong
+/// URL fails `connect` within a second or so. (While the store runs, every operation that
+/// finds the connection broken starts a new round of attempts.)
+const CONNECT_RETRIES: usize = 3;
 
 /// TTLs and leases are clamped to 1000 years, far inside the range in which the scripts'
 /// Lua numbers (doubles) hold milliseconds exactly.
@@ -198,7 +201,7 @@ impl RedisStoreBuilder {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_max_delay(MAX_RECONNECT_DELAY);
+            .set_number_of_retries(CONNECT_RETRIES);
         let mut conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| open_error(e.to_string()))?;
@@ -209,7 +212,10 @@ impl RedisStoreBuilder {
     /// A store on a connection manager the app already has.
     ///
     /// Fails with [`StoreError::Open`] when the prefix is refused.
-    pub fn from_connection_manager(self, conn: ConnectionManager) -> Result<RedisStore, StoreError> {
+    pub fn from_connection_manager(
+        self,
+        conn: ConnectionManager,
+    ) -> Result<RedisStore, StoreError> {
         let location = "redis (an app's connection manager)".to_owned();
         let keys = KeyLayout::new(&self.prefix).map_err(|reason| StoreError::Open {
             location: location.clone(),
@@ -450,7 +456,10 @@ fn claim_outcome(reply: Value, token: FencingToken) -> Result<ClaimOutcome, Stor
         return Err(corrupt("not an array"));
     };
     let mut items = items.into_iter();
-    let tag = items.next().and_then(bulk).ok_or_else(|| corrupt("no outcome"))?;
+    let tag = items
+        .next()
+        .and_then(bulk)
+        .ok_or_else(|| corrupt("no outcome"))?;
     match tag.as_slice() {
         b"claimed" => Ok(ClaimOutcome::Claimed { token }),
         b"mismatch" => Ok(ClaimOutcome::Mismatch),
@@ -638,8 +647,11 @@ mod tests {
             ClaimOutcome::Mismatch
         );
         assert_eq!(
-            claim_outcome(Value::Array(vec![s(b"in_progress"), Value::Int(1001)]), token)
-                .unwrap(),
+            claim_outcome(
+                Value::Array(vec![s(b"in_progress"), Value::Int(1001)]),
+                token
+            )
+            .unwrap(),
             ClaimOutcome::InProgress {
                 retry_after: Duration::from_secs(2)
             }
@@ -666,7 +678,10 @@ mod tests {
             Value::Array(vec![s(b"replay"), s(b"200")]),
         ] {
             assert!(
-                matches!(claim_outcome(bad.clone(), token), Err(StoreError::Corrupt(_))),
+                matches!(
+                    claim_outcome(bad.clone(), token),
+                    Err(StoreError::Corrupt(_))
+                ),
                 "{bad:?}"
             );
         }
