@@ -267,7 +267,7 @@ async fn records_are_one_hash_under_the_prefix_with_a_hash_tag_over_scope_and_ke
     must_claim(&store, &claim_request("k-1", token)).await;
     assert_eq!(
         keys_under(&url, &prefix.prefix).unwrap(),
-        [key.clone()],
+        std::slice::from_ref(&key),
         "one key per record, nothing else"
     );
     let mut conn = store.connection_manager().clone();
@@ -296,7 +296,10 @@ async fn records_are_one_hash_under_the_prefix_with_a_hash_tag_over_scope_and_ke
     assert_eq!(fields["fpv"], b"1");
     assert_eq!(fields["token"], token.0.to_string().as_bytes());
     let ms = |name: &str| -> i64 { String::from_utf8_lossy(&fields[name]).parse().unwrap() };
-    assert_eq!(ms("expires_at") - ms("lease_expires_at"), 3600_000 - 30_000);
+    assert_eq!(
+        ms("expires_at") - ms("lease_expires_at"),
+        3_600_000 - 30_000
+    );
 
     let response = StoredResponse {
         status: 202,
@@ -357,7 +360,7 @@ async fn records_carry_a_redis_expiry_at_the_end_of_their_ttl_or_lease() {
     let token = FencingToken::random();
     must_claim(&store, &claim_request("ttl", token)).await;
     let left = pttl("ttl").await;
-    assert!(left > 3590_000 && left <= 3600_000, "{left}");
+    assert!(left > 3_590_000 && left <= 3_600_000, "{left}");
     // Completed: still the TTL from the claim.
     assert!(
         store
@@ -366,7 +369,7 @@ async fn records_carry_a_redis_expiry_at_the_end_of_their_ttl_or_lease() {
             .unwrap()
     );
     let left = pttl("ttl").await;
-    assert!(left > 3590_000 && left <= 3600_000, "{left}");
+    assert!(left > 3_590_000 && left <= 3_600_000, "{left}");
 
     // A lease longer than what is left of the TTL keeps the record: renewing moves the
     // expiry to the lease end, and completion keeps it there.
