@@ -135,6 +135,9 @@ const CONNECT_RETRIES: usize = 3;
 /// Lua numbers (doubles) hold milliseconds exactly.
 const MAX_DURATION_MS: i64 = 1000 * 366 * 24 * 60 * 60 * 1000;
 
+/// The location `Debug` and errors name for a store on an app's own connection manager.
+const APP_CONNECTION: &str = "redis (an app's connection manager)";
+
 /// How many keys one `SCAN` step of `purge_expired` asks for.
 const SCAN_COUNT: u32 = 1000;
 
@@ -216,7 +219,7 @@ impl RedisStoreBuilder {
         self,
         conn: ConnectionManager,
     ) -> Result<RedisStore, StoreError> {
-        let location = "redis (an app's connection manager)".to_owned();
+        let location = APP_CONNECTION.to_owned();
         let keys = KeyLayout::new(&self.prefix).map_err(|reason| StoreError::Open {
             location: location.clone(),
             reason,
@@ -235,7 +238,7 @@ impl RedisStore {
     /// A store on a connection manager the app already has, with the default key prefix.
     pub fn from_connection_manager(conn: ConnectionManager) -> Self {
         let keys = KeyLayout::new(DEFAULT_PREFIX).expect("the default prefix is valid");
-        Self::with_parts(conn, keys, "redis (an app's connection manager)".to_owned())
+        Self::with_parts(conn, keys, APP_CONNECTION.to_owned())
     }
 
     /// Configures a store: key prefix, then [`connect`](RedisStoreBuilder::connect) or
@@ -519,23 +522,28 @@ fn clamped_millis(d: Duration) -> i64 {
 }
 
 /// Warns when the server may evict records under memory pressure (module docs). Servers
-/// that refuse `CONFIG` (managed services often do) are not asked twice, nor blamed.
+/// that refuse `CONFIG` (managed services often do) are not blamed.
 async fn warn_unless_noeviction(conn: &mut ConnectionManager, location: &str) {
-    let policy: RedisResult<Vec<String>> = redis::cmd("CONFIG")
+    let reply: RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
         .query_async(conn)
         .await;
-    if let Ok(reply) = policy
-        && let [_, policy] = reply.as_slice()
-        && policy != "noeviction"
-    {
+    if let Some(policy) = reply.ok().as_deref().and_then(evicting_policy) {
         tracing::warn!(
             location,
             maxmemory_policy = %policy,
             "the Redis behind the idempotency store may evict records under memory pressure \
              (a lost record lets a retry run the handler again); use maxmemory-policy noeviction"
         );
+    }
+}
+
+/// The policy named in a `CONFIG GET maxmemory-policy` reply, unless it is `noeviction`.
+fn evicting_policy(reply: &[String]) -> Option<&str> {
+    match reply {
+        [_, policy] if policy != "noeviction" => Some(policy),
+        _ => None,
     }
 }
 
@@ -632,6 +640,18 @@ mod tests {
             scrub("auth s3cr@t / s3cr%40t / other failed".into(), &secrets),
             "auth *** / *** / *** failed"
         );
+    }
+
+    #[test]
+    fn warns_about_every_policy_but_noeviction() {
+        let reply = |policy: &str| vec!["maxmemory-policy".to_owned(), policy.to_owned()];
+        assert_eq!(evicting_policy(&reply("noeviction")), None);
+        assert_eq!(evicting_policy(&reply("allkeys-lru")), Some("allkeys-lru"));
+        assert_eq!(
+            evicting_policy(&reply("volatile-ttl")),
+            Some("volatile-ttl")
+        );
+        assert_eq!(evicting_policy(&[]), None, "CONFIG renamed or refused");
     }
 
     #[test]
