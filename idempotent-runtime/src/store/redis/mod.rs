@@ -20,7 +20,8 @@
 //! key. See [`RedisStore::record_key`].
 //!
 //! Every operation is one Lua script, run atomically by the server and sent as `EVALSHA`
-//! (the source only when the server does not know the script yet):
+//! (the source only when the server does not know the script yet: two more round trips,
+//! once per script and server):
 //!
 //! - `try_claim` creates the record, or takes over an expired one or an in-progress one
 //!   whose lease ran out with the same fingerprint (digest *and* version), or answers
@@ -57,8 +58,8 @@
 //! | setting | a crash of the Redis process | a crash of the machine (power, kernel) |
 //! |---|---|---|
 //! | AOF, `appendfsync always` | nothing acknowledged is lost | nothing acknowledged is lost (one fsync per write) |
-//! | AOF, `appendfsync everysec` (the AOF default) | nothing | about the last second of writes |
-//! | RDB snapshots only (Redis's default `save` rules) | everything since the last snapshot (minutes) | the same |
+//! | AOF, `appendfsync everysec` (the AOF default) | nothing (written before the reply) | the last 1–2 seconds of writes |
+//! | RDB snapshots only (Redis's default `save` rules) | everything since the last snapshot (minutes; up to an hour on a quiet server) | the same |
 //! | no persistence | every record | every record |
 //!
 //! What a lost write means for the API:
