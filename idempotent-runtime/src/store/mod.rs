@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Implementations: [`MemoryStore`] (one process, tests and demos), `SqliteStore` (one
-//! host, the embedded default), `PostgresStore` (many instances). All pass one
+//! host, the embedded default), `PostgresStore` (many instances), `RedisStore` (many
+//! instances on Redis/Valkey; weaker durability, see its module docs). All pass one
 //! conformance suite.
 
 use std::time::Duration;
@@ -24,6 +25,8 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+#[cfg(feature = "redis")]
+mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -31,6 +34,8 @@ pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresPool, PostgresStore};
 pub use record::{decode_headers, encode_headers};
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 
@@ -108,6 +113,10 @@ pub enum StoreError {
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// Redis failed: unreachable, a timeout, an error reply.
+    #[cfg(feature = "redis")]
+    #[error("redis error: {0}")]
+    Redis(#[from] ::redis::RedisError),
     /// Opening the store failed; the message names what was opened (passwords redacted).
     #[error("cannot open idempotency store at {location}: {reason}")]
     Open {

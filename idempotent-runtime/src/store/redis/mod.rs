@@ -1,0 +1,710 @@
+//! [`RedisStore`]: the store for many instances sharing one Redis (or Valkey) primary.
+//!
+//! Every instance of the app talks to the same Redis, so a retry that lands on another
+//! instance still finds the first attempt's claim or recorded response. Redis is fast and
+//! many teams already run it; what it trades for that is durability, so read
+//! [Durability](#durability-what-a-crash-or-a-failover-loses) before choosing it for
+//! payments.
+//!
+//! # One record, one key, one script per operation
+//!
+//! A record is one Redis hash with the fields `state` (`in_progress` / `completed`),
+//! `fp` (the 32-byte fingerprint digest), `fpv` (its version), `token`,
+//! `lease_expires_at` and `expires_at` (milliseconds since the Unix epoch), and once
+//! completed `status`, `headers` (encoded with [`encode_headers`]) and `body` (absent when
+//! the body was over the engine's cap; present and empty for an empty body).
+//!
+//! Its key is `<prefix>:{<scope length>:<scope>:<key>}` (prefix `idempotent` unless
+//! [`RedisStoreBuilder::key_prefix`] says otherwise). The braces are a Redis Cluster hash
+//! tag over scope and key, so every record maps to one slot and every script touches one
+//! key. See [`RedisStore::record_key`].
+//!
+//! Every operation is one Lua script, run atomically by the server and sent as `EVALSHA`
+//! (the source only when the server does not know the script yet: two more round trips,
+//! once per script and server):
+//!
+//! - `try_claim` creates the record, or takes over an expired one or an in-progress one
+//!   whose lease ran out with the same fingerprint (digest *and* version), or answers
+//!   replay (with the stored response, in the same reply), in progress (with the lease
+//!   time left) or mismatch. **One round trip** for each outcome; a replay, a `409` and a
+//!   `422` write nothing.
+//! - `renew`, `complete` and `release` act only while their token owns the in-progress
+//!   record (fencing), one round trip each.
+//!
+//! # One clock: the Redis server's
+//!
+//! Scripts read the time with `TIME` on the server, so instances whose clocks drift still
+//! agree on every expiry and lease. (Scripts are replicated by their effects — the
+//! default since Redis 5, the only mode since 7 — which is what makes `TIME` allowed in a
+//! script that writes.)
+//!
+//! # Expiry and `purge_expired`
+//!
+//! Each record carries a Redis expiry (`PEXPIREAT`) at the moment it stops being live: its
+//! `expires_at`, or the end of a live lease if that is later (a renewed lease moves
+//! `expires_at` to at least the lease end, exactly like the SQL stores). Redis deletes
+//! expired records on its own, so **no sweeper is needed**. [`Store::purge_expired`] still
+//! works: it walks the prefix with `SCAN` and deletes records that are expired by the
+//! scripts' clock but not yet by Redis's, and returns how many *it* deleted — records
+//! Redis expired by itself are not counted, so on a healthy server it returns 0. Each call
+//! walks the whole keyspace of the database (`SCAN` filters by pattern on the server), so
+//! do not run `Idempotency::spawn_sweeper` against a large Redis.
+//!
+//! # Durability: what a crash or a failover loses
+//!
+//! Redis acknowledges a write once it is in memory. What survives depends on the server's
+//! persistence settings:
+//!
+//! | setting | a crash of the Redis process | a crash of the machine (power, kernel) |
+//! |---|---|---|
+//! | AOF, `appendfsync always` | nothing acknowledged is lost | nothing acknowledged is lost (one fsync per write) |
+//! | AOF, `appendfsync everysec` (the AOF default) | nothing (written before the reply) | the last 1–2 seconds of writes |
+//! | RDB snapshots only (Redis's default `save` rules) | everything since the last snapshot (minutes; up to an hour on a quiet server) | the same |
+//! | no persistence | every record | every record |
+//!
+//! What a lost write means for the API:
+//!
+//! - **A lost completed record** (the response was sent, the record is gone or back to
+//!   `in_progress`): the client's retry is a new request, or a takeover once the lease
+//!   ran out, and **the handler runs again**. Send derived downstream keys
+//!   (`IdempotencyKey::derive`) to payment providers so that their own idempotency
+//!   catches the second charge.
+//! - **A lost claim**: a duplicate arriving after the loss claims the key too, and both
+//!   run.
+//!
+//! **Failover.** Replication is asynchronous: the primary answers before any replica has
+//! the write. When a replica is promoted (Sentinel, Cluster, a managed service), the
+//! writes it had not received are gone — an acknowledged claim or completion may vanish,
+//! with the consequences above (duplicates can run). `WAIT` narrows that window but does
+//! not close it, and the store does not issue it. While the primary is unreachable every
+//! operation fails with [`StoreError::Redis`] and requests get `503`, never an
+//! unprotected run. The connection manager reconnects to the address it was given, so
+//! give it one that follows the primary (a Sentinel-managed or proxy address). The new
+//! primary's clock takes over: a skew between the two shifts leases and TTLs by that
+//! much. Scripts are loaded again automatically on the new primary.
+//!
+//! **Eviction.** Every record has an expiry, so `volatile-*` eviction policies evict
+//! records as readily as `allkeys-*` ones do, and an evicted record is a lost record. Run
+//! the store on a Redis with `maxmemory-policy noeviction` (a full Redis then refuses
+//! claims: `503`). [`RedisStore::connect`] logs a warning when the server says otherwise.
+//!
+//! Need "never twice" even across crashes? Use `PostgresStore` with synchronous commit
+//! (and synchronous replication for failover), or its transactional unit of work.
+//!
+//! # Versions and topologies
+//!
+//! Requires Redis 5.0 or newer (scripts replicated by effects), or any Valkey; tested on
+//! Redis 7.0. The store talks to one server through a [`ConnectionManager`] (standalone,
+//! or the primary behind a Sentinel-aware address). Keys are Cluster-ready (one slot per
+//! record), but the store does not take a Cluster client yet, and `purge_expired` scans
+//! the one server it is connected to.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, RedisResult, Value};
+
+use super::{
+    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, decode_headers,
+    encode_headers, retry_after_from_millis,
+};
+use crate::clock::millis;
+
+mod keys;
+mod scripts;
+
+use keys::{DEFAULT_PREFIX, KeyLayout};
+
+/// Each connection attempt gives up after this long.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A command without an answer after this long fails (the engine's own store timeout
+/// usually answers first). Generous enough for a 1 MiB response on a busy server.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection attempt that fails is retried this often, backing off exponentially
+/// from 100 ms: long enough to ride out a server restarting, short enough that a wrong
+/// URL fails `connect` within a second or so. (While the store runs, every operation that
+/// finds the connection broken starts a new round of attempts.)
+const CONNECT_RETRIES: usize = 3;
+
+/// TTLs and leases are clamped to 1000 years, far inside the range in which the scripts'
+/// Lua numbers (doubles) hold milliseconds exactly.
+const MAX_DURATION_MS: i64 = 1000 * 366 * 24 * 60 * 60 * 1000;
+
+/// The location `Debug` and errors name for a store on an app's own connection manager.
+const APP_CONNECTION: &str = "redis (an app's connection manager)";
+
+/// How many keys one `SCAN` step of `purge_expired` asks for.
+const SCAN_COUNT: u32 = 1000;
+
+/// A [`Store`] on Redis or Valkey, for many instances sharing one server (see the module
+/// docs for the guarantees and what a crash or failover loses).
+///
+/// Cheap to clone: clones share the connection.
+///
+/// ```no_run
+/// use idempotent_runtime::store::RedisStore;
+///
+/// # async fn demo() -> Result<(), idempotent_runtime::StoreError> {
+/// // Keys `idempotent:{…}`:
+/// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+/// // Or under a prefix of your own:
+/// let store = RedisStore::builder()
+///     .key_prefix("payments-idem")
+///     .connect("redis://:secret@redis.internal:6379/0")
+///     .await?;
+/// assert_eq!(store.key_prefix(), "payments-idem");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    keys: KeyLayout,
+    /// Where the store connects (password redacted), for `Debug`.
+    location: Arc<str>,
+    /// Milliseconds added to the server's clock; only tests move it.
+    clock_offset: Arc<AtomicI64>,
+}
+
+/// Configures a [`RedisStore`]: [`RedisStore::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    prefix: String,
+}
+
+impl RedisStoreBuilder {
+    /// Keys start with `prefix` followed by `:` (default `idempotent`). Apps or
+    /// environments that share a Redis use different prefixes. A prefix with `{` or `}` is
+    /// refused when the store is built: the record's hash tag must be the first braces in
+    /// its key.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db]`,
+    /// `rediss://` needs a TLS feature of the `redis` crate).
+    ///
+    /// Fails with [`StoreError::Open`] — naming the URL with its password redacted — when
+    /// the URL is invalid, the prefix is refused or the server cannot be reached.
+    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        let location = redact_url(url);
+        let secrets = url_secrets(url);
+        let open_error = |reason: String| StoreError::Open {
+            location: location.clone(),
+            reason: scrub(reason, &secrets),
+        };
+        let keys = KeyLayout::new(&self.prefix).map_err(open_error)?;
+        let client = redis::Client::open(url).map_err(|e| open_error(e.to_string()))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_number_of_retries(CONNECT_RETRIES);
+        let mut conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| open_error(e.to_string()))?;
+        warn_unless_noeviction(&mut conn, &location).await;
+        Ok(RedisStore::with_parts(conn, keys, location))
+    }
+
+    /// A store on a connection manager the app already has.
+    ///
+    /// Fails with [`StoreError::Open`] when the prefix is refused.
+    pub fn from_connection_manager(
+        self,
+        conn: ConnectionManager,
+    ) -> Result<RedisStore, StoreError> {
+        let location = APP_CONNECTION.to_owned();
+        let keys = KeyLayout::new(&self.prefix).map_err(|reason| StoreError::Open {
+            location: location.clone(),
+            reason,
+        })?;
+        Ok(RedisStore::with_parts(conn, keys, location))
+    }
+}
+
+impl RedisStore {
+    /// Connects to the Redis at `url` with the default key prefix `idempotent`; see
+    /// [`RedisStoreBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::builder().connect(url).await
+    }
+
+    /// A store on a connection manager the app already has, with the default key prefix.
+    pub fn from_connection_manager(conn: ConnectionManager) -> Self {
+        let keys = KeyLayout::new(DEFAULT_PREFIX).expect("the default prefix is valid");
+        Self::with_parts(conn, keys, APP_CONNECTION.to_owned())
+    }
+
+    /// Configures a store: key prefix, then [`connect`](RedisStoreBuilder::connect) or
+    /// [`from_connection_manager`](RedisStoreBuilder::from_connection_manager).
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            prefix: DEFAULT_PREFIX.to_owned(),
+        }
+    }
+
+    fn with_parts(conn: ConnectionManager, keys: KeyLayout, location: String) -> Self {
+        Self {
+            conn,
+            keys,
+            location: location.into(),
+            clock_offset: Arc::default(),
+        }
+    }
+
+    /// The prefix every key of this store starts with.
+    pub fn key_prefix(&self) -> &str {
+        self.keys.prefix()
+    }
+
+    /// The Redis key holding the record of `(scope, key)`:
+    /// `<prefix>:{<scope length>:<scope>:<key>}`, with `%`, `{` and `}` in scope and key
+    /// percent-encoded (so the hash tag always covers exactly scope and key) and the
+    /// length that of the encoded scope. For operators inspecting a record
+    /// (`HGETALL`, `PTTL`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), idempotent_runtime::StoreError> {
+    /// let store = idempotent_runtime::store::RedisStore::connect("redis://127.0.0.1/").await?;
+    /// assert_eq!(store.record_key("acct_alice", "k1"), "idempotent:{10:acct_alice:k1}");
+    /// # Ok(()) }
+    /// ```
+    pub fn record_key(&self, scope: &str, key: &str) -> String {
+        self.keys.record(scope, key)
+    }
+
+    /// The connection the store uses (a clone shares it).
+    pub fn connection_manager(&self) -> &ConnectionManager {
+        &self.conn
+    }
+
+    /// Test support: moves the store's notion of "now" forward by `by` (an offset added to
+    /// the server's clock in every script). Redis's own key expiry keeps real time, so a
+    /// record expired this way stays in Redis until `purge_expired` or its real expiry.
+    #[doc(hidden)]
+    pub fn shift_clock_for_tests(&self, by: Duration) {
+        self.clock_offset.fetch_add(millis(by), Ordering::SeqCst);
+    }
+
+    fn offset(&self) -> i64 {
+        self.clock_offset.load(Ordering::SeqCst)
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("location", &self.location)
+            .field("key_prefix", &self.keys.prefix())
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let reply: Value = scripts::CLAIM
+            .key(self.keys.record(claim.scope, claim.key))
+            .arg(self.offset())
+            .arg(&claim.fingerprint.digest[..])
+            .arg(claim.fingerprint.version)
+            .arg(claim.token.0)
+            .arg(clamped_millis(claim.ttl))
+            .arg(clamped_millis(claim.lease))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(store_error)?;
+        claim_outcome(reply, claim.token)
+    }
+
+    async fn renew(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let renewed: i64 = scripts::RENEW
+            .key(self.keys.record(scope, key))
+            .arg(self.offset())
+            .arg(token.0)
+            .arg(clamped_millis(lease))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(store_error)?;
+        Ok(renewed == 1)
+    }
+
+    async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        let (has_body, body): (&str, &[u8]) = match &response.body {
+            Some(body) => ("1", body),
+            None => ("0", b""),
+        };
+        let completed: i64 = scripts::COMPLETE
+            .key(self.keys.record(scope, key))
+            .arg(self.offset())
+            .arg(token.0)
+            .arg(response.status)
+            .arg(encode_headers(&response.headers))
+            .arg(has_body)
+            .arg(body)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(store_error)?;
+        Ok(completed == 1)
+    }
+
+    async fn release(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        let released: i64 = scripts::RELEASE
+            .key(self.keys.record(scope, key))
+            .arg(self.offset())
+            .arg(token.0)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(store_error)?;
+        Ok(released == 1)
+    }
+
+    /// Walks the prefix with `SCAN` and deletes up to `limit` records that are expired by
+    /// the scripts' clock; returns how many it deleted. Records Redis already expired by
+    /// itself are not counted (module docs).
+    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        let limit = u64::from(limit);
+        let mut conn = self.conn.clone();
+        let pattern = self.keys.scan_pattern();
+        let mut deleted = 0;
+        let mut cursor = 0_u64;
+        while deleted < limit {
+            let (next, candidates): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            let mut rest = &candidates[..];
+            while !rest.is_empty() && deleted < limit {
+                // Never more candidates than deletions still allowed: each may be expired.
+                let room = usize::try_from(limit - deleted).unwrap_or(usize::MAX);
+                let (chunk, tail) = rest.split_at(rest.len().min(room));
+                rest = tail;
+                deleted += self.purge_candidates(&mut conn, chunk).await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(deleted)
+    }
+}
+
+impl RedisStore {
+    /// Runs the purge script on each candidate, in one pipeline (one script per key, so
+    /// each stays within its own Cluster slot); returns how many it deleted.
+    async fn purge_candidates(
+        &self,
+        conn: &mut ConnectionManager,
+        candidates: &[Vec<u8>],
+    ) -> Result<u64, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.load_script(&scripts::PURGE).ignore();
+        for key in candidates {
+            pipe.invoke_script(scripts::PURGE.key(key).arg(self.offset()));
+        }
+        let results: Vec<RedisResult<i64>> = pipe
+            .ignore_errors()
+            .query_async(conn)
+            .await
+            .map_err(store_error)?;
+        let mut deleted = 0;
+        for (key, result) in candidates.iter().zip(results) {
+            match result {
+                Ok(n) => deleted += u64::from(n == 1),
+                // One unreadable record must not stop the sweep of all the others.
+                Err(err) => tracing::warn!(
+                    key = %String::from_utf8_lossy(key),
+                    error = %err,
+                    "cannot purge idempotency record"
+                ),
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+/// Decodes the claim script's reply (see `scripts/claim.lua`).
+fn claim_outcome(reply: Value, token: FencingToken) -> Result<ClaimOutcome, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("unexpected claim reply: {what}"));
+    let Value::Array(items) = reply else {
+        return Err(corrupt("not an array"));
+    };
+    let mut items = items.into_iter();
+    let tag = items
+        .next()
+        .and_then(bulk)
+        .ok_or_else(|| corrupt("no outcome"))?;
+    match tag.as_slice() {
+        b"claimed" => Ok(ClaimOutcome::Claimed { token }),
+        b"mismatch" => Ok(ClaimOutcome::Mismatch),
+        b"in_progress" => match items.next() {
+            Some(Value::Int(left)) => Ok(ClaimOutcome::InProgress {
+                retry_after: retry_after_from_millis(left),
+            }),
+            _ => Err(corrupt("in progress without the lease time left")),
+        },
+        b"replay" => {
+            let status = items
+                .next()
+                .and_then(bulk)
+                .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
+                .ok_or_else(|| {
+                    StoreError::Corrupt("completed record without a valid status".into())
+                })?;
+            let headers = items
+                .next()
+                .and_then(bulk)
+                .ok_or_else(|| StoreError::Corrupt("completed record without headers".into()))?;
+            let body = match items.next() {
+                Some(Value::Nil) | None => None,
+                Some(other) => Some(Bytes::from(
+                    bulk(other).ok_or_else(|| corrupt("a body that is not a string"))?,
+                )),
+            };
+            Ok(ClaimOutcome::Replay(StoredResponse {
+                status,
+                headers: decode_headers(&headers)?,
+                body,
+            }))
+        }
+        other => Err(corrupt(&String::from_utf8_lossy(other))),
+    }
+}
+
+/// The bytes of a string reply.
+fn bulk(value: Value) -> Option<Vec<u8>> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        _ => None,
+    }
+}
+
+/// A script's `CORRUPT` error is a corrupt record; everything else is Redis failing.
+fn store_error(err: RedisError) -> StoreError {
+    if err.code() == Some("CORRUPT") {
+        return StoreError::Corrupt(err.detail().unwrap_or("unreadable record").to_owned());
+    }
+    StoreError::Redis(err)
+}
+
+fn clamped_millis(d: Duration) -> i64 {
+    millis(d).min(MAX_DURATION_MS)
+}
+
+/// Warns when the server may evict records under memory pressure (module docs). Servers
+/// that refuse `CONFIG` (managed services often do) are not blamed.
+async fn warn_unless_noeviction(conn: &mut ConnectionManager, location: &str) {
+    let reply: RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(conn)
+        .await;
+    if let Some(policy) = reply.ok().as_deref().and_then(evicting_policy) {
+        tracing::warn!(
+            location,
+            maxmemory_policy = %policy,
+            "the Redis behind the idempotency store may evict records under memory pressure \
+             (a lost record lets a retry run the handler again); use maxmemory-policy noeviction"
+        );
+    }
+}
+
+/// The policy named in a `CONFIG GET maxmemory-policy` reply, unless it is `noeviction`.
+fn evicting_policy(reply: &[String]) -> Option<&str> {
+    match reply {
+        [_, policy] if policy != "noeviction" => Some(policy),
+        _ => None,
+    }
+}
+
+/// `url` with its password replaced by `***`, in the user-info part and in `password=` /
+/// `pass=` query parameters. An unparseable URL is not echoed at all: it may hold a
+/// password where no parser can find it.
+fn redact_url(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "<invalid URL>".to_owned();
+    };
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some("***"));
+    }
+    if parsed.query_pairs().any(|(name, _)| is_secret_param(&name)) {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if is_secret_param(&name) {
+                    "***".to_owned()
+                } else {
+                    value.into_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.into()
+}
+
+fn is_secret_param(name: &str) -> bool {
+    name.eq_ignore_ascii_case("password") || name.eq_ignore_ascii_case("pass")
+}
+
+/// The password forms in `url` (raw and percent-decoded), to scrub from error messages.
+fn url_secrets(url: &str) -> Vec<String> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Vec::new();
+    };
+    let mut secrets = Vec::new();
+    if let Some(password) = parsed.password() {
+        secrets.push(password.to_owned());
+        if let Ok(decoded) = percent_encoding::percent_decode_str(password).decode_utf8() {
+            secrets.push(decoded.into_owned());
+        }
+    }
+    for (name, value) in parsed.query_pairs() {
+        if is_secret_param(&name) {
+            secrets.push(value.into_owned());
+        }
+    }
+    secrets.retain(|s| !s.is_empty());
+    secrets
+}
+
+/// `message` with every secret replaced by `***`.
+fn scrub(mut message: String, secrets: &[String]) -> String {
+    for secret in secrets {
+        message = message.replace(secret.as_str(), "***");
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_in_user_info_and_query() {
+        assert_eq!(
+            redact_url("redis://user:s3cr%40t@cache.example:6379/2"),
+            "redis://user:***@cache.example:6379/2"
+        );
+        assert_eq!(
+            redact_url("redis://:hunter2@127.0.0.1:6379"),
+            "redis://:***@127.0.0.1:6379"
+        );
+        assert_eq!(
+            redact_url("redis+unix:///run/redis.sock?db=1&pass=hunter2"),
+            "redis+unix:///run/redis.sock?db=1&pass=***"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379/"),
+            "redis://127.0.0.1:6379/"
+        );
+        assert_eq!(redact_url("redis://u:pw@host:notaport"), "<invalid URL>");
+    }
+
+    #[test]
+    fn scrubs_raw_and_decoded_passwords() {
+        let secrets = url_secrets("redis://u:s3cr%40t@h/?password=other");
+        assert_eq!(secrets, ["s3cr%40t", "s3cr@t", "other"]);
+        assert_eq!(
+            scrub("auth s3cr@t / s3cr%40t / other failed".into(), &secrets),
+            "auth *** / *** / *** failed"
+        );
+    }
+
+    #[test]
+    fn warns_about_every_policy_but_noeviction() {
+        let reply = |policy: &str| vec!["maxmemory-policy".to_owned(), policy.to_owned()];
+        assert_eq!(evicting_policy(&reply("noeviction")), None);
+        assert_eq!(evicting_policy(&reply("allkeys-lru")), Some("allkeys-lru"));
+        assert_eq!(
+            evicting_policy(&reply("volatile-ttl")),
+            Some("volatile-ttl")
+        );
+        assert_eq!(evicting_policy(&[]), None, "CONFIG renamed or refused");
+    }
+
+    #[test]
+    fn decodes_every_claim_reply() {
+        let token = FencingToken(7);
+        let s = |b: &[u8]| Value::BulkString(b.to_vec());
+        assert_eq!(
+            claim_outcome(Value::Array(vec![s(b"claimed")]), token).unwrap(),
+            ClaimOutcome::Claimed { token }
+        );
+        assert_eq!(
+            claim_outcome(Value::Array(vec![s(b"mismatch")]), token).unwrap(),
+            ClaimOutcome::Mismatch
+        );
+        assert_eq!(
+            claim_outcome(
+                Value::Array(vec![s(b"in_progress"), Value::Int(1001)]),
+                token
+            )
+            .unwrap(),
+            ClaimOutcome::InProgress {
+                retry_after: Duration::from_secs(2)
+            }
+        );
+        let headers = encode_headers(&[("a".to_owned(), b"b".to_vec())]);
+        assert_eq!(
+            claim_outcome(
+                Value::Array(vec![s(b"replay"), s(b"201"), s(&headers), Value::Nil]),
+                token
+            )
+            .unwrap(),
+            ClaimOutcome::Replay(StoredResponse {
+                status: 201,
+                headers: vec![("a".to_owned(), b"b".to_vec())],
+                body: None,
+            })
+        );
+        for bad in [
+            Value::Nil,
+            Value::Array(vec![]),
+            Value::Array(vec![s(b"other")]),
+            Value::Array(vec![s(b"in_progress")]),
+            Value::Array(vec![s(b"replay"), s(b"x"), s(&headers)]),
+            Value::Array(vec![s(b"replay"), s(b"200")]),
+        ] {
+            assert!(
+                matches!(
+                    claim_outcome(bad.clone(), token),
+                    Err(StoreError::Corrupt(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+}

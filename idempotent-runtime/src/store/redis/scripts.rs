@@ -1,0 +1,31 @@
+//! The store's server-side scripts, each the shared prelude plus its own body.
+//!
+//! [`Script`] runs them with `EVALSHA` and falls back to loading the script when the
+//! server does not know it (first use, after a restart or a failover, after
+//! `SCRIPT FLUSH`), so the steady state sends the 40-byte hash, not the source.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+macro_rules! script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("scripts/prelude.lua"),
+                include_str!(concat!("scripts/", $file))
+            ))
+        })
+    };
+}
+
+/// Insert, take over, or report replay / in progress / mismatch.
+pub(super) static CLAIM: LazyLock<Script> = script!("claim.lua");
+/// Extend the owner's lease (and expiry to at least the lease end).
+pub(super) static RENEW: LazyLock<Script> = script!("renew.lua");
+/// Record the owner's response.
+pub(super) static COMPLETE: LazyLock<Script> = script!("complete.lua");
+/// Delete the owner's in-progress record.
+pub(super) static RELEASE: LazyLock<Script> = script!("release.lua");
+/// Delete one record if it is expired.
+pub(super) static PURGE: LazyLock<Script> = script!("purge.lua");

@@ -1,0 +1,34 @@
+-- try_claim. KEYS[1] the record. ARGV: [1] clock offset ms, [2] fingerprint digest,
+-- [3] fingerprint version, [4] token, [5] ttl ms, [6] lease ms.
+--
+-- Returns {'claimed'} | {'replay', status, headers, body or nil}
+--       | {'in_progress', lease ms left} | {'mismatch'}.
+local key = KEYS[1]
+local now = now_ms()
+local record, err = load(key)
+if err then
+  return redis.error_reply(err)
+end
+if record and is_live(record, now) then
+  if record.fp ~= ARGV[2] or record.fpv ~= ARGV[3] then
+    return { 'mismatch' }
+  end
+  if record.state == 'completed' then
+    local r = redis.call('HMGET', key, 'status', 'headers', 'body')
+    return { 'replay', r[1], r[2], r[3] }
+  end
+  if record.lease_expires_at > now then
+    return { 'in_progress', record.lease_expires_at - now }
+  end
+  -- In progress, lease ran out, same fingerprint: the owner crashed; take it over.
+end
+-- New key, expired record, or takeover: write a fresh record over whatever was there.
+local expires_at = now + tonumber(ARGV[5])
+local lease_expires_at = now + tonumber(ARGV[6])
+redis.call('DEL', key)
+redis.call('HSET', key,
+  'state', 'in_progress', 'fp', ARGV[2], 'fpv', ARGV[3], 'token', ARGV[4],
+  'lease_expires_at', ms(lease_expires_at), 'expires_at', ms(expires_at))
+-- Redis removes the record when neither its TTL nor its lease holds it any more.
+redis.call('PEXPIREAT', key, ms(math.max(expires_at, lease_expires_at)))
+return { 'claimed' }
