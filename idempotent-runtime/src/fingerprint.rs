@@ -42,8 +42,11 @@
 //! model, so that only formatting is forgiven and every value stays as written:
 //!
 //! - whitespace between tokens is dropped;
-//! - object members are stably sorted by their key's raw text between the quotes,
-//!   bytewise, escapes as written; duplicate keys are all kept, in their original order;
+//! - object members are stably sorted by their key *as decoded* (escapes replaced by the
+//!   characters they stand for), bytewise in UTF-8; members whose keys decode alike —
+//!   duplicates, or `"a"` and `"\u0061"` — are all kept, in their original order, since
+//!   that order decides which one a parser keeps. Keys are then written as they were
+//!   sent, escapes included;
 //! - arrays keep their order;
 //! - numbers are kept as written: `1.0`, `1` and `1e0` are three different values;
 //! - strings are kept as written, escapes included: `"\u0041"` and `"A"` differ, and so do
@@ -376,6 +379,73 @@ impl Parser<'_> {
 }
 
 /// Writes the canonical form of the tree; iterative, like the parser.
+/// An object key's text between the quotes (valid JSON string content), with its
+/// escapes decoded into the UTF-8 bytes of the characters they stand for. A lone
+/// surrogate (`"\ud800"`) is not a character; it decodes to the three bytes UTF-8 would
+/// give its code point, which no valid character's encoding shares.
+fn decoded_key(raw: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if !raw.contains(&b'\\') {
+        return std::borrow::Cow::Borrowed(raw);
+    }
+    let hex4 = |at: usize| -> u32 {
+        raw.get(at..at + 4)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u32::from_str_radix(h, 16).ok())
+            .unwrap_or(0)
+    };
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] != b'\\' {
+            out.push(raw[i]);
+            i += 1;
+            continue;
+        }
+        let (code, used) = match raw[i + 1] {
+            b'b' => (0x08, 2),
+            b'f' => (0x0C, 2),
+            b'n' => (0x0A, 2),
+            b'r' => (0x0D, 2),
+            b't' => (0x09, 2),
+            b'u' => {
+                let high = hex4(i + 2);
+                let low_follows = raw.get(i + 6..i + 8) == Some(b"\\u".as_slice());
+                let low = if low_follows { hex4(i + 8) } else { 0 };
+                if (0xD800..0xDC00).contains(&high) && (0xDC00..0xE000).contains(&low) {
+                    (0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00), 12)
+                } else {
+                    (high, 6)
+                }
+            }
+            other => (u32::from(other), 2), // `\"`, `\\`, `\/`
+        };
+        push_code_point(&mut out, code);
+        i += used;
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Appends the UTF-8 form of `code` (a lone surrogate included, see [`decoded_key`]).
+fn push_code_point(out: &mut Vec<u8>, code: u32) {
+    // Truncating casts are intended: each keeps the bits of one UTF-8 byte.
+    #[allow(clippy::cast_possible_truncation)]
+    match code {
+        0..=0x7F => out.push(code as u8),
+        0x80..=0x7FF => out.extend([0xC0 | (code >> 6) as u8, 0x80 | (code & 0x3F) as u8]),
+        0x800..=0xFFFF => out.extend([
+            0xE0 | (code >> 12) as u8,
+            0x80 | ((code >> 6) & 0x3F) as u8,
+            0x80 | (code & 0x3F) as u8,
+        ]),
+        _ => out.extend([
+            0xF0 | (code >> 18) as u8,
+            0x80 | ((code >> 12) & 0x3F) as u8,
+            0x80 | ((code >> 6) & 0x3F) as u8,
+            0x80 | (code & 0x3F) as u8,
+        ]),
+    }
+}
+
 fn emit(src: &[u8], mut arena: Vec<Node>, root: usize) -> Vec<u8> {
     enum Step {
         Value(usize),
@@ -405,8 +475,10 @@ fn emit(src: &[u8], mut arena: Vec<Node>, root: usize) -> Vec<u8> {
                     }
                 }
                 Node::Object(members) => {
-                    // Stable: duplicate keys keep their document order.
-                    members.sort_by(|a, b| src[a.0..a.1].cmp(&src[b.0..b.1]));
+                    // By the decoded key, stably: members whose keys decode alike (`"a"`
+                    // and `"\u0061"`, or true duplicates) keep their document order, which
+                    // decides what a parser that keeps the last one sees.
+                    members.sort_by_cached_key(|member| decoded_key(&src[member.0..member.1]));
                     out.push(b'{');
                     todo.push(Step::Raw(b"}"));
                     for (i, &(start, end, value)) in members.iter().enumerate().rev() {
@@ -576,10 +648,25 @@ mod tests {
             canon(r#"{"b":0,"a":2,"b":1,"a":1}"#).unwrap(),
             r#"{"a":2,"a":1,"b":0,"b":1}"#
         );
-        // Sorted by the raw text between the quotes: a prefix first; escapes as written.
+        // Sorted by the decoded key (`\u0041` is `A`), a prefix first; written as sent.
         assert_eq!(
             canon(r#"{"a!":1,"a":2,"\u0041":3,"B":4}"#).unwrap(),
-            r#"{"B":4,"\u0041":3,"a":2,"a!":1}"#
+            r#"{"\u0041":3,"B":4,"a":2,"a!":1}"#
+        );
+        // Keys that decode alike keep their order: the two documents decode differently
+        // (the last `a` wins), so their fingerprints must differ.
+        assert_ne!(
+            canon(r#"{"a":1,"\u0061":2}"#).unwrap(),
+            canon(r#"{"\u0061":2,"a":1}"#).unwrap()
+        );
+        assert_ne!(
+            json(r#"{"a":1,"\u0061":2}"#).digest,
+            json(r#"{"\u0061":2,"a":1}"#).digest
+        );
+        // Surrogate pairs decode to their character: U+1F600 sorts after U+FFFF.
+        assert_eq!(
+            canon(r#"{"\ud83d\ude00":1,"\uffff":2,"\n":3}"#).unwrap(),
+            r#"{"\n":3,"\uffff":2,"\ud83d\ude00":1}"#
         );
         assert_eq!(canon("true").unwrap(), "true");
         // Valid JSON beyond f64 (serde_json refuses it); kept as written.
