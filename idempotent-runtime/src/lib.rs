@@ -25,6 +25,7 @@ pub mod extract;
 pub mod fingerprint;
 pub mod key;
 pub mod problem;
+pub mod rejection;
 pub mod store;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod transaction;
