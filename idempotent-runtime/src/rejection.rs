@@ -24,7 +24,6 @@
 //! (`AsProblem(Json(request)): AsProblem<Json<ChargeRequest>>`): the rejection is answered
 //! before the key is claimed, so nothing is stored, exactly as without the wrapper.
 
-use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
@@ -138,6 +137,7 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use axum::body::Body;
     use axum::extract::{FromRef, Path, State};
     use axum::routing::{get, post};
     use axum::{Json, Router};

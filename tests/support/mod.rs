@@ -1,6 +1,11 @@
-//! Helpers shared by the end-to-end tests: the payments demo on a real SQLite file,
+//! Helpers shared by the end-to-end tests: the payments example on a real SQLite file,
 //! request builders, and response readers.
 #![allow(dead_code)] // each test file uses a different subset
+
+/// The payments example itself, so the tests drive the handlers a reader sees.
+#[allow(dead_code, unreachable_pub)] // its `main` and `run` are for the binaries
+#[path = "../../examples/payments.rs"]
+pub mod payments;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,10 +16,11 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use idempotent_demo::database::{self, Database};
 use idempotent_demo::gateway::Gateway;
-use idempotent_demo::payments::{AppState, router};
 use idempotent_runtime::store::SqliteStore;
 use idempotent_runtime::{Idempotency, ManualClock, Store};
 use tower::ServiceExt;
+
+use payments::{AppState, router};
 
 /// The payments demo on an SQLite file in `dir`.
 pub async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, Gateway) {
