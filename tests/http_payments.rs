@@ -1,4 +1,5 @@
-//! The contract (DESIGN §2) end to end, through the payments demo on a real SQLite file.
+//! The contract (README, "The contract") end to end, through the payments example on a
+//! real SQLite file.
 
 mod support;
 
