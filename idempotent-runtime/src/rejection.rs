@@ -81,8 +81,9 @@ where
     }
 }
 
-/// `rejection` as problem+json (see [`AsProblem`]).
-async fn problem_from(rejection: Response) -> Response {
+/// `rejection` as problem+json (see [`AsProblem`]); for other glue that answers an
+/// extractor's rejection, e.g. `Hashed`'s own body read.
+pub(crate) async fn problem_from(rejection: Response) -> Response {
     let is_problem = rejection
         .headers()
         .get(header::CONTENT_TYPE)
