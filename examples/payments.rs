@@ -1,7 +1,277 @@
-//! The payments demo API: `cargo run --example payments` (see `--help` for the flags).
+//! The payments demo: `cargo run --example payments` (see `-- --help` for the flags).
 //!
-//! Routes and behaviour: `idempotent_demo::payments`.
+//! - `POST /payments` `{"amount": 10000, "currency": "BRL"}` — requires `Idempotency-Key`;
+//!   charges the (fake) payment gateway once per key and answers `201` with `Location`;
+//! - `GET /payments` — the caller's charges as the gateway recorded them;
+//! - `GET /payments/{id}` — one of them.
+//!
+//! What a user of `idempotent` writes is all here: the `#[idempotent]` handler, the
+//! router state with the engine in it (`FromRef`), the engine wiring and the router. The
+//! plumbing (bearer auth, flags, the fake gateway, the serve loop) is in the
+//! `idempotent_demo` support library.
 
-fn main() -> std::process::ExitCode {
-    idempotent_demo::serve::main(idempotent_demo::serve::Demo::Payments)
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::extract::{FromRef, Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::{HeaderValue, StatusCode, header};
+use idempotent_demo::auth::Caller;
+use idempotent_demo::cli::DemoArgs;
+use idempotent_demo::database;
+use idempotent_demo::gateway::{Charge, Gateway, GatewayError};
+use idempotent_demo::serve::{self, Banner, BoxError};
+use idempotent_runtime::rejection::AsProblem;
+use idempotent_runtime::{Idempotency, IdempotencyKey, Problem, idempotent};
+use serde::{Deserialize, Serialize};
+
+/// The router state: the idempotency engine and the payment gateway.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The idempotency engine (`#[idempotent]` handlers find it through `FromRef`).
+    pub idempotency: Idempotency,
+    /// The payment provider.
+    pub gateway: Gateway,
+}
+
+impl FromRef<AppState> for Idempotency {
+    fn from_ref(state: &AppState) -> Self {
+        state.idempotency.clone()
+    }
+}
+
+impl FromRef<AppState> for Gateway {
+    fn from_ref(state: &AppState) -> Self {
+        state.gateway.clone()
+    }
+}
+
+/// The payments API.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/payments", post(create_payment).get(list_payments))
+        .route("/payments/{id}", get(get_payment))
+        .with_state(state)
+}
+
+/// `POST /payments`: charges the gateway once per idempotency key and caller.
+///
+/// `scope = caller`: keys are unique per authenticated account. `key` is the claimed key;
+/// `key.derive("charge")` is the gateway's own idempotency key, the same on every retry of
+/// this request, so a retry after a crash is deduplicated by the provider too.
+/// `AsProblem` answers malformed JSON as problem+json, before the key is claimed.
+#[idempotent(scope = caller)]
+async fn create_payment(
+    caller: Caller,
+    key: IdempotencyKey,
+    State(gateway): State<Gateway>,
+    AsProblem(Json(request)): AsProblem<Json<ChargeRequest>>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (amount, currency) = request.validate()?;
+    let charge = gateway
+        .charge(caller.account(), amount, &currency, &key.derive("charge"))
+        .await?;
+    let payment = Payment::from(charge);
+    let location = HeaderValue::try_from(format!("/payments/{}", payment.id))
+        .map_err(|err| ApiError::Internal(err.to_string()))?;
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(payment),
+    ))
+}
+
+/// `GET /payments`: the caller's charges. Reads need no idempotency key.
+async fn list_payments(
+    caller: Caller,
+    State(gateway): State<Gateway>,
+) -> Result<Json<Vec<Payment>>, ApiError> {
+    let charges = gateway.list(caller.account()).await?;
+    Ok(Json(charges.into_iter().map(Payment::from).collect()))
+}
+
+/// `GET /payments/{id}`: one of the caller's charges.
+async fn get_payment(
+    caller: Caller,
+    State(gateway): State<Gateway>,
+    Path(id): Path<String>,
+) -> Result<Json<Payment>, ApiError> {
+    let charge = gateway
+        .get(caller.account(), &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(Json(charge.into()))
+}
+
+/// The body of `POST /payments`. The fields are validated in the handler, so a `400` for
+/// a bad amount is stored and replayed like any other answer; malformed JSON is refused
+/// by the extractor before the key is claimed.
+#[derive(Debug, Clone, Deserialize)]
+struct ChargeRequest {
+    /// Minor units; a positive integer.
+    #[serde(default)]
+    amount: serde_json::Value,
+    /// Three upper-case letters.
+    #[serde(default)]
+    currency: serde_json::Value,
+}
+
+impl ChargeRequest {
+    fn validate(&self) -> Result<(i64, String), ApiError> {
+        let amount = self
+            .amount
+            .as_i64()
+            .filter(|amount| *amount > 0)
+            .ok_or_else(|| {
+                ApiError::Invalid(
+                    "Amount must be a positive integer in minor units, e.g. 10000.".into(),
+                )
+            })?;
+        match self.currency.as_str() {
+            Some(currency)
+                if currency.len() == 3 && currency.bytes().all(|b| b.is_ascii_uppercase()) =>
+            {
+                Ok((amount, currency.to_owned()))
+            }
+            _ => Err(ApiError::Invalid(
+                "Currency must be three upper-case letters, e.g. \"BRL\".".into(),
+            )),
+        }
+    }
+}
+
+/// A payment as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+struct Payment {
+    /// `pay_…`
+    id: String,
+    /// Minor units.
+    amount: i64,
+    /// ISO 4217 code.
+    currency: String,
+    /// `succeeded` or `declined`.
+    status: String,
+}
+
+impl From<Charge> for Payment {
+    fn from(charge: Charge) -> Self {
+        Self {
+            id: charge.id,
+            amount: charge.amount,
+            currency: charge.currency,
+            status: charge.status,
+        }
+    }
+}
+
+/// The API's errors, answered as problem+json like the library's own.
+#[derive(Debug)]
+enum ApiError {
+    /// A request that does not validate (`400`).
+    Invalid(String),
+    /// The card was declined (`402`); the payment is recorded as declined.
+    Declined(Payment),
+    /// The gateway is down (`503`); nothing happened, retry with the same key.
+    GatewayUnavailable,
+    /// No such payment for this caller (`404`).
+    NotFound,
+    /// The demo's database failed (`500`).
+    Internal(String),
+}
+
+impl From<GatewayError> for ApiError {
+    fn from(err: GatewayError) -> Self {
+        match err {
+            GatewayError::Declined(charge) => ApiError::Declined(charge.into()),
+            GatewayError::Unavailable => ApiError::GatewayUnavailable,
+            GatewayError::Ledger(err) => err.into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(err: sqlx::Error) -> Self {
+        ApiError::Internal(err.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = match self {
+            ApiError::Invalid(detail) => Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "Invalid request",
+                detail,
+            ),
+            ApiError::Declined(payment) => Problem::new(
+                StatusCode::PAYMENT_REQUIRED,
+                "card_declined",
+                "Card declined",
+                format!(
+                    "The card was declined; payment {} is recorded as declined.",
+                    payment.id
+                ),
+            )
+            // A machine code, like the library's reasons; the payment id is in `detail`
+            // and in `GET /payments`.
+            .with_reason("generic_decline"),
+            ApiError::GatewayUnavailable => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "gateway_unavailable",
+                "Payment gateway unavailable",
+                "Nothing was charged. Retry with the same Idempotency-Key.",
+            )
+            .with_retry_after(1),
+            ApiError::NotFound => Problem::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "Not found",
+                "No such payment for this account.",
+            ),
+            ApiError::Internal(detail) => {
+                tracing::error!(%detail, "internal error");
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    "Internal error",
+                    "Something went wrong.",
+                )
+            }
+        };
+        problem.into_response()
+    }
+}
+
+#[tokio::main]
+pub async fn main() -> ExitCode {
+    let args = serve::start();
+    serve::exit_code(run(args).await)
+}
+
+/// Opens the database, wires the engine and serves until Ctrl-C.
+pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
+    // SQLite for `sqlite://…` (the default), Postgres for `postgres://…`; the gateway
+    // keeps its charges in the same database.
+    let (db, store) = database::open(&args.database_url).await?;
+    let idempotency = Idempotency::builder_shared(store)
+        .default_lease(args.lease)
+        .default_ttl(args.ttl)
+        .build();
+    // Purges expired keys every minute, in the background.
+    let _sweeper = idempotency.spawn_sweeper(Duration::from_secs(60));
+    let gateway = Gateway::new(db, args.gateway_latency()).await?;
+    let app = router(AppState {
+        idempotency: idempotency.clone(),
+        gateway,
+    });
+    let banner = Banner {
+        name: "payments",
+        post: "/payments",
+        body: r#"{"amount": 10000, "currency": "BRL"}"#,
+        get: "/payments",
+    };
+    serve::serve(app, &idempotency, &args, banner).await
 }

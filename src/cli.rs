@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 /// Flags of the demo APIs.
 #[derive(Debug, Clone, Parser)]
@@ -17,28 +18,114 @@ pub struct DemoArgs {
     #[arg(long, env = "DATABASE_URL", default_value = "sqlite://payments.db")]
     pub database_url: String,
 
+    /// Where `database_url` came from: a flag, `DATABASE_URL` or the default. Worth
+    /// logging, because sqlx users often have `DATABASE_URL` exported for another project.
+    #[arg(skip = DatabaseUrlFrom::Default)]
+    pub database_url_from: DatabaseUrlFrom,
+
     /// Latency of the fake payment gateway, in milliseconds.
     #[arg(long, env = "GATEWAY_LATENCY_MS", default_value_t = 50)]
     pub gateway_latency_ms: u64,
 
     /// The engine's default lease (e.g. `30s`): how long a claim stays owned without a
     /// heartbeat, so how soon a crashed instance's request can be retried.
-    #[arg(long, env = "IDEMPOTENCY_LEASE", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "IDEMPOTENCY_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
 
     /// The engine's default TTL (e.g. `24h`): how long a key is remembered. Shorten it to
     /// watch an expired key run as new.
-    #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = parse_duration)]
+    #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub ttl: Duration,
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|err| err.to_string())
+/// Where the database URL came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatabaseUrlFrom {
+    /// `--database-url`.
+    Flag,
+    /// The `DATABASE_URL` environment variable.
+    Environment,
+    /// Neither: the built-in default.
+    Default,
+}
+
+impl std::fmt::Display for DatabaseUrlFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DatabaseUrlFrom::Flag => "--database-url",
+            DatabaseUrlFrom::Environment => "DATABASE_URL",
+            DatabaseUrlFrom::Default => "default",
+        })
+    }
 }
 
 impl DemoArgs {
+    /// Parses the process's flags and environment; prints the error and exits on a bad
+    /// flag, `--help` or a lease that is not shorter than the TTL.
+    pub fn from_env() -> Self {
+        Self::try_from_iter(std::env::args_os()).unwrap_or_else(|err| err.exit())
+    }
+
+    /// Parses `args` (the first is the program name) and the environment.
+    pub fn try_from_iter<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut command = Self::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        let mut parsed = Self::from_arg_matches(&matches)?;
+        parsed.database_url_from = match matches.value_source("database_url") {
+            Some(ValueSource::CommandLine) => DatabaseUrlFrom::Flag,
+            Some(ValueSource::EnvVariable) => DatabaseUrlFrom::Environment,
+            _ => DatabaseUrlFrom::Default,
+        };
+        if parsed.lease >= parsed.ttl {
+            return Err(command.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "--lease ({}) must be shorter than --ttl ({})",
+                    humantime::format_duration(parsed.lease),
+                    humantime::format_duration(parsed.ttl)
+                ),
+            ));
+        }
+        Ok(parsed)
+    }
+
     /// The fake gateway's latency.
     pub fn gateway_latency(&self) -> Duration {
         Duration::from_millis(self.gateway_latency_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_humantime() {
+        let args =
+            DemoArgs::try_from_iter(["demo", "--ttl", "1h 30m", "--lease", "1500ms"]).unwrap();
+        assert_eq!(args.ttl, Duration::from_secs(5400));
+        assert_eq!(args.lease, Duration::from_millis(1500));
+        let bad = DemoArgs::try_from_iter(["demo", "--ttl", "soon"]).unwrap_err();
+        assert_eq!(bad.kind(), clap::error::ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn the_lease_must_be_shorter_than_the_ttl() {
+        let err = DemoArgs::try_from_iter(["demo", "--ttl", "20s", "--lease", "20s"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+        assert!(
+            err.to_string()
+                .contains("--lease (20s) must be shorter than --ttl (20s)")
+        );
+    }
+
+    #[test]
+    fn a_database_url_flag_is_named_as_its_source() {
+        let args = DemoArgs::try_from_iter(["demo", "--database-url", "sqlite://x.db"]).unwrap();
+        assert_eq!(args.database_url_from, DatabaseUrlFrom::Flag);
     }
 }

@@ -120,7 +120,7 @@ impl Gateway {
             .map(|done| done.rows_affected()))?;
         const INSERT: &str = "INSERT INTO demo_charges (id, account, amount, currency, status, downstream_key, created_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (downstream_key) DO NOTHING";
-        on_pool!(&self.db, |pool| sqlx::query(INSERT)
+        let inserted = on_pool!(&self.db, |pool| sqlx::query(INSERT)
             .bind(&id)
             .bind(account)
             .bind(amount)
@@ -137,6 +137,16 @@ impl Gateway {
             .into_iter()
             .next()
             .ok_or(sqlx::Error::RowNotFound)?;
+        // What a provider's dashboard would show: a new charge, or a call answered with
+        // the charge an earlier call with the same downstream key made.
+        if inserted == 1 {
+            tracing::info!(charge = %charge.id, amount, %currency, "new charge");
+        } else {
+            tracing::info!(
+                charge = %charge.id,
+                "same downstream key as an earlier call: answered with its charge"
+            );
+        }
         if charge.status == "declined" {
             return Err(GatewayError::Declined(charge));
         }

@@ -1,7 +1,8 @@
-//! Starting a demo: open the database, build the engine, print how to call it, serve
-//! until Ctrl-C. Shared by the example binaries and the `*-demo` binaries the
-//! multi-process tests start.
+//! Starting and stopping a demo: logging and flags ([`start`]), the serve loop with a
+//! graceful shutdown that drains the engine ([`serve`]), and the exit code ([`exit_code`]).
 
+use std::io::IsTerminal;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::Router;
@@ -9,95 +10,105 @@ use idempotent_runtime::Idempotency;
 
 use crate::auth::DEMO_KEYS;
 use crate::cli::DemoArgs;
-use crate::database::{self, Database};
-use crate::gateway::Gateway;
-use crate::{ledger, payments};
+use crate::database::redact_url;
 
-/// Which demo to serve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Demo {
-    /// `examples/payments.rs`.
-    Payments,
-    /// `examples/ledger.rs`.
-    Ledger,
+/// Any startup or serving error; printed by [`exit_code`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Installs logging (stderr, `RUST_LOG`, default `info`; colour only on a terminal),
+/// parses the flags (exiting on a bad one) and logs which database the demo will use.
+pub fn start() -> DemoArgs {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        // Escape codes in a file or a log collector are noise, not colour.
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = DemoArgs::from_env();
+    tracing::info!(
+        database = %redact_url(&args.database_url),
+        from = %args.database_url_from,
+        "opening the database"
+    );
+    args
 }
 
-/// Runs `demo` with `args` until Ctrl-C (or SIGTERM).
-pub async fn serve(demo: Demo, args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if args.lease >= args.ttl {
-        return Err(format!(
-            "--lease ({:?}) must be shorter than --ttl ({:?})",
-            args.lease, args.ttl
-        )
-        .into());
-    }
-    let (db, store) = database::open(&args.database_url).await?;
-    let idempotency = Idempotency::builder_shared(store)
-        .default_lease(args.lease)
-        .default_ttl(args.ttl)
-        .build();
-    let _sweeper = idempotency.spawn_sweeper(Duration::from_secs(60));
-    let app = build(demo, db, idempotency.clone(), &args).await?;
+/// What the startup banner suggests trying.
+#[derive(Debug, Clone, Copy)]
+pub struct Banner {
+    /// The demo's name, e.g. `payments`.
+    pub name: &'static str,
+    /// The idempotent route, e.g. `/payments`.
+    pub post: &'static str,
+    /// A JSON body for it.
+    pub body: &'static str,
+    /// A route that shows the effect, e.g. `/payments`.
+    pub get: &'static str,
+}
 
+/// Serves `app` on `args.addr` until Ctrl-C or SIGTERM, then waits (up to 30 s) for the
+/// handlers `idempotency` still runs, so none is cut off between its side effect and its
+/// record.
+pub async fn serve(
+    app: Router,
+    idempotency: &Idempotency,
+    args: &DemoArgs,
+    banner: Banner,
+) -> Result<(), BoxError> {
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
-    let addr = listener.local_addr()?;
-    print_banner(demo, addr, &args);
+    print_banner(banner, listener.local_addr()?, args);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
-    // Let detached handlers finish and record their outcomes before the runtime stops.
+    // Handlers run detached from their connections: let them record their outcomes
+    // before the runtime stops.
     if !idempotency.drain(Duration::from_secs(30)).await {
-        eprintln!("shutdown: some requests were still running after 30s");
+        tracing::warn!("shutdown: some requests were still running after 30s");
     }
     Ok(())
 }
 
-async fn build(
-    demo: Demo,
-    db: Database,
-    idempotency: Idempotency,
-    args: &DemoArgs,
-) -> Result<Router, Box<dyn std::error::Error>> {
-    Ok(match demo {
-        Demo::Payments => {
-            let gateway = Gateway::new(db, args.gateway_latency()).await?;
-            payments::router(payments::AppState {
-                idempotency,
-                gateway,
-            })
+/// `SUCCESS`, or `FAILURE` after printing the error (a startup error is a message, not a
+/// panic or a `Debug` dump).
+pub fn exit_code(result: Result<(), BoxError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
         }
-        Demo::Ledger => {
-            ledger::migrate(&db).await?;
-            ledger::router(ledger::LedgerState { idempotency, db })
-        }
-    })
+    }
 }
 
-fn print_banner(demo: Demo, addr: std::net::SocketAddr, args: &DemoArgs) {
-    let (name, path, body) = match demo {
-        Demo::Payments => (
-            "payments",
-            "payments",
-            r#"{"amount": 10000, "currency": "BRL"}"#,
-        ),
-        Demo::Ledger => ("ledger", "deposits", r#"{"amount": 500}"#),
-    };
+fn print_banner(banner: Banner, addr: std::net::SocketAddr, args: &DemoArgs) {
+    let Banner {
+        name,
+        post,
+        body,
+        get,
+    } = banner;
     println!("{name} demo listening on http://{addr}");
-    println!("database: {}", redact(&args.database_url));
-    println!("idempotency: ttl {:?}, lease {:?}", args.ttl, args.lease);
+    println!(
+        "database: {} (from {})",
+        redact_url(&args.database_url),
+        args.database_url_from
+    );
+    println!(
+        "idempotency: ttl {}, lease {}",
+        humantime::format_duration(args.ttl),
+        humantime::format_duration(args.lease)
+    );
     for (key, account) in DEMO_KEYS {
         println!("  api key {key} -> {account}");
     }
     println!("\ntry (twice: the second answer is replayed with Idempotent-Replayed: true):");
     println!(
-        "  curl -i -X POST http://{addr}/{path} -H 'Authorization: Bearer sk_test_alice' \\\n    -H 'Idempotency-Key: order-1042' -H 'Content-Type: application/json' -d '{body}'"
+        "  curl -i -X POST http://{addr}{post} -H 'Authorization: Bearer sk_test_alice' \\\n    -H 'Idempotency-Key: order-1042' -H 'Content-Type: application/json' -d '{body}'"
     );
-    let list = if demo == Demo::Payments {
-        "payments"
-    } else {
-        "balance"
-    };
-    println!("  curl -s http://{addr}/{list} -H 'Authorization: Bearer sk_test_alice'\n");
+    println!("  curl -s http://{addr}{get} -H 'Authorization: Bearer sk_test_alice'\n");
 }
 
 async fn shutdown_signal() {
@@ -118,65 +129,5 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = terminate => {}
-    }
-}
-
-/// `url` with any password replaced by `***`.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            match url[scheme_end + 3..at].split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
-/// The `main` of every demo binary: logs to stderr, parses flags, serves, and turns a
-/// startup error into a message and exit code 1.
-pub fn main(demo: Demo) -> std::process::ExitCode {
-    use clap::Parser;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    let args = DemoArgs::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(serve(demo, args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn redacts_passwords_only() {
-        assert_eq!(
-            super::redact("postgres://app:s3cret@db:5432/pay"),
-            "postgres://app:***@db:5432/pay"
-        );
-        assert_eq!(
-            super::redact("postgres://app@db/pay"),
-            "postgres://app@db/pay"
-        );
-        assert_eq!(
-            super::redact("sqlite://payments.db"),
-            "sqlite://payments.db"
-        );
     }
 }

@@ -180,6 +180,11 @@ async fn body_over_the_limit_is_413_and_claims_nothing() {
     let big = format!("\"{}\"", "x".repeat(2048));
     let refused = send(&app, request("/echo", "k", big)).await;
     assert_eq!(refused.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        refused.header("content-type"),
+        Some("application/problem+json"),
+        "the library's own body read answers in the library's format"
+    );
     let ok = send(&app, request("/echo", "k", "{\"a\":1}")).await;
     assert_eq!(ok.status, StatusCode::OK);
     assert!(

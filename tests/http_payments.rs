@@ -1,4 +1,5 @@
-//! The contract (DESIGN §2) end to end, through the payments demo on a real SQLite file.
+//! The contract (README, "The contract") end to end, through the payments example on a
+//! real SQLite file.
 
 mod support;
 
@@ -159,7 +160,18 @@ async fn unauthenticated_is_401_and_bad_json_is_rejected_without_claiming() {
         Some("application/problem+json")
     );
     let garbage = send(&app, post_payment("sk_test_alice", Some("k"), "{not json")).await;
-    assert!(garbage.status.is_client_error());
+    assert_eq!(garbage.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        garbage.header("content-type"),
+        Some("application/problem+json"),
+        "the JSON extractor's rejection is a problem like every other error"
+    );
+    assert_eq!(garbage.code(), "bad_request");
+    let detail = garbage.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.starts_with("Failed to parse the request body as JSON"),
+        "{detail}"
+    );
     // Nothing was stored: the same key now works with a good body.
     let good = send(&app, post_payment("sk_test_alice", Some("k"), CHARGE)).await;
     assert_eq!(good.status, StatusCode::CREATED);
@@ -215,10 +227,19 @@ async fn validation_400_and_declined_402_are_stored_and_replayed() {
     let invalid = send_twice(&app, "bad", r#"{"amount": -5, "currency": "brl"}"#).await;
     assert_eq!(invalid.status, StatusCode::BAD_REQUEST);
     assert_eq!(invalid.code(), "invalid_request");
+    assert_eq!(
+        invalid.json()["detail"],
+        "Amount must be a positive integer in minor units, e.g. 10000."
+    );
 
     let declined = send_twice(&app, "dec", r#"{"amount": 40200, "currency": "BRL"}"#).await;
     assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
     assert_eq!(declined.code(), "card_declined");
+    assert_eq!(
+        declined.json()["reason"],
+        "generic_decline",
+        "a machine code"
+    );
     let charges = gateway.all().await.unwrap();
     assert_eq!(charges.len(), 1, "the declined charge is recorded once");
     assert_eq!(charges[0].status, "declined");

@@ -1,10 +1,21 @@
-//! The ledger demo (DESIGN §5) on SQLite and on Postgres: deposits and their stored
-//! responses commit together; a crash between the write and the commit leaves nothing.
+//! The ledger example (`examples/ledger.rs`, SQLite) and its Postgres twin
+//! (`support/ledger_postgres.rs`): deposits and their stored responses commit together; a
+//! crash between the write and the commit leaves nothing.
 
 mod support;
 
 #[path = "support/process.rs"]
 mod process;
+
+/// The ledger example itself, so the tests drive the handler a reader sees.
+#[allow(dead_code, unreachable_pub)] // its `main` and `run` are for the binaries
+#[path = "../examples/ledger.rs"]
+mod ledger;
+
+#[cfg(feature = "postgres")]
+#[allow(dead_code, unreachable_pub)]
+#[path = "support/ledger_postgres.rs"]
+mod ledger_postgres;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +24,6 @@ use axum::Router;
 use axum::body::Body;
 use http::{Request, StatusCode};
 use idempotent_demo::database::{self, Database};
-use idempotent_demo::ledger::{self, Balance, LedgerState, balance_of};
 use idempotent_runtime::Idempotency;
 use process::Instance;
 #[cfg(feature = "postgres")]
@@ -22,17 +32,44 @@ use support::send;
 
 const LEDGER: &str = env!("CARGO_BIN_EXE_ledger-demo");
 
+/// The ledger on the database at `url`, in-process: the example on SQLite, its twin on
+/// Postgres; and the database, to look behind the API.
 async fn ledger_app(url: &str) -> (Router, Database) {
     let (db, store) = database::open(url).await.expect("open ledger database");
-    ledger::migrate(&db).await.expect("ledger schema");
+    db.execute_script(ledger::SCHEMA)
+        .await
+        .expect("ledger schema");
     let idempotency = Idempotency::builder_shared(store).build();
-    (
-        ledger::router(LedgerState {
+    let app = match &db {
+        Database::Sqlite(pool) => ledger::router(ledger::AppState {
             idempotency,
-            db: db.clone(),
+            db: pool.clone(),
         }),
-        db,
+        #[cfg(feature = "postgres")]
+        Database::Postgres(pool) => ledger_postgres::router(ledger_postgres::AppState {
+            idempotency,
+            db: pool.clone(),
+        }),
+    };
+    (app, db)
+}
+
+/// `GET /balance` as `api_key`.
+async fn balance(app: &Router, api_key: &str) -> serde_json::Value {
+    let answer = send(
+        app,
+        Request::get("/balance")
+            .header("authorization", format!("Bearer {api_key}"))
+            .body(Body::empty())
+            .unwrap(),
     )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    answer.json()
+}
+
+fn balance_of(balance: i64, entries: i64) -> serde_json::Value {
+    serde_json::json!({"balance": balance, "entries": entries})
 }
 
 fn deposit(key: &str, body: &str) -> Request<Body> {
@@ -45,7 +82,7 @@ fn deposit(key: &str, body: &str) -> Request<Body> {
 }
 
 async fn deposits_commit_with_their_response(url: &str) {
-    let (app, db) = ledger_app(url).await;
+    let (app, _) = ledger_app(url).await;
     let first = send(&app, deposit("d-1", r#"{"amount": 500}"#)).await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(first.json()["amount"], 500);
@@ -58,29 +95,21 @@ async fn deposits_commit_with_their_response(url: &str) {
     let invalid_again = send(&app, deposit("d-2", r#"{"amount": 0}"#)).await;
     assert!(invalid_again.replayed(), "a 400 is committed and replayed");
 
-    let balance = send(
-        &app,
-        Request::get("/balance")
-            .header("authorization", "Bearer sk_test_alice")
-            .body(Body::empty())
-            .unwrap(),
-    )
-    .await;
+    let garbage = send(&app, deposit("d-3", "{not json")).await;
+    assert_eq!(garbage.status, StatusCode::BAD_REQUEST);
     assert_eq!(
-        balance.json(),
-        serde_json::json!({"balance": 500, "entries": 1})
+        garbage.header("content-type"),
+        Some("application/problem+json")
     );
-    assert_eq!(
-        balance_of(&db, "acct_bob").await.unwrap(),
-        Balance {
-            balance: 0,
-            entries: 0
-        }
-    );
+    let retried = send(&app, deposit("d-3", r#"{"amount": 0}"#)).await;
+    assert!(!retried.replayed(), "the malformed body claimed nothing");
+
+    assert_eq!(balance(&app, "sk_test_alice").await, balance_of(500, 1));
+    assert_eq!(balance(&app, "sk_test_bob").await, balance_of(0, 0));
 }
 
 async fn fifty_duplicates_write_one_row(url: &str) {
-    let (app, db) = ledger_app(url).await;
+    let (app, _) = ledger_app(url).await;
     let barrier = Arc::new(tokio::sync::Barrier::new(50));
     let tasks: Vec<_> = (0..50)
         .map(|_| {
@@ -100,13 +129,7 @@ async fn fifty_duplicates_write_one_row(url: &str) {
             "status {status}"
         );
     }
-    assert_eq!(
-        balance_of(&db, "acct_alice").await.unwrap(),
-        Balance {
-            balance: 700,
-            entries: 1
-        }
-    );
+    assert_eq!(balance(&app, "sk_test_alice").await, balance_of(700, 1));
 }
 
 async fn idempotency_state(db: &Database) -> Vec<String> {
@@ -142,13 +165,10 @@ async fn crash_between_write_and_commit(url: &str) {
     );
     drop(crashing);
 
-    let (_, db) = ledger_app(url).await;
+    let (app, db) = ledger_app(url).await;
     assert_eq!(
-        balance_of(&db, "acct_alice").await.unwrap(),
-        Balance {
-            balance: 0,
-            entries: 0
-        },
+        balance(&app, "sk_test_alice").await,
+        balance_of(0, 0),
         "no ledger row"
     );
     assert_eq!(
@@ -175,11 +195,8 @@ async fn crash_between_write_and_commit(url: &str) {
     let replay = post(&healthy).await.unwrap();
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(
-        balance_of(&db, "acct_alice").await.unwrap(),
-        Balance {
-            balance: 900,
-            entries: 1
-        },
+        balance(&app, "sk_test_alice").await,
+        balance_of(900, 1),
         "applied exactly once"
     );
 }

@@ -119,6 +119,8 @@
 //! - [`transaction`]: handlers whose writes commit together with the stored response
 //!   (`tx: &mut Tx<Sqlite>` / `Tx<Postgres>`);
 //! - [`problem`]: RFC 9457 `application/problem+json` error responses;
+//! - [`rejection`]: [`AsProblem`], which answers an extractor's rejection (bad JSON, …)
+//!   as problem+json too;
 //! - [`macro_support`]: the Axum extractors the attribute macro expands to (not for
 //!   direct use).
 //!
@@ -142,6 +144,7 @@ pub mod key;
 mod lease;
 pub mod macro_support;
 pub mod problem;
+pub mod rejection;
 pub mod scope;
 pub mod store;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -154,6 +157,7 @@ pub use fingerprint::{Fingerprint, FingerprintMode};
 pub use idempotent_macros::idempotent;
 pub use key::{IdempotencyKey, KeyError};
 pub use problem::Problem;
+pub use rejection::AsProblem;
 pub use scope::Scope;
 #[cfg(feature = "postgres")]
 pub use sqlx::Postgres;

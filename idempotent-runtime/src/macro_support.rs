@@ -115,10 +115,14 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (parts, body) = req.into_parts();
-        // `Bytes` honours `DefaultBodyLimit` and answers `413` over it.
-        let raw = Bytes::from_request(Request::from_parts(parts.clone(), body), state)
-            .await
-            .map_err(IntoResponse::into_response)?;
+        // `Bytes` honours `DefaultBodyLimit` and answers `413` over it — as problem+json,
+        // like every other answer the library gives itself.
+        let raw = match Bytes::from_request(Request::from_parts(parts.clone(), body), state).await {
+            Ok(raw) => raw,
+            Err(rejection) => {
+                return Err(crate::rejection::problem_from(rejection.into_response()).await);
+            }
+        };
         let method = parts.method.clone();
         // Behind `Router::nest` the URI has lost its prefix (and the prefix's path
         // parameters): fingerprint the URI the client sent.

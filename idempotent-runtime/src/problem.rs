@@ -103,11 +103,24 @@ pub(crate) fn key_problem(err: &KeyError) -> Problem {
         code,
         title,
         format!(
-            "{err}. Send one Idempotency-Key header with 1 to 255 printable ASCII characters, \
-             e.g. a UUID, and reuse it on every retry of the same operation."
+            "{} Send one Idempotency-Key header with 1 to 255 printable ASCII characters, \
+             e.g. a UUID, and reuse it on every retry of the same operation.",
+            sentence(&err.to_string()).unwrap_or_default()
         ),
     )
     .with_reason(reason)
+}
+
+/// `message` trimmed, its first letter capitalised, ending in punctuation; `None` if blank.
+pub(crate) fn sentence(message: &str) -> Option<String> {
+    let message = message.trim();
+    let mut chars = message.chars();
+    let first = chars.next()?;
+    let mut out: String = first.to_uppercase().chain(chars).collect();
+    if !out.ends_with(['.', '!', '?']) {
+        out.push('.');
+    }
+    Some(out)
 }
 
 /// The stable problem codes this crate answers with.

@@ -1,6 +1,11 @@
-//! Helpers shared by the end-to-end tests: the payments demo on a real SQLite file,
+//! Helpers shared by the end-to-end tests: the payments example on a real SQLite file,
 //! request builders, and response readers.
 #![allow(dead_code)] // each test file uses a different subset
+
+/// The payments example itself, so the tests drive the handlers a reader sees.
+#[allow(dead_code, unreachable_pub)] // its `main` and `run` are for the binaries
+#[path = "../../examples/payments.rs"]
+pub(crate) mod payments;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,13 +16,14 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use idempotent_demo::database::{self, Database};
 use idempotent_demo::gateway::Gateway;
-use idempotent_demo::payments::{AppState, router};
 use idempotent_runtime::store::SqliteStore;
 use idempotent_runtime::{Idempotency, ManualClock, Store};
 use tower::ServiceExt;
 
+use payments::{AppState, router};
+
 /// The payments demo on an SQLite file in `dir`.
-pub async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, Gateway) {
+pub(crate) async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, Gateway) {
     let url = format!("sqlite://{}", dir.join("payments.db").display());
     let (db, store) = database::open(&url).await.expect("open demo database");
     payments_app_on(db, store, latency).await
@@ -25,7 +31,7 @@ pub async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, 
 
 /// The payments demo on an SQLite file in `dir` whose store keeps time by `clock`, so a
 /// test can move past a TTL instead of waiting for it.
-pub async fn payments_app_on_clock(
+pub(crate) async fn payments_app_on_clock(
     dir: &std::path::Path,
     latency: Duration,
     clock: ManualClock,
@@ -53,7 +59,11 @@ async fn payments_app_on(
 }
 
 /// `POST /payments` as `api_key` with `idempotency_key` (raw header value) and `body`.
-pub fn post_payment(api_key: &str, idempotency_key: Option<&str>, body: &str) -> Request<Body> {
+pub(crate) fn post_payment(
+    api_key: &str,
+    idempotency_key: Option<&str>,
+    body: &str,
+) -> Request<Body> {
     let mut request = Request::post("/payments")
         .header("authorization", format!("Bearer {api_key}"))
         .header("content-type", "application/json");
@@ -65,35 +75,35 @@ pub fn post_payment(api_key: &str, idempotency_key: Option<&str>, body: &str) ->
 
 /// A response, read whole.
 #[derive(Debug)]
-pub struct Answer {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Vec<u8>,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Answer {
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|_| panic!("JSON body, got {:?}", String::from_utf8_lossy(&self.body)))
     }
 
-    pub fn code(&self) -> String {
+    pub(crate) fn code(&self) -> String {
         self.json()["code"].as_str().unwrap_or_default().to_owned()
     }
 
-    pub fn replayed(&self) -> bool {
+    pub(crate) fn replayed(&self) -> bool {
         self.headers
             .get("idempotent-replayed")
             .is_some_and(|v| v == "true")
     }
 
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 }
 
 /// Sends `request` to `app` in-process.
-pub async fn send(app: &Router, request: Request<Body>) -> Answer {
+pub(crate) async fn send(app: &Router, request: Request<Body>) -> Answer {
     let response = app.clone().oneshot(request).await.expect("infallible");
     let (parts, body) = response.into_parts();
     let body = body.collect().await.expect("body").to_bytes().to_vec();

@@ -9,20 +9,20 @@ use std::time::Duration;
 use sqlx::Connection;
 
 /// A running demo process, killed (SIGKILL) on drop.
-pub struct Instance {
-    pub child: Child,
-    pub addr: SocketAddr,
+pub(crate) struct Instance {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Instance {
     /// Starts `binary` (`env!("CARGO_BIN_EXE_…")`) on a free port with `args`, and waits
     /// until it accepts connections.
-    pub async fn start(binary: &str, database_url: &str, extra: &[&str]) -> Instance {
+    pub(crate) async fn start(binary: &str, database_url: &str, extra: &[&str]) -> Instance {
         Self::start_command(Command::new(binary), database_url, extra).await
     }
 
     /// Like [`start`](Self::start), for a prepared command (e.g. with extra environment).
-    pub async fn start_command(
+    pub(crate) async fn start_command(
         mut command: Command,
         database_url: &str,
         extra: &[&str],
@@ -54,12 +54,12 @@ impl Instance {
         panic!("demo did not start listening on {addr}");
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
     /// SIGKILL: no shutdown, no cleanup — a crash.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -72,7 +72,7 @@ impl Drop for Instance {
 }
 
 /// Polls `condition` every 10 ms until it holds; panics, naming `what`, after 10 s.
-pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
+pub(crate) async fn wait_until<F, Fut>(what: &str, mut condition: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -88,7 +88,7 @@ where
 
 /// Whether the demo database behind `pool` holds an in-progress claim on `key`: the
 /// request is past its claim and its handler is running.
-pub async fn claimed<DB>(pool: &sqlx::Pool<DB>, key: &str) -> bool
+pub(crate) async fn claimed<DB>(pool: &sqlx::Pool<DB>, key: &str) -> bool
 where
     DB: sqlx::Database,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -117,7 +117,7 @@ fn free_port() -> u16 {
 
 #[cfg(feature = "postgres")]
 #[allow(unused_imports)] // not every test file that shares this module needs it
-pub use postgres::TestDatabase;
+pub(crate) use postgres::TestDatabase;
 
 #[cfg(feature = "postgres")]
 mod postgres {
@@ -125,14 +125,14 @@ mod postgres {
 
     /// A fresh Postgres database for one test, dropped on drop; `None` (with a notice) when
     /// `IDEMPOTENT_TEST_POSTGRES_URL` is unset.
-    pub struct TestDatabase {
+    pub(crate) struct TestDatabase {
         admin_url: String,
-        pub name: String,
-        pub url: String,
+        pub(crate) name: String,
+        pub(crate) url: String,
     }
 
     impl TestDatabase {
-        pub async fn create(test: &str) -> Option<TestDatabase> {
+        pub(crate) async fn create(test: &str) -> Option<TestDatabase> {
             let Ok(admin_url) = std::env::var("IDEMPOTENT_TEST_POSTGRES_URL") else {
                 eprintln!("skipped {test}: IDEMPOTENT_TEST_POSTGRES_URL is not set");
                 return None;
@@ -153,7 +153,7 @@ mod postgres {
             })
         }
 
-        pub async fn pool(&self) -> sqlx::PgPool {
+        pub(crate) async fn pool(&self) -> sqlx::PgPool {
             sqlx::PgPool::connect(&self.url)
                 .await
                 .expect("connect test database")
@@ -185,7 +185,7 @@ mod postgres {
 }
 
 /// `url` pointing at database `name` instead.
-pub fn with_database(url: &str, name: &str) -> String {
+pub(crate) fn with_database(url: &str, name: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((base, query)) => (base, Some(query)),
         None => (url, None),

@@ -485,7 +485,7 @@ async fn join_detached(task: tokio::task::JoinHandle<Response>) -> Response {
         // Only when the runtime shuts down under the task.
         Err(err) => {
             error!(event = "store_error", error = %err, "handler task did not finish");
-            internal_error("the request was interrupted")
+            internal_error("The request was interrupted; it is safe to retry with the same key.")
         }
     }
 }
