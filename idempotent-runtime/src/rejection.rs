@@ -348,7 +348,7 @@ mod tests {
         }
     }
 
-    impl crate::extract::Scope for Caller {
+    impl crate::Scope for Caller {
         fn scope(&self) -> std::borrow::Cow<'_, str> {
             "acct_test".into()
         }
