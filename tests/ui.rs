@@ -65,7 +65,7 @@ mod expansion_passes_clippy {
         ))
     }
 
-    #[idempotent(scope = caller, on_server_error = store, replay_headers = ["x-request-cost"])]
+    #[idempotent(scope = caller, on_server_error = store, exclude_headers = ["x-request-id"])]
     async fn seven_extractors(
         caller: Caller,
         Path(id): Path<u32>,

@@ -20,12 +20,13 @@ pub(crate) const KNOWN: &[&str] = &[
     "lease",
     "on_server_error",
     "fingerprint",
-    "replay_headers",
+    "exclude_headers",
     "crate",
 ];
 
-/// Response headers a handler may not opt into replaying, with the reason.
-const REFUSED_HEADERS: &[(&str, &str)] = &[
+/// Response headers the engine never stores or replays, with the reason: naming one in
+/// `exclude_headers` is a mistake worth pointing out (it does nothing).
+const NEVER_REPLAYED: &[(&str, &str)] = &[
     ("date", "it describes one response, not the operation"),
     (
         "set-cookie",
@@ -76,7 +77,7 @@ pub(crate) struct Args {
     pub(crate) on_server_error_span: Option<Span>,
     pub(crate) fingerprint: Option<FingerprintMode>,
     /// Validated, lower-case header names.
-    pub(crate) replay_headers: Option<Vec<LitStr>>,
+    pub(crate) exclude_headers: Option<Vec<LitStr>>,
     /// `crate = "..."`: the path the runtime crate is reachable under.
     pub(crate) krate: Option<syn::Path>,
     /// `false` when a syntax error cut parsing short: later arguments are unknown, so a
@@ -127,7 +128,13 @@ impl Args {
         };
         if !KNOWN.contains(&name.as_str()) {
             let mut message = unknown_message(&format!("`{name}`"));
-            if name == "wait" {
+            if name == "replay_headers" {
+                message = "`replay_headers` is gone: every end-to-end response header is now \
+                           stored and replayed (except `Set-Cookie`, `Date` and hop-by-hop \
+                           headers); to leave some out, write \
+                           `exclude_headers = [\"x-request-id\"]`"
+                    .to_owned();
+            } else if name == "wait" {
                 message.push_str(
                     "; `wait` is not supported yet: a retry that finds its key still running \
                      gets `409` with `Retry-After`",
@@ -166,9 +173,8 @@ impl Args {
                 self.on_server_error_span = Some(span);
             }),
             "fingerprint" => fingerprint_value(&value).map(|mode| self.fingerprint = Some(mode)),
-            "replay_headers" => {
-                replay_headers_value(&value, errors).map(|names| self.replay_headers = Some(names))
-            }
+            "exclude_headers" => exclude_headers_value(&value, errors)
+                .map(|names| self.exclude_headers = Some(names)),
             "crate" => crate_value(&value).map(|path| self.krate = Some(path)),
             _ => unreachable!("every known argument is handled"),
         };
@@ -195,7 +201,7 @@ fn example(name: &str) -> &'static str {
         "lease" => "lease = \"30s\"",
         "on_server_error" => "on_server_error = release",
         "fingerprint" => "fingerprint = \"raw\"",
-        "replay_headers" => "replay_headers = [\"x-request-cost\"]",
+        "exclude_headers" => "exclude_headers = [\"x-request-id\"]",
         _ => "crate = \"idempotent_runtime\"",
     }
 }
@@ -337,12 +343,12 @@ fn fingerprint_value(value: &Expr) -> syn::Result<FingerprintMode> {
 
 /// Reads `["x-a", "x-b"]`. Bad names are pushed onto `errors` one by one; the list is
 /// refused (returns the first error) only when it is not a list at all.
-fn replay_headers_value(value: &Expr, errors: &mut Vec<syn::Error>) -> syn::Result<Vec<LitStr>> {
+fn exclude_headers_value(value: &Expr, errors: &mut Vec<syn::Error>) -> syn::Result<Vec<LitStr>> {
     let Expr::Array(array) = value else {
         return Err(syn::Error::new_spanned(
             value,
-            "`replay_headers` takes a list of lower-case header names, e.g. \
-             `replay_headers = [\"x-request-cost\"]`",
+            "`exclude_headers` takes a list of lower-case header names, e.g. \
+             `exclude_headers = [\"x-request-id\"]`",
         ));
     };
     let mut names = Vec::new();
@@ -350,7 +356,7 @@ fn replay_headers_value(value: &Expr, errors: &mut Vec<syn::Error>) -> syn::Resu
         let Some(lit) = string_literal(elem) else {
             errors.push(syn::Error::new_spanned(
                 elem,
-                "write each header name as a string, e.g. \"x-request-cost\"",
+                "write each header name as a string, e.g. \"x-request-id\"",
             ));
             continue;
         };
@@ -363,26 +369,28 @@ fn replay_headers_value(value: &Expr, errors: &mut Vec<syn::Error>) -> syn::Resu
 }
 
 /// A header name must be an RFC 9110 token, written lower-case (as HTTP/2 sends it and
-/// the store keeps it), and not one the engine must never replay.
+/// the store keeps it), and not one the engine never replays anyway.
 fn check_header_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
-        return Err("empty header name: write e.g. \"x-request-cost\"".to_owned());
+        return Err("empty header name: write e.g. \"x-request-id\"".to_owned());
     }
     let is_tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
     if let Some(bad) = name.chars().find(|&c| !is_tchar(c)) {
         return Err(format!(
             "{name:?} is not a valid header name ({bad:?} is not allowed): use letters, digits \
-             and `-`, e.g. \"x-request-cost\""
+             and `-`, e.g. \"x-request-id\""
         ));
     }
     if name.chars().any(|c| c.is_ascii_uppercase()) {
         return Err(format!(
-            "header names in `replay_headers` are lower-case: write {:?}",
+            "header names in `exclude_headers` are lower-case: write {:?}",
             name.to_ascii_lowercase()
         ));
     }
-    if let Some((_, reason)) = REFUSED_HEADERS.iter().find(|(refused, _)| *refused == name) {
-        return Err(format!("{name:?} cannot be replayed: {reason}"));
+    if let Some((_, reason)) = NEVER_REPLAYED.iter().find(|(never, _)| *never == name) {
+        return Err(format!(
+            "{name:?} is never replayed anyway ({reason}); remove it from `exclude_headers`"
+        ));
     }
     Ok(())
 }
@@ -457,7 +465,7 @@ mod tests {
     fn parses_every_argument() {
         let (args, errors) = parse(quote! {
             scope = caller, ttl = "1h30m", lease = "10s", on_server_error = store,
-            fingerprint = "json", replay_headers = ["x-request-cost", "x-b"], crate = "renamed",
+            fingerprint = "json", exclude_headers = ["x-request-id", "x-b"], crate = "renamed",
         });
         assert!(errors.is_empty(), "{errors:?}");
         assert!(args.complete);
@@ -466,7 +474,7 @@ mod tests {
         assert_eq!(args.lease.unwrap().secs, 10);
         assert_eq!(args.on_server_error, Some(OnServerError::Store));
         assert_eq!(args.fingerprint, Some(FingerprintMode::Json));
-        assert_eq!(args.replay_headers.unwrap().len(), 2);
+        assert_eq!(args.exclude_headers.unwrap().len(), 2);
         assert!(args.krate.unwrap().is_ident("renamed"));
     }
 
@@ -474,7 +482,7 @@ mod tests {
     fn reports_every_mistake_at_once() {
         let (args, errors) = parse(quote! {
             scope = "caller", tll = "1h", ttl = 24, ttl = "2h", lease,
-            on_server_error = "store", fingerprint = json, replay_headers = ["X-Cost", "set-cookie", "a b"],
+            on_server_error = "store", fingerprint = json, exclude_headers = ["X-Cost", "set-cookie", "a b"],
         });
         assert!(args.complete);
         let expected = [
@@ -486,7 +494,7 @@ mod tests {
             "write `on_server_error = store` without quotes",
             "write `fingerprint = \"json\"` with quotes",
             "are lower-case: write \"x-cost\"",
-            "\"set-cookie\" cannot be replayed",
+            "\"set-cookie\" is never replayed anyway",
             "is not a valid header name",
         ];
         assert_eq!(errors.len(), expected.len(), "{errors:#?}");
@@ -501,7 +509,7 @@ mod tests {
     #[test]
     fn odd_values_are_explained() {
         let (args, errors) = parse(quote! {
-            a::b = 1, scope = caller.account_id, crate = "not a path", replay_headers = [x],
+            a::b = 1, scope = caller.account_id, crate = "not a path", exclude_headers = [x],
             on_server_error = "retry", fingerprint = 1,
         });
         assert!(args.complete);
@@ -526,6 +534,12 @@ mod tests {
             errors[0].contains("`wait` is not supported yet"),
             "{errors:?}"
         );
+        let (_, errors) = parse(quote!(scope = c, replay_headers = ["x-request-cost"]));
+        assert!(
+            errors[0].contains("`replay_headers` is gone")
+                && errors[0].contains("exclude_headers = [\"x-request-id\"]"),
+            "{errors:?}"
+        );
     }
 
     #[test]
@@ -548,8 +562,8 @@ mod tests {
     fn suggests_close_names_only() {
         assert_eq!(closest("scop", KNOWN.iter().copied()), Some("scope"));
         assert_eq!(
-            closest("replay_header", KNOWN.iter().copied()),
-            Some("replay_headers")
+            closest("exclude_header", KNOWN.iter().copied()),
+            Some("exclude_headers")
         );
         assert_eq!(closest("wait", KNOWN.iter().copied()), None);
     }

@@ -220,8 +220,8 @@ fn config(args: &Args, handler_name: &syn::Ident, p: &TokenStream) -> TokenStrea
         };
         config.extend(quote!(.fingerprint(#p::FingerprintMode::#variant)));
     }
-    if let Some(names) = &args.replay_headers {
-        config.extend(quote!(.replay_headers(&[#(#names),*])));
+    if let Some(names) = &args.exclude_headers {
+        config.extend(quote!(.exclude_headers(&[#(#names),*])));
     }
     config
 }

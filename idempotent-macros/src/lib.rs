@@ -76,8 +76,9 @@ use proc_macro::TokenStream;
 ///   is refused there.
 /// - `fingerprint = "raw" | "json"`: what makes a retry "the same request": the raw body
 ///   (default) or a canonical form of the JSON body.
-/// - `replay_headers = ["x-request-cost"]`: response headers to record and replay besides
-///   `Content-Type`, `Location`, `ETag`, `Last-Modified` and `Content-Location`.
+/// - `exclude_headers = ["x-request-id"]`: response headers not to record and replay.
+///   Every other end-to-end header is replayed as sent; `Set-Cookie`, `Date` and hop-by-hop
+///   headers never are, and `Content-Length` is recomputed.
 /// - `crate = "path"`: where the runtime crate is, when it was renamed.
 ///
 /// # Requirements

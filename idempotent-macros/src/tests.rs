@@ -54,7 +54,7 @@ fn every_option_and_a_renamed_crate() {
             lease = "1m30s",
             on_server_error = store,
             fingerprint = "json",
-            replay_headers = ["x-request-cost", "x-ratelimit-remaining"],
+            exclude_headers = ["x-request-id", "x-ratelimit-remaining"],
             crate = "renamed::runtime",
         },
         quote! {
@@ -133,7 +133,7 @@ fn refused_arguments_are_all_reported() {
     let text = expand(
         quote! {
             scope = caler, tll = "1h", ttl = "0s", ttl = "1h", lease = "2h",
-            on_server_error = retry, fingerprint = "xml", replay_headers = ["X-Cost"],
+            on_server_error = retry, fingerprint = "xml", exclude_headers = ["X-Cost"],
         },
         quote! {
             async fn create(caller: Caller, Json(req): Json<Req>) -> StatusCode {

@@ -34,9 +34,9 @@ pub struct HandlerConfig {
     pub on_server_error: OnServerError,
     /// How the request is fingerprinted.
     pub fingerprint: FingerprintMode,
-    /// Extra response headers (lower-case names) to store and replay besides the
-    /// defaults (`content-type`, `location`, `etag`, `last-modified`, `content-location`).
-    pub replay_headers: &'static [&'static str],
+    /// Response headers (lower-case names) not to store and replay, besides those that
+    /// never are ([`crate::engine::NEVER_REPLAYED`]).
+    pub excluded_headers: &'static [&'static str],
 }
 
 impl HandlerConfig {
@@ -48,7 +48,7 @@ impl HandlerConfig {
             lease: None,
             on_server_error: OnServerError::Release,
             fingerprint: FingerprintMode::Raw,
-            replay_headers: &[],
+            excluded_headers: &[],
         }
     }
 
@@ -82,9 +82,9 @@ impl HandlerConfig {
         self
     }
 
-    /// Sets the extra replayed headers (lower-case names).
-    pub const fn replay_headers(mut self, names: &'static [&'static str]) -> Self {
-        self.replay_headers = names;
+    /// Sets the response headers (lower-case names) not to store and replay.
+    pub const fn exclude_headers(mut self, names: &'static [&'static str]) -> Self {
+        self.excluded_headers = names;
         self
     }
 }

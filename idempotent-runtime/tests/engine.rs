@@ -69,7 +69,7 @@ fn created(
 async fn replays_status_headers_and_body_without_rerunning() {
     let engine = Idempotency::new(MemoryStore::new());
     let runs = Arc::new(AtomicUsize::new(0));
-    let config = HandlerConfig::new().replay_headers(&["x-request-cost"]);
+    let config = HandlerConfig::new().exclude_headers(&["x-trace-id"]);
 
     let first = engine
         .run(&config, "alice", "k1", fingerprint(1), created(&runs))
@@ -89,9 +89,75 @@ async fn replays_status_headers_and_body_without_rerunning() {
     assert_eq!(headers2["idempotent-replayed"], "true");
     assert_eq!(headers2[header::LOCATION], "/payments/pay_1");
     assert_eq!(headers2[header::CONTENT_TYPE], "application/json");
-    assert_eq!(headers2["x-request-cost"], "3", "opted-in header replayed");
+    assert_eq!(
+        headers2["x-request-cost"], "3",
+        "every end-to-end header is replayed"
+    );
     assert!(headers2.get(header::DATE).is_none(), "Date is per request");
-    assert!(headers2.get("x-trace-id").is_none(), "not opted in");
+    assert!(
+        headers2.get("x-trace-id").is_none(),
+        "excluded by the handler"
+    );
+}
+
+/// A handler that compresses its own body: the replay carries `Content-Encoding` with the
+/// same bytes, so it decodes to the same document (no hop-by-hop or per-response header
+/// comes along).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_response_replays_with_its_encoding() {
+    use std::io::{Read, Write};
+
+    let document = br#"{"id":"pay_1","amount":10000,"note":"compressed by the handler"}"#;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(document).unwrap();
+    let gzipped = encoder.finish().unwrap();
+    let engine = Idempotency::new(MemoryStore::new());
+    let handler = |gzipped: Vec<u8>| {
+        move |_| async move {
+            let mut response = (StatusCode::CREATED, gzipped).into_response();
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+            headers.insert(header::CONNECTION, HeaderValue::from_static("x-hop"));
+            headers.insert("x-hop", HeaderValue::from_static("per-connection"));
+            response
+        }
+    };
+    let first = engine
+        .run(
+            &CONFIG,
+            "alice",
+            "k",
+            fingerprint(1),
+            handler(gzipped.clone()),
+        )
+        .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let (status, headers, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), handler(Vec::new()))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(headers[header::CONTENT_ENCODING], "gzip");
+    assert_eq!(headers[header::VARY], "accept-encoding");
+    assert!(headers.get(header::CONNECTION).is_none(), "hop-by-hop");
+    assert!(
+        headers.get("x-hop").is_none(),
+        "named by Connection: hop-by-hop"
+    );
+    assert_eq!(body, gzipped);
+    let mut decoded = Vec::new();
+    flate2::read::GzDecoder::new(body.as_slice())
+        .read_to_end(&mut decoded)
+        .unwrap();
+    assert_eq!(decoded, document);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,9 +397,13 @@ async fn response_over_the_cap_is_answered_once_and_never_rerun() {
         move |_| async move {
             runs.fetch_add(1, Ordering::SeqCst);
             let mut response = (StatusCode::CREATED, "x".repeat(17)).into_response();
-            response
-                .headers_mut()
-                .insert(header::LOCATION, HeaderValue::from_static("/reports/7"));
+            let headers = response.headers_mut();
+            headers.insert(header::LOCATION, HeaderValue::from_static("/reports/7"));
+            headers.insert(header::ETAG, HeaderValue::from_static("\"v7\""));
+            headers.insert(
+                header::CONTENT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
             response
         }
     };
@@ -361,6 +431,10 @@ async fn response_over_the_cap_is_answered_once_and_never_rerun() {
     assert_eq!(headers[header::LOCATION], "/reports/7");
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert!(
+        headers.get(header::ETAG).is_none() && headers.get(header::CONTENT_ENCODING).is_none(),
+        "validators and encodings of the unkept body are dropped"
+    );
     assert_eq!(problem_code(&body), "idempotency_response_not_stored");
 }
 

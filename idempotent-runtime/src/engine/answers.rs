@@ -11,6 +11,21 @@ use super::REPLAYED_HEADER;
 use crate::problem::{Problem, codes};
 use crate::store::StoredResponse;
 
+/// Headers that describe the original body: a replay whose body was not kept (it carries
+/// a problem document instead) drops them, since they would describe bytes it does not
+/// send — a client would decode the problem as gzip, or cache it under the old `ETag`.
+const DESCRIBE_THE_BODY: [&str; 9] = [
+    "content-type",
+    "content-encoding",
+    "content-range",
+    "content-md5",
+    "digest",
+    "content-digest",
+    "repr-digest",
+    "etag",
+    "last-modified",
+];
+
 /// Rebuilds a stored response, marked as a replay.
 pub(super) fn replay(stored: StoredResponse) -> Response {
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -32,7 +47,7 @@ pub(super) fn replay(stored: StoredResponse) -> Response {
     *response.status_mut() = status;
     let headers = response.headers_mut();
     for (name, value) in stored.headers {
-        if !body_kept && name == "content-type" {
+        if !body_kept && DESCRIBE_THE_BODY.contains(&name.as_str()) {
             continue;
         }
         if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::from_bytes(&value))

@@ -21,7 +21,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, debug, error, info, warn};
 
 use super::answers::{internal_error, store_unavailable};
-use super::{DEFAULT_REPLAY_HEADERS, Idempotency, bounded};
+use super::{Idempotency, NEVER_REPLAYED, bounded};
 use crate::config::{HandlerConfig, OnServerError};
 use crate::store::{FencingToken, StoredResponse};
 
@@ -260,7 +260,7 @@ impl Execution {
         }
         let stored = StoredResponse {
             status: parts.status.as_u16(),
-            headers: replayable_headers(&parts.headers, self.config.replay_headers),
+            headers: replayable_headers(&parts.headers, self.config.excluded_headers),
             body: kept.then(|| body.clone()),
         };
         Outcome::Record(Captured {
@@ -477,14 +477,23 @@ async fn complete_with_retries(
     );
 }
 
-/// The response headers to store: the defaults plus the handler's opt-ins, in order.
-fn replayable_headers(headers: &http::HeaderMap, extra: &[&str]) -> Vec<(String, Vec<u8>)> {
+/// The response headers to store, in order: every one but those never replayed, those
+/// a `Connection` field names, and the handler's exclusions.
+fn replayable_headers(headers: &http::HeaderMap, excluded: &[&str]) -> Vec<(String, Vec<u8>)> {
+    let connection_scoped: Vec<String> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .collect();
     headers
         .iter()
         .filter(|(name, _)| {
             let name = name.as_str();
-            DEFAULT_REPLAY_HEADERS.contains(&name)
-                || extra.iter().any(|e| e.eq_ignore_ascii_case(name))
+            !NEVER_REPLAYED.contains(&name)
+                && !connection_scoped.iter().any(|scoped| scoped == name)
+                && !excluded.iter().any(|e| e.eq_ignore_ascii_case(name))
         })
         .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
         .collect()

@@ -25,14 +25,24 @@ use execution::Execution;
 /// The header marking a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
-/// Response headers always stored and replayed. Everything else is per-request (`Date`,
-/// trace ids, `Set-Cookie`, …) unless a handler opts in with `replay_headers`.
-pub const DEFAULT_REPLAY_HEADERS: [&str; 5] = [
-    "content-type",
-    "location",
-    "etag",
-    "last-modified",
-    "content-location",
+/// Response headers never stored or replayed: they describe one response or one
+/// connection, not the operation (`Date`, `Set-Cookie`, hop-by-hop headers; any header a
+/// `Connection` field names is hop-by-hop too). `Content-Length` is recomputed for the
+/// replayed body. Every other header is replayed as the handler sent it, unless the
+/// handler excludes it ([`HandlerConfig::exclude_headers`]).
+pub const NEVER_REPLAYED: [&str; 12] = [
+    "date",
+    "set-cookie",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    REPLAYED_HEADER,
 ];
 
 /// Default TTL: Stripe's 24 hours.

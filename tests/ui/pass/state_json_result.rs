@@ -79,7 +79,7 @@ impl IntoResponse for ApiError {
     lease = "10s",
     on_server_error = release,
     fingerprint = "raw",
-    replay_headers = ["x-request-cost"],
+    exclude_headers = ["x-request-id"],
 )]
 async fn create_payment(
     caller: Caller,

@@ -70,7 +70,7 @@ impl IntoResponse for Failure {
     }
 }
 
-#[idempotent(scope = caller, ttl = "24h", replay_headers = ["x-request-cost"])]
+#[idempotent(scope = caller, ttl = "24h", exclude_headers = ["x-request-id"])]
 async fn create(
     caller: Caller,
     key: IdempotencyKey,
