@@ -26,7 +26,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod problem;
 pub mod store;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub mod transaction;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -42,8 +42,11 @@ pub use sqlx::Postgres;
 /// The `sqlx` database types transactional handlers name: `Tx<Sqlite>`, `Tx<Postgres>`.
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
-pub use store::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::{
+    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, Takeover,
+    TxSupport,
+};
+#[cfg(feature = "sql")]
 pub use transaction::Tx;
 
 /// Not public API: the paths the `#[idempotent]` expansion names. Changes here follow the
@@ -54,7 +57,7 @@ pub mod __private {
     pub use crate::duration::from_secs as duration_from_secs;
     pub use crate::extract::{Guard, Hashed, IdempotencyKey, Scope};
     pub use crate::fingerprint::FingerprintMode;
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(feature = "sql")]
     pub use crate::transaction::Tx;
     pub use axum;
     pub use axum::response::Response;

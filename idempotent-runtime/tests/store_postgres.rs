@@ -299,7 +299,10 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
             .try_claim(&claim_request("k", token))
             .await
             .unwrap(),
-        ClaimOutcome::Claimed { token }
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
     );
     for store in &stores[1..] {
         let outcome = store
@@ -349,7 +352,13 @@ async fn concurrent_claims_across_two_pools_have_one_winner() {
         let mut winners = Vec::new();
         for task in tasks {
             match task.await.expect("task") {
-                (ClaimOutcome::Claimed { token: won }, token) => {
+                (
+                    ClaimOutcome::Claimed {
+                        token: won,
+                        takeover: None,
+                    },
+                    token,
+                ) => {
                     assert_eq!(won, token);
                     winners.push(token);
                 }
@@ -515,7 +524,10 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
             .try_claim(&claim_request("shared", token))
             .await
             .unwrap(),
-        ClaimOutcome::Claimed { token }
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
     );
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables \
@@ -551,7 +563,10 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
             .try_claim(&claim_request("shared", token))
             .await
             .unwrap(),
-        ClaimOutcome::Claimed { token },
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        },
         "a separate table: the claim in the first schema does not collide"
     );
     let path: String = sqlx::query_scalar("SHOW search_path")
@@ -718,7 +733,13 @@ async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
         async move {
             let token = FencingToken::random();
             let outcome = store.try_claim(&claim_request(key, token)).await.unwrap();
-            assert_eq!(outcome, ClaimOutcome::Claimed { token });
+            assert_eq!(
+                outcome,
+                ClaimOutcome::Claimed {
+                    token,
+                    takeover: None
+                }
+            );
             assert!(
                 store
                     .complete("acct_alice", key, token, &stored)

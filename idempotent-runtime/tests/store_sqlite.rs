@@ -127,7 +127,10 @@ async fn open_accepts_a_sqlite_url_and_creates_the_file() {
     let token = FencingToken::random();
     assert_eq!(
         store.try_claim(&claim_request(token)).await.unwrap(),
-        ClaimOutcome::Claimed { token }
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
     );
 }
 
@@ -146,7 +149,10 @@ async fn records_survive_closing_and_reopening_the_file() {
         let token = FencingToken::random();
         assert_eq!(
             store.try_claim(&claim_request(token)).await.unwrap(),
-            ClaimOutcome::Claimed { token }
+            ClaimOutcome::Claimed {
+                token,
+                takeover: None
+            }
         );
         assert!(
             store

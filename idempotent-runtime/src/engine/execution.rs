@@ -10,7 +10,7 @@ use futures_util::FutureExt;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, debug, error, info, warn};
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 use super::answers::lease_lost;
 use super::answers::{internal_error, store_unavailable};
 use super::{DEFAULT_REPLAY_HEADERS, Idempotency, bounded};
@@ -68,10 +68,10 @@ impl Execution {
         }
     }
 
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(feature = "sql")]
     pub(super) async fn execute_in_transaction<DB, F, Fut, T, E>(
         self,
-        pool: sqlx::Pool<DB>,
+        tx_store: std::sync::Arc<dyn crate::transaction::TxStore<DB>>,
         idempotency_key: IdempotencyKey,
         handler: F,
     ) -> Response
@@ -85,7 +85,7 @@ impl Execution {
         use crate::transaction::{BEGIN_TIMEOUT, Tx};
 
         let heartbeat = AbortOnDropHandle::new(tokio::spawn(self.heartbeat().in_current_span()));
-        let begun = tokio::time::timeout(BEGIN_TIMEOUT, DB::begin(&pool)).await;
+        let begun = tokio::time::timeout(BEGIN_TIMEOUT, tx_store.begin()).await;
         let transaction = match begun {
             Ok(Ok(transaction)) => transaction,
             Ok(Err(err)) => {
@@ -147,15 +147,9 @@ impl Execution {
             }
             Ok((Outcome::Record(parts, body), mut tx)) => {
                 let stored = self.stored_response(&parts, &body);
-                let completed = DB::complete_in(
-                    tx.conn(),
-                    self.engine.inner.store.as_ref(),
-                    &self.scope,
-                    &self.key,
-                    self.token,
-                    &stored,
-                )
-                .await;
+                let completed = tx_store
+                    .complete_in(tx.conn(), &self.scope, &self.key, self.token, &stored)
+                    .await;
                 match completed {
                     Ok(true) => match tx.into_inner().commit().await {
                         Ok(()) => {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse, Takeover,
 };
 
 /// A backend under test.
@@ -51,6 +51,7 @@ macro_rules! conformance_suite {
             check_ttl_takeover_of_in_progress,
             check_lease_takeover_same_fingerprint,
             check_lease_takeover_refused_for_other_fingerprint,
+            check_takeover_reasons,
             check_stale_token_changes_nothing,
             check_unknown_token_changes_nothing,
             check_release_lets_next_request_claim,
@@ -150,7 +151,8 @@ async fn claim(store: &dyn Store, fingerprint: Fingerprint) -> (ClaimOutcome, Fe
     claim_in(store, SCOPE, KEY, fingerprint).await
 }
 
-/// Claims and asserts the claim was won; returns the token.
+/// Claims a key with no live record and asserts the claim was won as a new claim (no
+/// takeover); returns the token.
 async fn must_claim(
     store: &dyn Store,
     scope: &str,
@@ -160,8 +162,30 @@ async fn must_claim(
     let (outcome, token) = claim_in(store, scope, key, fingerprint).await;
     assert_eq!(
         outcome,
-        ClaimOutcome::Claimed { token },
-        "expected ({scope}, {key}) to be claimed"
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        },
+        "expected ({scope}, {key}) to be claimed as new"
+    );
+    token
+}
+
+/// Claims `(SCOPE, KEY)` and asserts the claim took over the earlier record for
+/// `reason`; returns the token.
+async fn must_take_over(
+    store: &dyn Store,
+    fingerprint: Fingerprint,
+    reason: Takeover,
+) -> FencingToken {
+    let (outcome, token) = claim(store, fingerprint).await;
+    assert_eq!(
+        outcome,
+        ClaimOutcome::Claimed {
+            token,
+            takeover: Some(reason)
+        },
+        "expected a takeover ({reason})"
     );
     token
 }
@@ -202,7 +226,10 @@ pub async fn check_claim_complete_replay<H: Harness>() {
     let token = FencingToken::random();
     assert_eq!(
         claim_with(&*store, SCOPE, KEY, fp(1), token).await,
-        ClaimOutcome::Claimed { token },
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        },
         "a new key is claimed with the request's own token"
     );
     let stored = response("pay_1");
@@ -296,7 +323,7 @@ pub async fn check_ttl_takeover_of_completed<H: Harness>() {
         "before the TTL"
     );
     h.advance(Duration::from_secs(60)).await;
-    let new = must_claim(&*store, SCOPE, KEY, fp(2)).await;
+    let new = must_take_over(&*store, fp(2), Takeover::Expired).await;
     assert_ne!(new, old);
     assert!(
         !complete(&*store, old, &response("stale")).await,
@@ -338,7 +365,7 @@ pub async fn check_ttl_takeover_of_in_progress<H: Harness>() {
         "past the TTL, but the lease is live"
     );
     h.advance(LEASE).await;
-    let new = must_claim(&*store, SCOPE, KEY, fp(2)).await;
+    let new = must_take_over(&*store, fp(2), Takeover::Expired).await;
     assert!(!renew(&*store, old, LEASE).await);
     assert!(!complete(&*store, old, &response("stale")).await);
     assert!(!release(&*store, old).await);
@@ -361,7 +388,10 @@ pub async fn check_lease_takeover_same_fingerprint<H: Harness>() {
     let second = FencingToken::random();
     assert_eq!(
         claim_with(&*store, SCOPE, KEY, fp(1), second).await,
-        ClaimOutcome::Claimed { token: second }
+        ClaimOutcome::Claimed {
+            token: second,
+            takeover: Some(Takeover::LeaseLost)
+        }
     );
     // The new owner has a fresh lease.
     let (outcome, _) = claim(&*store, fp(1)).await;
@@ -370,6 +400,32 @@ pub async fn check_lease_takeover_same_fingerprint<H: Harness>() {
     assert!(!complete(&*store, first, &response("first")).await);
     let (outcome, _) = claim(&*store, fp(1)).await;
     assert_eq!(outcome, ClaimOutcome::Replay(response("second")));
+}
+
+/// The reason a takeover reports: expiry wins over a lost lease (a same-fingerprint
+/// retry of a record past both its TTL and its lease took over an *expired* record);
+/// a record that was released or purged is claimed as new, not taken over.
+pub async fn check_takeover_reasons<H: Harness>() {
+    let Some((h, store)) = setup::<H>().await else {
+        return;
+    };
+    // Past both the TTL and the lease, same fingerprint: expired.
+    let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    h.advance(TTL).await;
+    let new = must_take_over(&*store, fp(1), Takeover::Expired).await;
+    assert!(!complete(&*store, old, &response("old")).await);
+    // Past the lease only: lease lost.
+    h.advance(LEASE).await;
+    let newer = must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
+    assert!(!release(&*store, new).await);
+    // Released: new again.
+    assert!(release(&*store, newer).await);
+    let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    assert!(complete(&*store, token, &response("done")).await);
+    // Completed and expired, then purged: new again.
+    h.advance(TTL).await;
+    assert_eq!(store.purge_expired(10).await.expect("purge"), 1);
+    must_claim(&*store, SCOPE, KEY, fp(2)).await;
 }
 
 /// A different fingerprint never takes over a live record, even one whose lease ran out:
@@ -383,7 +439,7 @@ pub async fn check_lease_takeover_refused_for_other_fingerprint<H: Harness>() {
     let (outcome, _) = claim(&*store, fp(2)).await;
     assert_eq!(outcome, ClaimOutcome::Mismatch);
     // The refused request changed nothing: the original fingerprint still takes over.
-    must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
 }
 
 /// After a takeover the old owner's complete, release and renew return false and change
@@ -394,7 +450,7 @@ pub async fn check_stale_token_changes_nothing<H: Harness>() {
     };
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE).await;
-    let new = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let new = must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
 
     assert!(!complete(&*store, old, &response("stale")).await);
     assert!(!release(&*store, old).await);
@@ -405,7 +461,7 @@ pub async fn check_stale_token_changes_nothing<H: Harness>() {
     h.advance(LEASE / 2).await;
     assert!(!renew(&*store, old, LEASE * 10).await);
     h.advance(LEASE / 2).await;
-    let third = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let third = must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
     assert!(!complete(&*store, new, &response("new")).await);
     assert!(complete(&*store, third, &response("third")).await);
     let (outcome, _) = claim(&*store, fp(1)).await;
@@ -487,7 +543,7 @@ pub async fn check_renew_extends_lease<H: Harness>() {
         "renew may shorten"
     );
     h.advance(Duration::from_secs(5)).await;
-    let taker = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let taker = must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
     assert!(!renew(&*store, token, LEASE).await);
     assert!(complete(&*store, taker, &response("taker")).await);
     assert!(
@@ -570,12 +626,19 @@ async fn concurrent_claims(
     outcomes
 }
 
-fn exactly_one_winner(outcomes: &[(ClaimOutcome, FencingToken)]) -> FencingToken {
+fn exactly_one_winner(
+    outcomes: &[(ClaimOutcome, FencingToken)],
+    takeover: Option<Takeover>,
+) -> FencingToken {
     let winners: Vec<_> = outcomes
         .iter()
         .filter_map(|(outcome, token)| match outcome {
-            ClaimOutcome::Claimed { token: won } => {
+            ClaimOutcome::Claimed {
+                token: won,
+                takeover: reported,
+            } => {
                 assert_eq!(won, token, "a winner gets its own token");
+                assert_eq!(*reported, takeover, "the winner's takeover");
                 Some(*won)
             }
             other => {
@@ -595,7 +658,7 @@ pub async fn check_concurrent_claims_one_winner<H: Harness>() {
         return;
     };
     let outcomes = concurrent_claims(&store, 64, |_| KEY.to_owned()).await;
-    let winner = exactly_one_winner(&outcomes);
+    let winner = exactly_one_winner(&outcomes, None);
     assert!(complete(&*store, winner, &response("won")).await);
     let (outcome, _) = claim(&*store, fp(1)).await;
     assert_eq!(outcome, ClaimOutcome::Replay(response("won")));
@@ -610,7 +673,7 @@ pub async fn check_concurrent_takeover_one_winner<H: Harness>() {
     let crashed = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE).await;
     let outcomes = concurrent_claims(&store, 64, |_| KEY.to_owned()).await;
-    let winner = exactly_one_winner(&outcomes);
+    let winner = exactly_one_winner(&outcomes, Some(Takeover::LeaseLost));
     assert_ne!(winner, crashed);
     assert!(!complete(&*store, crashed, &response("crashed")).await);
     assert!(complete(&*store, winner, &response("won")).await);
@@ -624,7 +687,14 @@ pub async fn check_concurrent_distinct_keys_all_claimed<H: Harness>() {
     };
     let outcomes = concurrent_claims(&store, 64, |i| format!("key-{i}")).await;
     for (i, (outcome, token)) in outcomes.iter().enumerate() {
-        assert_eq!(*outcome, ClaimOutcome::Claimed { token: *token }, "key-{i}");
+        assert_eq!(
+            *outcome,
+            ClaimOutcome::Claimed {
+                token: *token,
+                takeover: None
+            },
+            "key-{i}"
+        );
     }
 }
 
@@ -651,7 +721,8 @@ pub async fn check_claims_racing_releases_never_share_a_key<H: Harness>() {
                 barrier.wait().await;
                 for _ in 0..40 {
                     match claim(&*store, fp(1)).await {
-                        (ClaimOutcome::Claimed { token }, _) => {
+                        (ClaimOutcome::Claimed { token, takeover }, _) => {
+                            assert_eq!(takeover, None, "a released key is claimed as new");
                             assert_eq!(owners.fetch_add(1, Ordering::SeqCst), 0, "two owners");
                             wins.fetch_add(1, Ordering::SeqCst);
                             tokio::task::yield_now().await;
@@ -877,7 +948,13 @@ pub async fn check_purge_expired<H: Harness>() {
                 })
                 .await
                 .expect("try_claim");
-            assert_eq!(outcome, ClaimOutcome::Claimed { token });
+            assert_eq!(
+                outcome,
+                ClaimOutcome::Claimed {
+                    token,
+                    takeover: None
+                }
+            );
             (key, token)
         }
     };
