@@ -26,6 +26,8 @@ pub mod fingerprint;
 pub mod key;
 pub mod problem;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 #[cfg(feature = "sql")]
 pub mod transaction;
 

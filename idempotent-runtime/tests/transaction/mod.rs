@@ -15,7 +15,8 @@ use idempotent_runtime::{
     StoreError, StoredResponse, Takeover, Tx, TxSupport,
 };
 
-use crate::conformance::Harness;
+use idempotent_runtime::testing::conformance::Harness;
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 
 /// Ledger statements on one database; the same SQL (`$N` placeholders) on each.
 #[async_trait::async_trait]
@@ -102,20 +103,20 @@ impl<H: Harness, DB: Ledger> Setup<H, DB> {
     }
 }
 
-async fn setup<H: Harness, DB: Ledger>() -> Option<Setup<H, DB>> {
-    let harness = H::new().await?;
+async fn setup<H: Harness, DB: Ledger>() -> Setup<H, DB> {
+    let harness = H::new().await;
     let store = harness.store();
     let support: TxSupport = store.transactions().expect("an SQL store");
     let tx_store = support
         .for_database::<DB>()
         .unwrap_or_else(|| panic!("a {} store", DB::DATABASE_NAME));
     on_db(&tx_store, CREATE).await;
-    Some(Setup {
+    Setup {
         engine: Idempotency::builder_shared(store).build(),
         harness,
         tx_store,
         runs: Arc::default(),
-    })
+    }
 }
 
 const CONFIG: HandlerConfig = HandlerConfig::new();
@@ -165,9 +166,7 @@ async fn deposit<H: Harness, DB: Ledger>(setup: &Setup<H, DB>, key: &str, then: 
 }
 
 pub async fn check_commit_together_and_replay<H: Harness, DB: Ledger>() {
-    let Some(setup) = setup::<H, DB>().await else {
-        return;
-    };
+    let setup = setup::<H, DB>().await;
     let first = deposit::<H, DB>(&setup, "k", Then::Created).await;
     assert_eq!(first.status(), StatusCode::CREATED);
     assert_eq!(setup.rows().await, 1);
@@ -179,9 +178,7 @@ pub async fn check_commit_together_and_replay<H: Harness, DB: Ledger>() {
 }
 
 pub async fn check_concurrent_duplicates_write_once<H: Harness, DB: Ledger>() {
-    let Some(setup) = setup::<H, DB>().await else {
-        return;
-    };
+    let setup = setup::<H, DB>().await;
     let setup = Arc::new(setup);
     let barrier = Arc::new(tokio::sync::Barrier::new(50));
     let tasks: Vec<_> = (0..50)
@@ -207,9 +204,7 @@ pub async fn check_concurrent_duplicates_write_once<H: Harness, DB: Ledger>() {
 }
 
 pub async fn check_failures_roll_back_and_release<H: Harness, DB: Ledger>() {
-    let Some(setup) = setup::<H, DB>().await else {
-        return;
-    };
+    let setup = setup::<H, DB>().await;
     for (key, then, status) in [
         ("err", Then::Err, StatusCode::BAD_REQUEST),
         ("5xx", Then::ServerError, StatusCode::BAD_GATEWAY),
@@ -236,9 +231,7 @@ pub async fn check_failures_roll_back_and_release<H: Harness, DB: Ledger>() {
 /// `SQLITE_BUSY_SNAPSHOT`, at once; the engine's `BEGIN IMMEDIATE` holds the write lock
 /// from the start, so the other writer waits for the handler's commit instead.
 pub async fn check_read_then_write_beside_other_commits<H: Harness, DB: Ledger>() {
-    let Some(setup) = setup::<H, DB>().await else {
-        return;
-    };
+    let setup = setup::<H, DB>().await;
     on_db(&setup.tx_store, CREATE_OTHER).await;
     let read = Arc::new(tokio::sync::Notify::new());
     let (written_tx, written_rx) = tokio::sync::oneshot::channel::<()>();
@@ -400,12 +393,9 @@ impl<H: Harness> Store for TakenOverOnFirstClaim<H> {
 /// [`TakenOverOnFirstClaim`]), so this also checks that transactional handlers work on a
 /// store that merely forwards `transactions()`.
 pub async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
-    let Some(Setup {
+    let Setup {
         harness, tx_store, ..
-    }) = setup::<H, DB>().await
-    else {
-        return;
-    };
+    } = setup::<H, DB>().await;
     let harness = Arc::new(harness);
     let inner = harness.store();
     let store = Arc::new(TakenOverOnFirstClaim {
@@ -453,9 +443,7 @@ pub async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
 }
 
 pub async fn check_store_of_another_database_is_refused<H: Harness, DB: Ledger>() {
-    let Some(setup) = setup::<H, DB>().await else {
-        return;
-    };
+    let setup = setup::<H, DB>().await;
     let memory = Idempotency::new(idempotent_runtime::store::MemoryStore::new());
     assert!(!memory.supports_transactions::<DB>());
     assert!(setup.engine.supports_transactions::<DB>());
@@ -481,25 +469,31 @@ pub async fn check_store_of_another_database_is_refused<H: Harness, DB: Ledger>(
     assert_eq!(problem["code"], "transaction_unsupported");
 }
 
-/// Expands to one `#[tokio::test]` per transactional check for `$harness` on `$db`.
-#[macro_export]
-macro_rules! transaction_suite {
-    ($harness:ty, $db:ty) => {
-        $crate::transaction_suite!(@tests $harness, $db;
-            check_commit_together_and_replay,
-            check_concurrent_duplicates_write_once,
-            check_failures_roll_back_and_release,
-            check_read_then_write_beside_other_commits,
-            check_stale_owner_cannot_commit,
-            check_store_of_another_database_is_refused,
-        );
+/// Every transactional check for backend `H` on database `DB`, one test each (named
+/// `transaction::check_…`), ignored when the harness says its backend is unavailable.
+pub fn trials<H: Harness, DB: Ledger>() -> Vec<Trial> {
+    let trial = |name: &str, check: fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>| {
+        async_trial(format!("transaction::{name}"), check)
     };
-    (@tests $harness:ty, $db:ty; $($check:ident),+ $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $check() {
-                $crate::transaction::$check::<$harness, $db>().await;
-            }
-        )+
-    };
+    let trials = vec![
+        trial("check_commit_together_and_replay", || {
+            Box::pin(check_commit_together_and_replay::<H, DB>())
+        }),
+        trial("check_concurrent_duplicates_write_once", || {
+            Box::pin(check_concurrent_duplicates_write_once::<H, DB>())
+        }),
+        trial("check_failures_roll_back_and_release", || {
+            Box::pin(check_failures_roll_back_and_release::<H, DB>())
+        }),
+        trial("check_read_then_write_beside_other_commits", || {
+            Box::pin(check_read_then_write_beside_other_commits::<H, DB>())
+        }),
+        trial("check_stale_owner_cannot_commit", || {
+            Box::pin(check_stale_owner_cannot_commit::<H, DB>())
+        }),
+        trial("check_store_of_another_database_is_refused", || {
+            Box::pin(check_store_of_another_database_is_refused::<H, DB>())
+        }),
+    ];
+    ignored_if(H::unavailable(), trials)
 }

@@ -276,20 +276,17 @@ fn migrate<'c>(
             None => MIGRATIONS_TABLE.to_owned(),
         };
         let mut migrator = sql::migrator(MIGRATIONS, table);
-        match schema {
-            Some(schema) => {
-                // Created under the migrator's lock, so concurrent starts do not race on it.
-                migrator.create_schema(schema.quoted());
-                // The migration SQL names its objects unqualified; on this connection they
-                // resolve to the schema. (The connection is not reused afterwards.)
-                sqlx::query(AssertSqlSafe(format!(
-                    "SET search_path TO {}",
-                    schema.quoted()
-                )))
-                .execute(&mut *conn)
-                .await?;
-            }
-            None => {}
+        if let Some(schema) = schema {
+            // Created under the migrator's lock, so concurrent starts do not race on it.
+            migrator.create_schema(schema.quoted());
+            // The migration SQL names its objects unqualified; on this connection they
+            // resolve to the schema. (The connection is not reused afterwards.)
+            sqlx::query(AssertSqlSafe(format!(
+                "SET search_path TO {}",
+                schema.quoted()
+            )))
+            .execute(&mut *conn)
+            .await?;
         }
         migrator.run_direct(None, conn, false).await?;
         Ok(())
