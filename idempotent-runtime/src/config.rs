@@ -6,6 +6,7 @@ use crate::fingerprint::FingerprintMode;
 
 /// What happens to the claim when the handler answers with a 5xx status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OnServerError {
     /// Delete the claim so a retry runs the handler again (the default): a 5xx usually
     /// means the operation did not happen.

@@ -62,6 +62,7 @@ use sha2::{Digest, Sha256};
 
 /// How a request body is fingerprinted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum FingerprintMode {
     /// The raw body bytes (default): any byte difference is a different request.
     #[default]

@@ -49,6 +49,7 @@ pub const MAX_KEY_LEN: usize = 255;
 
 /// Why a request's idempotency key was refused (`400` problem+json).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// No `Idempotency-Key` field.
     #[error("the request has no Idempotency-Key header")]
