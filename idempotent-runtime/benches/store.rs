@@ -57,7 +57,13 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
             async move {
                 let token = FencingToken::random();
                 let outcome = store.try_claim(&request(&key, token)).await.expect("claim");
-                assert_eq!(outcome, ClaimOutcome::Claimed { token });
+                assert_eq!(
+                    outcome,
+                    ClaimOutcome::Claimed {
+                        token,
+                        takeover: None
+                    }
+                );
                 let done = store
                     .complete("acct_bench", &key, token, stored)
                     .await

@@ -147,7 +147,9 @@ pub mod problem;
 pub mod rejection;
 pub mod scope;
 pub mod store;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "testing")]
+pub mod testing;
+#[cfg(feature = "sql")]
 pub mod transaction;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -164,8 +166,11 @@ pub use sqlx::Postgres;
 /// The `sqlx` database types transactional handlers name: `Tx<Sqlite>`, `Tx<Postgres>`.
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
-pub use store::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::{
+    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, Takeover,
+    TxSupport,
+};
+#[cfg(feature = "sql")]
 pub use transaction::Tx;
 
 /// Not public API: exactly the paths the `#[idempotent]` expansion names (so users depend

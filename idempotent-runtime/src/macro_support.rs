@@ -67,7 +67,7 @@ impl Guard {
 impl Guard {
     /// Runs a transactional handler through the engine; see
     /// [`Idempotency::run_in_transaction`].
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(feature = "sql")]
     pub async fn run_in_transaction<DB, F, Fut, T, E>(
         self,
         config: &HandlerConfig,

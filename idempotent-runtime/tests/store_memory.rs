@@ -1,11 +1,10 @@
 //! The conformance suite on [`MemoryStore`].
 
-mod conformance;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::{ManualClock, Store};
 
 /// A fresh [`MemoryStore`] on a [`ManualClock`].
@@ -15,20 +14,22 @@ struct MemoryHarness {
 }
 
 #[async_trait::async_trait]
-impl conformance::Harness for MemoryHarness {
-    async fn new() -> Option<Self> {
+impl Harness for MemoryHarness {
+    async fn new() -> Self {
         let clock = ManualClock::at_millis(1_700_000_000_000);
         let store = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
-        Some(Self { store, clock })
+        Self { store, clock }
     }
 
     fn store(&self) -> Arc<dyn Store> {
         self.store.clone()
     }
 
-    async fn advance(&self, d: Duration) {
-        self.clock.advance(d);
+    async fn advance(&self, by: Duration) {
+        self.clock.advance(by);
     }
 }
 
-conformance_suite!(MemoryHarness);
+fn main() {
+    conformance::run::<MemoryHarness>()
+}

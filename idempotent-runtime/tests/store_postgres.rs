@@ -3,12 +3,11 @@
 //! one table, the database clock, round trips.
 //!
 //! Needs `IDEMPOTENT_TEST_POSTGRES_URL` (e.g. `postgres://postgres@127.0.0.1:5432/test`);
-//! without it every database test prints why and passes without checking anything. Each
+//! without it every database test is reported *ignored* (the reason printed once). Each
 //! test works in a fresh schema with a random name, dropped again when the test ends, so
 //! tests run in parallel and leave nothing behind.
 #![cfg(feature = "postgres")]
 
-mod conformance;
 mod transaction;
 
 use std::sync::Arc;
@@ -16,6 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotent_runtime::store::PostgresStore;
+use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoreError,
 };
@@ -28,15 +29,34 @@ const URL_VAR: &str = "IDEMPOTENT_TEST_POSTGRES_URL";
 /// Test schemas are named `idem_test_<unix seconds>_<random>`.
 const SCHEMA_PREFIX: &str = "idem_test_";
 
-/// The database URL, or `None` after saying why the test is skipped.
-fn database_url() -> Option<String> {
+/// Why the database tests cannot run here, if they cannot.
+fn unavailable() -> Option<String> {
     match std::env::var(URL_VAR) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            eprintln!("skipped: {URL_VAR} is not set");
-            None
-        }
+        Ok(url) if !url.is_empty() => None,
+        _ => Some(format!(
+            "{URL_VAR} is not set (e.g. postgres://postgres@127.0.0.1:5432/test)"
+        )),
     }
+}
+
+/// The database URL; only called by tests that run when [`unavailable`] said nothing.
+fn database_url() -> String {
+    match std::env::var(URL_VAR) {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!("{URL_VAR} is not set"),
+    }
+}
+
+/// Why the round-trip count cannot run here: it needs the database URL, naming the
+/// server's host and port explicitly (it puts a counting proxy in between).
+fn round_trips_unavailable() -> Option<String> {
+    unavailable().or_else(|| {
+        let url = database_url();
+        let options: PgConnectOptions = url.parse().ok()?;
+        let authority = format!("{}:{}", options.get_host(), options.get_port());
+        (options.get_socket().is_some() || !url.contains(&authority))
+            .then(|| format!("the round-trip count needs {URL_VAR} to name host:port explicitly"))
+    })
 }
 
 fn unix_secs() -> u64 {
@@ -161,9 +181,13 @@ struct PostgresHarness {
 }
 
 #[async_trait::async_trait]
-impl conformance::Harness for PostgresHarness {
-    async fn new() -> Option<Self> {
-        let url = database_url()?;
+impl Harness for PostgresHarness {
+    fn unavailable() -> Option<String> {
+        unavailable()
+    }
+
+    async fn new() -> Self {
+        let url = database_url();
         let schema = TestSchema::new(&url).await;
         let options: PgConnectOptions = url
             .parse()
@@ -177,10 +201,10 @@ impl conformance::Harness for PostgresHarness {
         let store = PostgresStore::from_pool_in_schema(pool, &schema.name)
             .await
             .unwrap_or_else(|e| panic!("{URL_VAR} is set but the store cannot open: {e}"));
-        Some(Self {
+        Self {
             store: Arc::new(store),
             schema,
-        })
+        }
     }
 
     fn store(&self) -> Arc<dyn Store> {
@@ -200,8 +224,62 @@ impl conformance::Harness for PostgresHarness {
     }
 }
 
-conformance_suite!(PostgresHarness);
-transaction_suite!(PostgresHarness, sqlx::Postgres);
+fn main() {
+    let mut trials = conformance::trials::<PostgresHarness>();
+    trials.extend(transaction::trials::<PostgresHarness, sqlx::Postgres>());
+    // Without a database.
+    trials.push(async_trial(
+        "unreachable_server_is_an_open_error_naming_the_redacted_url",
+        unreachable_server_is_an_open_error_naming_the_redacted_url,
+    ));
+    trials.push(async_trial(
+        "invalid_schema_name_is_refused_before_connecting",
+        invalid_schema_name_is_refused_before_connecting,
+    ));
+    let with_database: Vec<Trial> = vec![
+        async_trial(
+            "concurrent_starts_migrate_one_fresh_schema_once",
+            concurrent_starts_migrate_one_fresh_schema_once,
+        ),
+        async_trial(
+            "concurrent_claims_across_two_pools_have_one_winner",
+            concurrent_claims_across_two_pools_have_one_winner,
+        ),
+        async_trial(
+            "timestamps_come_from_the_database_clock",
+            timestamps_come_from_the_database_clock,
+        ),
+        async_trial(
+            "replays_duplicates_and_mismatches_write_nothing",
+            replays_duplicates_and_mismatches_write_nothing,
+        ),
+        async_trial(
+            "shares_a_pool_and_uses_its_own_migrations_table",
+            shares_a_pool_and_uses_its_own_migrations_table,
+        ),
+        async_trial(
+            "connect_honours_a_search_path_in_the_url",
+            connect_honours_a_search_path_in_the_url,
+        ),
+        async_trial(
+            "test_schemas_are_dropped_when_the_harness_is",
+            test_schemas_are_dropped_when_the_harness_is,
+        ),
+        async_trial(
+            "debug_names_the_location_without_a_password",
+            debug_names_the_location_without_a_password,
+        ),
+    ];
+    trials.extend(ignored_if(unavailable(), with_database));
+    trials.extend(ignored_if(
+        round_trips_unavailable(),
+        vec![async_trial(
+            "a_fresh_request_costs_two_round_trips_and_a_replay_one",
+            a_fresh_request_costs_two_round_trips_and_a_replay_one,
+        )],
+    ));
+    idempotent_runtime::testing::run(trials)
+}
 
 const FINGERPRINT: Fingerprint = Fingerprint {
     version: 1,
@@ -221,7 +299,6 @@ fn claim_request(key: &str, token: FencingToken) -> ClaimRequest<'_> {
     }
 }
 
-#[tokio::test]
 async fn unreachable_server_is_an_open_error_naming_the_redacted_url() {
     // Needs no database: nothing listens on port 1.
     let url = "postgres://idem_user:hunter2@127.0.0.1:1/payments";
@@ -258,7 +335,6 @@ async fn unreachable_server_is_an_open_error_naming_the_redacted_url() {
     assert!(!message.contains("hunter2"), "{message}");
 }
 
-#[tokio::test]
 async fn invalid_schema_name_is_refused_before_connecting() {
     let error = PostgresStore::connect_in_schema("postgres://u:pw@127.0.0.1:1/db", "x\"; DROP")
         .await
@@ -272,9 +348,8 @@ async fn invalid_schema_name_is_refused_before_connecting() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_starts_migrate_one_fresh_schema_once() {
-    let Some(url) = database_url() else { return };
+    let url = database_url();
     let schema = TestSchema::new(&url).await;
     let starts = (0..4).map(|_| PostgresStore::connect_in_schema(&url, &schema.name));
     let stores: Vec<PostgresStore> = futures_util::future::join_all(starts)
@@ -299,7 +374,10 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
             .try_claim(&claim_request("k", token))
             .await
             .unwrap(),
-        ClaimOutcome::Claimed { token }
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
     );
     for store in &stores[1..] {
         let outcome = store
@@ -313,9 +391,8 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claims_across_two_pools_have_one_winner() {
-    let Some(url) = database_url() else { return };
+    let url = database_url();
     let schema = TestSchema::new(&url).await;
     // Two stores = two pools = two app instances sharing the table.
     let a = Arc::new(
@@ -349,7 +426,13 @@ async fn concurrent_claims_across_two_pools_have_one_winner() {
         let mut winners = Vec::new();
         for task in tasks {
             match task.await.expect("task") {
-                (ClaimOutcome::Claimed { token: won }, token) => {
+                (
+                    ClaimOutcome::Claimed {
+                        token: won,
+                        takeover: None,
+                    },
+                    token,
+                ) => {
                     assert_eq!(won, token);
                     winners.push(token);
                 }
@@ -363,9 +446,8 @@ async fn concurrent_claims_across_two_pools_have_one_winner() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timestamps_come_from_the_database_clock() {
-    let Some(url) = database_url() else { return };
+    let url = database_url();
     let schema = TestSchema::new(&url).await;
     let store = PostgresStore::connect_in_schema(&url, &schema.name)
         .await
@@ -411,9 +493,8 @@ async fn timestamps_come_from_the_database_clock() {
     assert!(remaining > 0.5 && remaining <= 1.5, "{remaining}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replays_duplicates_and_mismatches_write_nothing() {
-    let Some(url) = database_url() else { return };
+    let url = database_url();
     let schema = TestSchema::new(&url).await;
     let store = PostgresStore::connect_in_schema(&url, &schema.name)
         .await
@@ -490,9 +571,8 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
     assert_eq!(row_version("running").await, before, "completed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shares_a_pool_and_uses_its_own_migrations_table() {
-    let Some(url) = database_url() else { return };
+    let url = database_url();
     let schema = TestSchema::new(&url).await;
     // An app's pool whose search_path points at the (pre-existing) schema: the store's
     // table lands there, unqualified, and the app's own sqlx bookkeeping is untouched.
@@ -515,7 +595,10 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
             .try_claim(&claim_request("shared", token))
             .await
             .unwrap(),
-        ClaimOutcome::Claimed { token }
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
     );
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables \
@@ -551,7 +634,10 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
             .try_claim(&claim_request("shared", token))
             .await
             .unwrap(),
-        ClaimOutcome::Claimed { token },
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        },
         "a separate table: the claim in the first schema does not collide"
     );
     let path: String = sqlx::query_scalar("SHOW search_path")
@@ -562,9 +648,8 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
     let _ = admin.close().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_honours_a_search_path_in_the_url() {
-    let Some(url) = database_url() else { return };
+    let url = database_url();
     let schema = TestSchema::new(&url).await;
     let mut admin = PgConnection::connect(&url).await.unwrap();
     sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA \"{}\"", schema.name)))
@@ -587,11 +672,9 @@ async fn connect_honours_a_search_path_in_the_url() {
     let _ = admin.close().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_schemas_are_dropped_when_the_harness_is() {
-    use conformance::Harness as _;
-    let Some(url) = database_url() else { return };
-    let harness = PostgresHarness::new().await.expect("configured");
+    let url = database_url();
+    let harness = PostgresHarness::new().await;
     let name = harness.schema.name.clone();
     let exists = |url: String, name: String| async move {
         let mut conn = PgConnection::connect(&url).await.unwrap();
@@ -609,9 +692,8 @@ async fn test_schemas_are_dropped_when_the_harness_is() {
     assert!(!exists(url, name).await, "the schema was dropped");
 }
 
-#[tokio::test]
 async fn debug_names_the_location_without_a_password() {
-    let Some(url) = database_url() else { return };
+    let url = database_url();
     let schema = TestSchema::new(&url).await;
     let store = PostgresStore::connect_in_schema(&url, &schema.name)
         .await
@@ -687,16 +769,11 @@ async fn counting_proxy(target: (String, u16), counter: Arc<TurnCounter>) -> u16
     port
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
-    let Some(url) = database_url() else { return };
+    let url = database_url();
     let schema = TestSchema::new(&url).await;
     let options: PgConnectOptions = url.parse().unwrap();
     let authority = format!("{}:{}", options.get_host(), options.get_port());
-    if options.get_socket().is_some() || !url.contains(&authority) {
-        eprintln!("skipped: the round-trip count needs a URL naming host:port explicitly");
-        return;
-    }
     let counter = Arc::new(TurnCounter::default());
     let target = (options.get_host().to_owned(), options.get_port());
     let port = counting_proxy(target, counter.clone()).await;
@@ -718,7 +795,13 @@ async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
         async move {
             let token = FencingToken::random();
             let outcome = store.try_claim(&claim_request(key, token)).await.unwrap();
-            assert_eq!(outcome, ClaimOutcome::Claimed { token });
+            assert_eq!(
+                outcome,
+                ClaimOutcome::Claimed {
+                    token,
+                    takeover: None
+                }
+            );
             assert!(
                 store
                     .complete("acct_alice", key, token, &stored)

@@ -3,13 +3,11 @@
 //! connection managers (instances) racing for one key, script reloading, round trips.
 //!
 //! Needs `IDEMPOTENT_TEST_REDIS_URL` (e.g. `redis://127.0.0.1:6379/`); without it every
-//! server test prints why and passes without checking anything. Each test works under a
+//! server test is reported as ignored, with the reason printed once. Each test works under a
 //! key prefix of its own (`idem-test:<unix seconds>:<random>`) whose keys are deleted when
 //! the test ends, so tests run in parallel and leave nothing behind (and every record
 //! carries a Redis expiry, so even a killed run's keys go away on their own).
-#![cfg(feature = "redis")]
-
-mod conformance;
+#![cfg_attr(not(feature = "redis"), allow(unused))]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use idempotent_runtime::store::RedisStore;
+use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if, run};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoreError, StoredResponse,
 };
@@ -24,15 +24,19 @@ use redis::AsyncCommands;
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_REDIS_URL";
 
-/// The server URL, or `None` after saying why the test is skipped.
-fn redis_url() -> Option<String> {
+/// Why the server tests cannot run here, if they cannot.
+fn unavailable() -> Option<String> {
     match std::env::var(URL_VAR) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            eprintln!("skipped: {URL_VAR} is not set");
-            None
-        }
+        Ok(url) if !url.is_empty() => None,
+        _ => Some(format!(
+            "{URL_VAR} is not set (e.g. redis://127.0.0.1:6379/)"
+        )),
     }
+}
+
+/// The server URL; only called by tests that run when [`unavailable`] said nothing.
+fn redis_url() -> String {
+    std::env::var(URL_VAR).unwrap_or_else(|_| panic!("{URL_VAR} is not set"))
 }
 
 /// A key prefix that exists for one test: its keys are deleted when the guard is dropped.
@@ -108,13 +112,17 @@ struct RedisHarness {
 }
 
 #[async_trait::async_trait]
-impl conformance::Harness for RedisHarness {
-    async fn new() -> Option<Self> {
-        let prefix = TestPrefix::new(&redis_url()?);
-        Some(Self {
+impl Harness for RedisHarness {
+    fn unavailable() -> Option<String> {
+        unavailable()
+    }
+
+    async fn new() -> Self {
+        let prefix = TestPrefix::new(&redis_url());
+        Self {
             store: Arc::new(prefix.store().await),
             _prefix: prefix,
-        })
+        }
     }
 
     fn store(&self) -> Arc<dyn Store> {
@@ -125,8 +133,6 @@ impl conformance::Harness for RedisHarness {
         self.store.shift_clock_for_tests(d);
     }
 }
-
-conformance_suite!(RedisHarness);
 
 const FINGERPRINT: Fingerprint = Fingerprint {
     version: 1,
@@ -158,12 +164,12 @@ async fn must_claim(store: &RedisStore, request: &ClaimRequest<'_>) {
     assert_eq!(
         store.try_claim(request).await.expect("claim"),
         ClaimOutcome::Claimed {
-            token: request.token
+            token: request.token,
+            takeover: None
         }
     );
 }
 
-#[tokio::test]
 async fn unreachable_server_is_an_open_error_naming_the_redacted_url() {
     // Needs no server: nothing listens on port 1.
     let url = "redis://idem_user:hunter2@127.0.0.1:1/0";
@@ -203,7 +209,6 @@ async fn unreachable_server_is_an_open_error_naming_the_redacted_url() {
     );
 }
 
-#[tokio::test]
 async fn prefixes_with_braces_are_refused_before_connecting() {
     let error = RedisStore::builder()
         .key_prefix("tenant{1}")
@@ -219,9 +224,8 @@ async fn prefixes_with_braces_are_refused_before_connecting() {
     }
 }
 
-#[tokio::test]
 async fn a_wrong_password_is_refused_without_echoing_it() {
-    let Some(url) = redis_url() else { return };
+    let url = redis_url();
     let parsed = url::Url::parse(&url).expect("a URL");
     if parsed.password().is_some() {
         eprintln!("skipped: the test server's URL already carries a password");
@@ -241,9 +245,8 @@ async fn a_wrong_password_is_refused_without_echoing_it() {
     assert!(!text.contains("hunter2-wrong"), "{text}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_are_one_hash_under_the_prefix_with_a_hash_tag_over_scope_and_key() {
-    let Some(url) = redis_url() else { return };
+    let url = redis_url();
     let prefix = TestPrefix::new(&url);
     let store = prefix.store().await;
     assert_eq!(store.key_prefix(), prefix.prefix);
@@ -344,9 +347,8 @@ async fn records_are_one_hash_under_the_prefix_with_a_hash_tag_over_scope_and_ke
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_carry_a_redis_expiry_at_the_end_of_their_ttl_or_lease() {
-    let Some(url) = redis_url() else { return };
+    let url = redis_url();
     let prefix = TestPrefix::new(&url);
     let store = prefix.store().await;
     let mut conn = store.connection_manager().clone();
@@ -450,9 +452,8 @@ async fn records_carry_a_redis_expiry_at_the_end_of_their_ttl_or_lease() {
     assert_eq!(store.purge_expired(100).await.unwrap(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claims_across_four_connection_managers_have_one_winner() {
-    let Some(url) = redis_url() else { return };
+    let url = redis_url();
     let prefix = TestPrefix::new(&url);
     // Four stores = four connection managers = four app instances on one Redis.
     let mut stores = Vec::new();
@@ -486,7 +487,7 @@ async fn concurrent_claims_across_four_connection_managers_have_one_winner() {
         let mut winners = Vec::new();
         for task in tasks {
             match task.await.expect("task") {
-                (Ok(ClaimOutcome::Claimed { token: won }), token) => {
+                (Ok(ClaimOutcome::Claimed { token: won, .. }), token) => {
                     assert_eq!(won, token);
                     winners.push(token);
                 }
@@ -514,9 +515,8 @@ async fn concurrent_claims_across_four_connection_managers_have_one_winner() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_record_is_reported_not_overwritten() {
-    let Some(url) = redis_url() else { return };
+    let url = redis_url();
     let prefix = TestPrefix::new(&url);
     let store = prefix.store().await;
     let key = store.record_key("acct_alice", "bad");
@@ -552,9 +552,8 @@ async fn a_corrupt_record_is_reported_not_overwritten() {
     assert_eq!(store.purge_expired(100).await.unwrap(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_are_loaded_again_after_the_server_forgets_them() {
-    let Some(url) = redis_url() else { return };
+    let url = redis_url();
     let prefix = TestPrefix::new(&url);
     let store = prefix.store().await;
     let token = FencingToken::random();
@@ -594,9 +593,8 @@ async fn scripts_are_loaded_again_after_the_server_forgets_them() {
     assert_eq!(store.purge_expired(10).await.unwrap(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_leaves_other_prefixes_alone() {
-    let Some(url) = redis_url() else { return };
+    let url = redis_url();
     let mine = TestPrefix::new(&url);
     // A prefix that extends mine: a careless MATCH pattern would take its keys too.
     let longer = TestPrefix {
@@ -612,9 +610,8 @@ async fn purge_leaves_other_prefixes_alone() {
     assert_eq!(keys_under(&url, &longer.prefix).unwrap().len(), 1);
 }
 
-#[tokio::test]
 async fn debug_names_the_location_without_a_password() {
-    let Some(url) = redis_url() else { return };
+    let url = redis_url();
     let prefix = TestPrefix::new(&url);
     let store = prefix.store().await;
     let debug = format!("{store:?}");
@@ -674,9 +671,8 @@ async fn turns_of(turns: &AtomicU64, operation: impl Future<Output = ()>) -> u64
     turns.load(Ordering::SeqCst) - before
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_outcome_of_a_claim_is_one_round_trip() {
-    let Some(url) = redis_url() else { return };
+    let url = redis_url();
     let parsed = url::Url::parse(&url).unwrap();
     let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
         eprintln!("skipped: the round-trip count needs a TCP URL");
@@ -735,4 +731,57 @@ async fn every_outcome_of_a_claim_is_one_round_trip() {
         .await;
         assert_eq!(replayed, 1, "a replay, response included");
     }
+}
+
+fn main() {
+    let mut trials = conformance::trials::<RedisHarness>();
+    // Without a server.
+    trials.push(async_trial(
+        "unreachable_server_is_an_open_error_naming_the_redacted_url",
+        unreachable_server_is_an_open_error_naming_the_redacted_url,
+    ));
+    trials.push(async_trial(
+        "prefixes_with_braces_are_refused_before_connecting",
+        prefixes_with_braces_are_refused_before_connecting,
+    ));
+    let with_server: Vec<Trial> = vec![
+        async_trial(
+            "a_wrong_password_is_refused_without_echoing_it",
+            a_wrong_password_is_refused_without_echoing_it,
+        ),
+        async_trial(
+            "records_are_one_hash_under_the_prefix_with_a_hash_tag_over_scope_and_key",
+            records_are_one_hash_under_the_prefix_with_a_hash_tag_over_scope_and_key,
+        ),
+        async_trial(
+            "records_carry_a_redis_expiry_at_the_end_of_their_ttl_or_lease",
+            records_carry_a_redis_expiry_at_the_end_of_their_ttl_or_lease,
+        ),
+        async_trial(
+            "concurrent_claims_across_four_connection_managers_have_one_winner",
+            concurrent_claims_across_four_connection_managers_have_one_winner,
+        ),
+        async_trial(
+            "a_corrupt_record_is_reported_not_overwritten",
+            a_corrupt_record_is_reported_not_overwritten,
+        ),
+        async_trial(
+            "scripts_are_loaded_again_after_the_server_forgets_them",
+            scripts_are_loaded_again_after_the_server_forgets_them,
+        ),
+        async_trial(
+            "purge_leaves_other_prefixes_alone",
+            purge_leaves_other_prefixes_alone,
+        ),
+        async_trial(
+            "debug_names_the_location_without_a_password",
+            debug_names_the_location_without_a_password,
+        ),
+        async_trial(
+            "every_outcome_of_a_claim_is_one_round_trip",
+            every_outcome_of_a_claim_is_one_round_trip,
+        ),
+    ];
+    trials.extend(ignored_if(unavailable(), with_server));
+    run(trials)
 }

@@ -3,13 +3,14 @@
 //! migrations, journal mode.
 #![cfg(feature = "sqlite")]
 
-mod conformance;
 mod transaction;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use idempotent_runtime::store::SqliteStore;
+use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::{Trial, async_trial};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ManualClock, Store, StoreError,
     StoredResponse,
@@ -27,8 +28,8 @@ struct SqliteHarness {
 }
 
 #[async_trait::async_trait]
-impl conformance::Harness for SqliteHarness {
-    async fn new() -> Option<Self> {
+impl Harness for SqliteHarness {
+    async fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let clock = ManualClock::at_millis(START);
         let path = dir.path().join("idempotency.db");
@@ -38,11 +39,11 @@ impl conformance::Harness for SqliteHarness {
         )
         .await
         .expect("open sqlite store");
-        Some(Self {
+        Self {
             store: Arc::new(store),
             clock,
             _dir: dir,
-        })
+        }
     }
 
     fn store(&self) -> Arc<dyn Store> {
@@ -54,8 +55,54 @@ impl conformance::Harness for SqliteHarness {
     }
 }
 
-conformance_suite!(SqliteHarness);
-transaction_suite!(SqliteHarness, sqlx::Sqlite);
+fn main() {
+    let own: Vec<Trial> = vec![
+        async_trial(
+            "open_in_a_missing_directory_is_an_open_error_naming_the_path",
+            open_in_a_missing_directory_is_an_open_error_naming_the_path,
+        ),
+        async_trial(
+            "open_of_a_directory_or_a_non_database_is_an_open_error",
+            open_of_a_directory_or_a_non_database_is_an_open_error,
+        ),
+        async_trial(
+            "open_accepts_a_sqlite_url_and_creates_the_file",
+            open_accepts_a_sqlite_url_and_creates_the_file,
+        ),
+        async_trial(
+            "records_survive_closing_and_reopening_the_file",
+            records_survive_closing_and_reopening_the_file,
+        ),
+        async_trial(
+            "migrations_are_idempotent_on_reopen",
+            migrations_are_idempotent_on_reopen,
+        ),
+        async_trial(
+            "concurrent_first_opens_of_one_file_all_succeed",
+            concurrent_first_opens_of_one_file_all_succeed,
+        ),
+        async_trial(
+            "the_store_uses_wal_a_busy_timeout_and_normal_sync",
+            the_store_uses_wal_a_busy_timeout_and_normal_sync,
+        ),
+        async_trial(
+            "times_are_milliseconds_from_the_injected_clock",
+            times_are_milliseconds_from_the_injected_clock,
+        ),
+        async_trial(
+            "an_app_can_share_its_pool_with_the_store",
+            an_app_can_share_its_pool_with_the_store,
+        ),
+        async_trial(
+            "a_corrupt_record_is_an_error_not_a_panic",
+            a_corrupt_record_is_an_error_not_a_panic,
+        ),
+    ];
+    let mut trials = conformance::trials::<SqliteHarness>();
+    trials.extend(transaction::trials::<SqliteHarness, sqlx::Sqlite>());
+    trials.extend(own);
+    idempotent_runtime::testing::run(trials)
+}
 
 fn fingerprint() -> Fingerprint {
     Fingerprint {
@@ -87,7 +134,6 @@ fn path_in(dir: &TempDir, name: &str) -> String {
         .to_owned()
 }
 
-#[tokio::test]
 async fn open_in_a_missing_directory_is_an_open_error_naming_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = path_in(&dir, "no-such-dir/idempotency.db");
@@ -102,7 +148,6 @@ async fn open_in_a_missing_directory_is_an_open_error_naming_the_path() {
     }
 }
 
-#[tokio::test]
 async fn open_of_a_directory_or_a_non_database_is_an_open_error() {
     let dir = tempfile::tempdir().unwrap();
     let as_dir = dir.path().to_str().unwrap().to_owned();
@@ -116,7 +161,6 @@ async fn open_of_a_directory_or_a_non_database_is_an_open_error() {
     );
 }
 
-#[tokio::test]
 async fn open_accepts_a_sqlite_url_and_creates_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = path_in(&dir, "from-url.db");
@@ -127,11 +171,13 @@ async fn open_accepts_a_sqlite_url_and_creates_the_file() {
     let token = FencingToken::random();
     assert_eq!(
         store.try_claim(&claim_request(token)).await.unwrap(),
-        ClaimOutcome::Claimed { token }
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
     );
 }
 
-#[tokio::test]
 async fn records_survive_closing_and_reopening_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = path_in(&dir, "durable.db");
@@ -146,7 +192,10 @@ async fn records_survive_closing_and_reopening_the_file() {
         let token = FencingToken::random();
         assert_eq!(
             store.try_claim(&claim_request(token)).await.unwrap(),
-            ClaimOutcome::Claimed { token }
+            ClaimOutcome::Claimed {
+                token,
+                takeover: None
+            }
         );
         assert!(
             store
@@ -181,7 +230,6 @@ async fn records_survive_closing_and_reopening_the_file() {
     );
 }
 
-#[tokio::test]
 async fn migrations_are_idempotent_on_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = path_in(&dir, "migrate.db");
@@ -198,7 +246,6 @@ async fn migrations_are_idempotent_on_reopen() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_first_opens_of_one_file_all_succeed() {
     let dir = tempfile::tempdir().unwrap();
     let path = path_in(&dir, "race.db");
@@ -213,7 +260,6 @@ async fn concurrent_first_opens_of_one_file_all_succeed() {
     }
 }
 
-#[tokio::test]
 async fn the_store_uses_wal_a_busy_timeout_and_normal_sync() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(&path_in(&dir, "pragmas.db"))
@@ -240,7 +286,6 @@ async fn the_store_uses_wal_a_busy_timeout_and_normal_sync() {
     assert_eq!(sync, 1, "NORMAL");
 }
 
-#[tokio::test]
 async fn times_are_milliseconds_from_the_injected_clock() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::at_millis(START);
@@ -271,7 +316,6 @@ async fn times_are_milliseconds_from_the_injected_clock() {
     assert_eq!(row.get::<i64, _>("fingerprint_version"), 1);
 }
 
-#[tokio::test]
 async fn an_app_can_share_its_pool_with_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let options = SqliteStore::connect_options(&path_in(&dir, "shared.db")).unwrap();
@@ -314,7 +358,6 @@ async fn an_app_can_share_its_pool_with_the_store() {
     );
 }
 
-#[tokio::test]
 async fn a_corrupt_record_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(&path_in(&dir, "corrupt.db"))

@@ -65,7 +65,7 @@ pub(super) fn replay(stored: StoredResponse) -> Response {
     response
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub(super) fn transaction_unsupported(database: &str) -> Response {
     Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -78,7 +78,7 @@ pub(super) fn transaction_unsupported(database: &str) -> Response {
     .into_response()
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 pub(super) fn lease_lost() -> Response {
     Problem::new(
         StatusCode::CONFLICT,

@@ -118,10 +118,10 @@ impl Execution {
 
     /// Runs a transactional handler: its writes and the recorded response commit
     /// together; anything else rolls back and releases the claim.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(feature = "sql")]
     pub(super) async fn execute_in_transaction<DB, F, Fut, T, E>(
         self,
-        pool: sqlx::Pool<DB>,
+        tx_store: std::sync::Arc<dyn crate::transaction::TxStore<DB>>,
         idempotency_key: crate::key::IdempotencyKey,
         handler: F,
     ) -> Response
@@ -135,7 +135,7 @@ impl Execution {
         use crate::transaction::{BEGIN_TIMEOUT, Tx};
 
         let heartbeat = self.start_heartbeat();
-        let transaction = match tokio::time::timeout(BEGIN_TIMEOUT, DB::begin(&pool)).await {
+        let transaction = match tokio::time::timeout(BEGIN_TIMEOUT, tx_store.begin()).await {
             Ok(Ok(transaction)) => transaction,
             failed => {
                 let error = match failed {
@@ -172,29 +172,31 @@ impl Execution {
                 }
                 self.give_up(why, answer).await
             }
-            Ok((Outcome::Record(captured), tx)) => self.commit(tx, captured).await,
+            Ok((Outcome::Record(captured), tx)) => {
+                self.commit(tx_store.as_ref(), tx, captured).await
+            }
         };
         drop(heartbeat);
         answer
     }
 
     /// Completes the claim inside the handler's transaction and commits both.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(feature = "sql")]
     async fn commit<DB: crate::transaction::TxDatabase>(
         &self,
+        tx_store: &dyn crate::transaction::TxStore<DB>,
         mut tx: crate::transaction::Tx<DB>,
         captured: Captured,
     ) -> Response {
-        let store = self.engine.inner.store.as_ref();
-        let completed = DB::complete_in(
-            tx.conn(),
-            store,
-            &self.scope,
-            &self.key,
-            self.token,
-            &captured.stored,
-        )
-        .await;
+        let completed = tx_store
+            .complete_in(
+                tx.conn(),
+                &self.scope,
+                &self.key,
+                self.token,
+                &captured.stored,
+            )
+            .await;
         let error = match completed {
             Ok(true) => match tx.into_inner().commit().await {
                 Ok(()) => {

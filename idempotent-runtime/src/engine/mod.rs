@@ -17,7 +17,7 @@ mod execution;
 mod retry_after;
 
 pub(crate) use answers::store_unavailable;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sql")]
 use answers::transaction_unsupported;
 use answers::{in_progress, internal_error, key_reused, replay, scope_empty};
 use execution::Execution;
@@ -374,8 +374,15 @@ impl Idempotency {
                 info!(event = "mismatch", "key reused with a different request");
                 Err(key_reused())
             }
-            ClaimOutcome::Claimed { token } => {
-                info!(event = "claimed", "running handler");
+            ClaimOutcome::Claimed { token, takeover } => {
+                match takeover {
+                    None => info!(event = "claimed", "running handler"),
+                    Some(reason) => info!(
+                        event = "taken_over",
+                        reason = reason.as_str(),
+                        "took over an earlier record of this key; running handler"
+                    ),
+                }
                 Ok(Execution {
                     engine: self.clone(),
                     config: *config,
@@ -399,7 +406,7 @@ impl Idempotency {
     /// The engine's store must be of database `DB`; otherwise every request is answered
     /// `500` (`transaction_unsupported`) without claiming or running anything. Check at
     /// startup with [`supports_transactions`](Self::supports_transactions).
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(feature = "sql")]
     pub async fn run_in_transaction<DB, F, Fut, T, E>(
         &self,
         config: &HandlerConfig,
@@ -417,18 +424,17 @@ impl Idempotency {
     {
         let span = info_span!("idempotent", scope = %scope, key = %key, transactional = true);
         async move {
-            let Some(pool) = DB::pool_of(self.inner.store.as_ref()) else {
+            // Resolved once: the same handle begins the transaction and records in it.
+            let Some(tx_store) = self.tx_store::<DB>() else {
                 error!(
                     event = "store_error",
-                    database = <DB as crate::transaction::TxDatabase>::DATABASE_NAME,
+                    database = DB::DATABASE_NAME,
                     "transactional handler on an engine whose store is not of its database"
                 );
-                return transaction_unsupported(
-                    <DB as crate::transaction::TxDatabase>::DATABASE_NAME,
-                );
+                return transaction_unsupported(DB::DATABASE_NAME);
             };
             self.claim_and_execute(config, scope, key, fingerprint, |execution, key| {
-                execution.execute_in_transaction(pool, key, handler)
+                execution.execute_in_transaction(tx_store, key, handler)
             })
             .await
         }
@@ -437,9 +443,16 @@ impl Idempotency {
     }
 
     /// Whether transactional handlers on database `DB` can run on this engine's store.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(feature = "sql")]
     pub fn supports_transactions<DB: crate::transaction::TxDatabase>(&self) -> bool {
-        DB::pool_of(self.inner.store.as_ref()).is_some()
+        self.tx_store::<DB>().is_some()
+    }
+
+    #[cfg(feature = "sql")]
+    fn tx_store<DB: crate::transaction::TxDatabase>(
+        &self,
+    ) -> Option<Arc<dyn crate::transaction::TxStore<DB>>> {
+        self.inner.store.transactions()?.for_database::<DB>()
     }
 
     /// Purges expired records in batches of `batch` until fewer than a batch remain;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::takeover::{Found, takeover};
 use super::{
     ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse,
     retry_after_from_millis,
@@ -109,24 +110,33 @@ impl Store for MemoryStore {
         let now = self.clock.now_millis();
         let mut records = self.lock();
         let id = (claim.scope.to_owned(), claim.key.to_owned());
-        if let Some(existing) = records.get(&id)
-            && existing.is_live(now)
-        {
-            let same = existing.fingerprint == *claim.fingerprint;
-            match (&existing.state, same) {
-                (_, false) => return Ok(ClaimOutcome::Mismatch),
-                (State::Completed(response), true) => {
-                    return Ok(ClaimOutcome::Replay(response.clone()));
+        let takeover = match records.get(&id) {
+            None => None,
+            Some(existing) => {
+                let same_fingerprint = existing.fingerprint == *claim.fingerprint;
+                let found = Found {
+                    completed: matches!(existing.state, State::Completed(_)),
+                    ttl_ran_out: existing.expires_at <= now,
+                    lease_ran_out: matches!(
+                        existing.state,
+                        State::InProgress { lease_expires_at } if lease_expires_at <= now
+                    ),
+                    same_fingerprint,
+                };
+                match takeover(found) {
+                    Some(reason) => Some(reason),
+                    None if !same_fingerprint => return Ok(ClaimOutcome::Mismatch),
+                    None => {
+                        return Ok(match &existing.state {
+                            State::Completed(response) => ClaimOutcome::Replay(response.clone()),
+                            State::InProgress { lease_expires_at } => ClaimOutcome::InProgress {
+                                retry_after: retry_after_from_millis(lease_expires_at - now),
+                            },
+                        });
+                    }
                 }
-                (State::InProgress { lease_expires_at }, true) if *lease_expires_at > now => {
-                    return Ok(ClaimOutcome::InProgress {
-                        retry_after: retry_after_from_millis(lease_expires_at - now),
-                    });
-                }
-                // Lease ran out, same fingerprint: take over below.
-                (State::InProgress { .. }, true) => {}
             }
-        }
+        };
         records.insert(
             id,
             Record {
@@ -138,7 +148,10 @@ impl Store for MemoryStore {
                 },
             },
         );
-        Ok(ClaimOutcome::Claimed { token: claim.token })
+        Ok(ClaimOutcome::Claimed {
+            token: claim.token,
+            takeover,
+        })
     }
 
     async fn renew(

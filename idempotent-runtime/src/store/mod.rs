@@ -27,17 +27,23 @@ mod postgres;
 mod record;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sql")]
+mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod takeover;
+mod tx_support;
 
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresPool, PostgresStore};
+pub use postgres::PostgresStore;
 pub use record::{decode_headers, encode_headers};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
+pub use takeover::Takeover;
+pub use tx_support::TxSupport;
 
 /// The token a claim receives. `complete`, `release` and `renew` only act while the
 /// record still carries this token, so an owner whose lease was taken over can neither
@@ -71,12 +77,16 @@ pub struct ClaimRequest<'a> {
 
 /// What a claim attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ClaimOutcome {
     /// The caller owns the key now (new key, expired record, or a lease that ran out);
     /// run the handler and `complete` or `release` with this token.
     Claimed {
         /// The token the claim carries.
         token: FencingToken,
+        /// `None` for a key with no live record (new, released or purged); otherwise why
+        /// the earlier record could be taken over.
+        takeover: Option<Takeover>,
     },
     /// Completed earlier with the same fingerprint: answer with this.
     Replay(StoredResponse),
@@ -104,13 +114,14 @@ pub struct StoredResponse {
 
 /// A store could not be reached or answered with an error. Requests get `503`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The database driver failed.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(feature = "sql")]
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     /// Applying the embedded migrations failed.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(feature = "sql")]
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// Redis failed: unreachable, a timeout, an error reply.
@@ -131,6 +142,17 @@ pub enum StoreError {
     /// A stored record could not be decoded.
     #[error("corrupt idempotency record: {0}")]
     Corrupt(String),
+    /// A store's own failure that none of the variants above describes: what a store
+    /// outside this crate (another database, a cache, a remote service) reports.
+    #[error("idempotency store error: {0}")]
+    Backend(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl StoreError {
+    /// Wraps a store's own error as [`StoreError::Backend`].
+    pub fn backend(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        Self::Backend(error.into())
+    }
 }
 
 /// Durable storage of claims and responses. Object safe; the engine holds an
@@ -139,7 +161,7 @@ pub enum StoreError {
 /// Every method is one atomic operation. In particular `try_claim` decides and writes in
 /// one step: a check followed by an insert would let two duplicates both run.
 #[async_trait]
-pub trait Store: std::any::Any + Send + Sync + std::fmt::Debug {
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Claims `(scope, key)` atomically. Takes over a record whose TTL expired, or an
     /// in-progress record whose lease ran out *and* whose fingerprint matches.
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
@@ -176,43 +198,14 @@ pub trait Store: std::any::Any + Send + Sync + std::fmt::Debug {
     /// Deletes up to `limit` records whose TTL ran out; returns how many.
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError>;
 
-    /// The SQL pool behind the store, for transactional handlers; `None` (the default)
-    /// for stores that are not SQL databases.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    fn sql_pool(&self) -> Option<SqlPool> {
+    /// What transactional handlers (`Tx<DB>`) need from this store, if it supports them:
+    /// a handle per database that begins the handler's transaction and records the
+    /// response inside it. `None` (the default): transactional handlers are refused.
+    ///
+    /// A decorator store (metrics, tracing, …) forwards its inner store's answer and so
+    /// supports transactional handlers exactly like it.
+    fn transactions(&self) -> Option<TxSupport> {
         None
-    }
-}
-
-/// The pool of an SQL store, with what a transactional handler's completion needs to know
-/// about where the store keeps its records, so handlers can write to the same database.
-///
-/// The engine uses nothing but this value: a decorator store (metrics, tracing, …) that
-/// forwards [`Store::sql_pool`] of the store it wraps supports transactional handlers
-/// exactly like that store.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum SqlPool {
-    /// An SQLite pool (the records live in its `idempotency_records` table).
-    #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool),
-    /// A Postgres pool and the table (possibly in a schema) of the store that made it.
-    #[cfg(feature = "postgres")]
-    Postgres(PostgresPool),
-}
-
-/// A store's answer when the record kept changing under every claim attempt: someone
-/// else is busy with the key, which is what `409 request_in_progress` says. Nothing ran.
-pub(crate) fn contended(claim: &ClaimRequest<'_>, attempts: usize) -> ClaimOutcome {
-    tracing::warn!(
-        scope = claim.scope,
-        key = claim.key,
-        attempts,
-        "idempotency record kept changing during claim; answering in progress"
-    );
-    ClaimOutcome::InProgress {
-        retry_after: Duration::from_secs(1),
     }
 }
 

@@ -1,4 +1,4 @@
-//! The transactional unit of work (DESIGN §5), checked on every SQL store through its
+//! The transactional unit of work, checked on every SQL store through its
 //! conformance [`Harness`]: business writes and the stored response commit together, or
 //! not at all.
 #![allow(dead_code)] // each test file uses the checks of its own backend
@@ -9,20 +9,22 @@ use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
-use idempotent_runtime::store::SqlPool;
-use idempotent_runtime::transaction::TxDatabase;
+use idempotent_runtime::transaction::{TxDatabase, TxStore};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency, Store,
-    StoreError, StoredResponse, Tx,
+    StoreError, StoredResponse, Takeover, Tx, TxSupport,
 };
 
-use crate::conformance::Harness;
+use idempotent_runtime::testing::conformance::Harness;
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 
 /// Ledger statements on one database; the same SQL (`$N` placeholders) on each.
 #[async_trait::async_trait]
-pub trait Ledger: TxDatabase {
+pub(crate) trait Ledger: TxDatabase {
     async fn insert(tx: &mut Tx<Self>, account: &str) -> Result<(), sqlx::Error>;
     async fn count(tx: &mut Tx<Self>) -> Result<i64, sqlx::Error>;
+    /// Runs `sql` outside the engine: a `SELECT`'s single value, or the rows affected.
+    async fn run(conn: &mut Self::Connection, sql: &'static str) -> Result<i64, sqlx::Error>;
 }
 
 const INSERT: &str = "INSERT INTO test_ledger (account) VALUES ($1)";
@@ -43,6 +45,15 @@ impl Ledger for sqlx::Sqlite {
     async fn count(tx: &mut Tx<Self>) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(COUNT).fetch_one(tx.conn()).await
     }
+
+    async fn run(conn: &mut Self::Connection, sql: &'static str) -> Result<i64, sqlx::Error> {
+        if sql.starts_with("SELECT") {
+            sqlx::query_scalar(sql).fetch_one(conn).await
+        } else {
+            let done = sqlx::query(sql).execute(conn).await?;
+            Ok(i64::try_from(done.rows_affected()).expect("a test-sized count"))
+        }
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -59,63 +70,53 @@ impl Ledger for sqlx::Postgres {
     async fn count(tx: &mut Tx<Self>) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar(COUNT).fetch_one(tx.conn()).await
     }
-}
 
-async fn on_pool(pool: &SqlPool, sql: &'static str) -> i64 {
-    match pool {
-        #[cfg(feature = "sqlite")]
-        SqlPool::Sqlite(pool) => {
-            if sql.starts_with("SELECT") {
-                sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
-            } else {
-                sqlx::query(sql)
-                    .execute(pool)
-                    .await
-                    .unwrap()
-                    .rows_affected() as i64
-            }
+    async fn run(conn: &mut Self::Connection, sql: &'static str) -> Result<i64, sqlx::Error> {
+        if sql.starts_with("SELECT") {
+            sqlx::query_scalar(sql).fetch_one(conn).await
+        } else {
+            let done = sqlx::query(sql).execute(conn).await?;
+            Ok(i64::try_from(done.rows_affected()).expect("a test-sized count"))
         }
-        #[cfg(feature = "postgres")]
-        SqlPool::Postgres(pg) => {
-            if sql.starts_with("SELECT") {
-                sqlx::query_scalar(sql).fetch_one(pg.pool()).await.unwrap()
-            } else {
-                sqlx::query(sql)
-                    .execute(pg.pool())
-                    .await
-                    .unwrap()
-                    .rows_affected() as i64
-            }
-        }
-        #[allow(unreachable_patterns)]
-        _ => unreachable!("an SQL store"),
     }
 }
 
-struct Setup<H> {
+/// Runs `sql` in a transaction of its own on the store's database, through the store's
+/// own transactional handle (the one the engine uses).
+async fn on_db<DB: Ledger>(tx_store: &Arc<dyn TxStore<DB>>, sql: &'static str) -> i64 {
+    let mut tx = tx_store.begin().await.expect("begin");
+    let result = DB::run(&mut tx, sql).await.expect(sql);
+    tx.commit().await.expect("commit");
+    result
+}
+
+struct Setup<H, DB: Ledger> {
     harness: H,
     engine: Idempotency,
-    pool: SqlPool,
+    tx_store: Arc<dyn TxStore<DB>>,
     runs: Arc<AtomicUsize>,
 }
 
-impl<H: Harness> Setup<H> {
+impl<H: Harness, DB: Ledger> Setup<H, DB> {
     async fn rows(&self) -> i64 {
-        on_pool(&self.pool, COUNT).await
+        on_db(&self.tx_store, COUNT).await
     }
 }
 
-async fn setup<H: Harness>() -> Option<Setup<H>> {
-    let harness = H::new().await?;
+async fn setup<H: Harness, DB: Ledger>() -> Setup<H, DB> {
+    let harness = H::new().await;
     let store = harness.store();
-    let pool = store.sql_pool().expect("an SQL store");
-    on_pool(&pool, CREATE).await;
-    Some(Setup {
+    let support: TxSupport = store.transactions().expect("an SQL store");
+    let tx_store = support
+        .for_database::<DB>()
+        .unwrap_or_else(|| panic!("a {} store", DB::DATABASE_NAME));
+    on_db(&tx_store, CREATE).await;
+    Setup {
         engine: Idempotency::builder_shared(store).build(),
         harness,
-        pool,
+        tx_store,
         runs: Arc::default(),
-    })
+    }
 }
 
 const CONFIG: HandlerConfig = HandlerConfig::new();
@@ -133,7 +134,7 @@ enum Then {
     Panic,
 }
 
-async fn deposit<H: Harness, DB: Ledger>(setup: &Setup<H>, key: &str, then: Then) -> Response {
+async fn deposit<H: Harness, DB: Ledger>(setup: &Setup<H, DB>, key: &str, then: Then) -> Response {
     let runs = setup.runs.clone();
     setup
         .engine
@@ -164,10 +165,8 @@ async fn deposit<H: Harness, DB: Ledger>(setup: &Setup<H>, key: &str, then: Then
         .await
 }
 
-pub async fn check_commit_together_and_replay<H: Harness, DB: Ledger>() {
-    let Some(setup) = setup::<H>().await else {
-        return;
-    };
+pub(crate) async fn check_commit_together_and_replay<H: Harness, DB: Ledger>() {
+    let setup = setup::<H, DB>().await;
     let first = deposit::<H, DB>(&setup, "k", Then::Created).await;
     assert_eq!(first.status(), StatusCode::CREATED);
     assert_eq!(setup.rows().await, 1);
@@ -178,10 +177,8 @@ pub async fn check_commit_together_and_replay<H: Harness, DB: Ledger>() {
     assert_eq!(setup.rows().await, 1);
 }
 
-pub async fn check_concurrent_duplicates_write_once<H: Harness, DB: Ledger>() {
-    let Some(setup) = setup::<H>().await else {
-        return;
-    };
+pub(crate) async fn check_concurrent_duplicates_write_once<H: Harness, DB: Ledger>() {
+    let setup = setup::<H, DB>().await;
     let setup = Arc::new(setup);
     let barrier = Arc::new(tokio::sync::Barrier::new(50));
     let tasks: Vec<_> = (0..50)
@@ -206,10 +203,8 @@ pub async fn check_concurrent_duplicates_write_once<H: Harness, DB: Ledger>() {
     assert_eq!(setup.runs.load(Ordering::SeqCst), 1);
 }
 
-pub async fn check_failures_roll_back_and_release<H: Harness, DB: Ledger>() {
-    let Some(setup) = setup::<H>().await else {
-        return;
-    };
+pub(crate) async fn check_failures_roll_back_and_release<H: Harness, DB: Ledger>() {
+    let setup = setup::<H, DB>().await;
     for (key, then, status) in [
         ("err", Then::Err, StatusCode::BAD_REQUEST),
         ("5xx", Then::ServerError, StatusCode::BAD_GATEWAY),
@@ -226,7 +221,7 @@ pub async fn check_failures_roll_back_and_release<H: Harness, DB: Ledger>() {
         );
         assert!(retry.headers().get("idempotent-replayed").is_none());
         assert_eq!(setup.rows().await, 1, "{then:?}: applied once");
-        on_pool(&setup.pool, "DELETE FROM test_ledger").await;
+        on_db(&setup.tx_store, "DELETE FROM test_ledger").await;
     }
 }
 
@@ -235,20 +230,18 @@ pub async fn check_failures_roll_back_and_release<H: Harness, DB: Ledger>() {
 /// renewing its lease). On SQLite a deferred `BEGIN` fails that handler's first write with
 /// `SQLITE_BUSY_SNAPSHOT`, at once; the engine's `BEGIN IMMEDIATE` holds the write lock
 /// from the start, so the other writer waits for the handler's commit instead.
-pub async fn check_read_then_write_beside_other_commits<H: Harness, DB: Ledger>() {
-    let Some(setup) = setup::<H>().await else {
-        return;
-    };
-    on_pool(&setup.pool, CREATE_OTHER).await;
+pub(crate) async fn check_read_then_write_beside_other_commits<H: Harness, DB: Ledger>() {
+    let setup = setup::<H, DB>().await;
+    on_db(&setup.tx_store, CREATE_OTHER).await;
     let read = Arc::new(tokio::sync::Notify::new());
     let (written_tx, written_rx) = tokio::sync::oneshot::channel::<()>();
     // The other writer: commits as soon as the handler has read (on SQLite with
     // `BEGIN IMMEDIATE`, only once the handler committed).
     let writer = {
-        let (pool, read) = (setup.pool.clone(), read.clone());
+        let (tx_store, read) = (setup.tx_store.clone(), read.clone());
         tokio::spawn(async move {
             read.notified().await;
-            on_pool(&pool, INSERT_OTHER).await;
+            on_db(&tx_store, INSERT_OTHER).await;
             let _ = written_tx.send(());
         })
     };
@@ -294,7 +287,7 @@ pub async fn check_read_then_write_beside_other_commits<H: Harness, DB: Ledger>(
         .expect("the other writer's insert succeeds");
     assert_eq!(setup.rows().await, 1, "the handler's write committed");
     assert_eq!(
-        on_pool(&setup.pool, COUNT_OTHER).await,
+        on_db(&setup.tx_store, COUNT_OTHER).await,
         1,
         "and so did the other"
     );
@@ -304,7 +297,7 @@ const CREATE_OTHER: &str = "CREATE TABLE IF NOT EXISTS test_other (note TEXT NOT
 const INSERT_OTHER: &str = "INSERT INTO test_other (note) VALUES ('committed meanwhile')";
 const COUNT_OTHER: &str = "SELECT COUNT(*) FROM test_other";
 
-/// A store that forwards everything to `inner` (including `sql_pool()`, so transactional
+/// A store that forwards everything to `inner` (including `transactions()`, so transactional
 /// handlers run on it like on `inner`), except that its first claim is taken over before
 /// the engine even sees it: the claim succeeds with the caller's token, then the lease
 /// runs out (a stalled owner) and a retry claims the key with a new token. The engine
@@ -330,7 +323,13 @@ impl<H: Harness> Store for TakenOverOnFirstClaim<H> {
         if self.new_owner.lock().unwrap().is_some() {
             return Ok(outcome);
         }
-        assert_eq!(outcome, ClaimOutcome::Claimed { token: claim.token });
+        assert_eq!(
+            outcome,
+            ClaimOutcome::Claimed {
+                token: claim.token,
+                takeover: None
+            }
+        );
         self.harness
             .advance(claim.lease + Duration::from_secs(1))
             .await;
@@ -341,7 +340,10 @@ impl<H: Harness> Store for TakenOverOnFirstClaim<H> {
             .await?;
         assert_eq!(
             retry,
-            ClaimOutcome::Claimed { token },
+            ClaimOutcome::Claimed {
+                token,
+                takeover: Some(Takeover::LeaseLost)
+            },
             "the retry took over"
         );
         *self.new_owner.lock().unwrap() = Some(token);
@@ -381,19 +383,19 @@ impl<H: Harness> Store for TakenOverOnFirstClaim<H> {
         self.inner.purge_expired(limit).await
     }
 
-    fn sql_pool(&self) -> Option<SqlPool> {
-        self.inner.sql_pool()
+    fn transactions(&self) -> Option<TxSupport> {
+        self.inner.transactions()
     }
 }
 
 /// An owner whose lease was taken over cannot commit: its writes roll back, the answer
 /// is `409`, and the new owner keeps the record. The store is a decorator (see
 /// [`TakenOverOnFirstClaim`]), so this also checks that transactional handlers work on a
-/// store that merely forwards `sql_pool()`.
-pub async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
-    let Some(Setup { harness, pool, .. }) = setup::<H>().await else {
-        return;
-    };
+/// store that merely forwards `transactions()`.
+pub(crate) async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
+    let Setup {
+        harness, tx_store, ..
+    } = setup::<H, DB>().await;
     let harness = Arc::new(harness);
     let inner = harness.store();
     let store = Arc::new(TakenOverOnFirstClaim {
@@ -402,7 +404,10 @@ pub async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
         new_owner: std::sync::Mutex::new(None),
     });
     let engine = Idempotency::builder_shared(store.clone()).build();
-    assert!(engine.supports_transactions::<DB>(), "sql_pool() forwarded");
+    assert!(
+        engine.supports_transactions::<DB>(),
+        "transactions() forwarded"
+    );
     let response = engine
         .run_in_transaction::<DB, _, _, _, _>(
             &CONFIG,
@@ -418,7 +423,7 @@ pub async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
         .await;
     assert_eq!(response.status(), StatusCode::CONFLICT, "fenced out");
     assert_eq!(
-        on_pool(&pool, COUNT).await,
+        on_db(&tx_store, COUNT).await,
         0,
         "the stale owner's write rolled back"
     );
@@ -437,10 +442,8 @@ pub async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
     );
 }
 
-pub async fn check_store_of_another_database_is_refused<H: Harness, DB: Ledger>() {
-    let Some(setup) = setup::<H>().await else {
-        return;
-    };
+pub(crate) async fn check_store_of_another_database_is_refused<H: Harness, DB: Ledger>() {
+    let setup = setup::<H, DB>().await;
     let memory = Idempotency::new(idempotent_runtime::store::MemoryStore::new());
     assert!(!memory.supports_transactions::<DB>());
     assert!(setup.engine.supports_transactions::<DB>());
@@ -466,25 +469,31 @@ pub async fn check_store_of_another_database_is_refused<H: Harness, DB: Ledger>(
     assert_eq!(problem["code"], "transaction_unsupported");
 }
 
-/// Expands to one `#[tokio::test]` per transactional check for `$harness` on `$db`.
-#[macro_export]
-macro_rules! transaction_suite {
-    ($harness:ty, $db:ty) => {
-        $crate::transaction_suite!(@tests $harness, $db;
-            check_commit_together_and_replay,
-            check_concurrent_duplicates_write_once,
-            check_failures_roll_back_and_release,
-            check_read_then_write_beside_other_commits,
-            check_stale_owner_cannot_commit,
-            check_store_of_another_database_is_refused,
-        );
+/// Every transactional check for backend `H` on database `DB`, one test each (named
+/// `transaction::check_…`), ignored when the harness says its backend is unavailable.
+pub(crate) fn trials<H: Harness, DB: Ledger>() -> Vec<Trial> {
+    let trial = |name: &str, check: fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>| {
+        async_trial(format!("transaction::{name}"), check)
     };
-    (@tests $harness:ty, $db:ty; $($check:ident),+ $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $check() {
-                $crate::transaction::$check::<$harness, $db>().await;
-            }
-        )+
-    };
+    let trials = vec![
+        trial("check_commit_together_and_replay", || {
+            Box::pin(check_commit_together_and_replay::<H, DB>())
+        }),
+        trial("check_concurrent_duplicates_write_once", || {
+            Box::pin(check_concurrent_duplicates_write_once::<H, DB>())
+        }),
+        trial("check_failures_roll_back_and_release", || {
+            Box::pin(check_failures_roll_back_and_release::<H, DB>())
+        }),
+        trial("check_read_then_write_beside_other_commits", || {
+            Box::pin(check_read_then_write_beside_other_commits::<H, DB>())
+        }),
+        trial("check_stale_owner_cannot_commit", || {
+            Box::pin(check_stale_owner_cannot_commit::<H, DB>())
+        }),
+        trial("check_store_of_another_database_is_refused", || {
+            Box::pin(check_store_of_another_database_is_refused::<H, DB>())
+        }),
+    ];
+    ignored_if(H::unavailable(), trials)
 }

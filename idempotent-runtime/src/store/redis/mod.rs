@@ -109,8 +109,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, RedisResult, Value};
 
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, decode_headers,
-    encode_headers, retry_after_from_millis,
+    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, Takeover,
+    decode_headers, encode_headers, retry_after_from_millis,
 };
 use crate::clock::millis;
 
@@ -465,7 +465,15 @@ fn claim_outcome(reply: Value, token: FencingToken) -> Result<ClaimOutcome, Stor
         .and_then(bulk)
         .ok_or_else(|| corrupt("no outcome"))?;
     match tag.as_slice() {
-        b"claimed" => Ok(ClaimOutcome::Claimed { token }),
+        b"claimed" => {
+            let takeover = match items.next().and_then(bulk).as_deref() {
+                None | Some(b"") => None,
+                Some(b"expired") => Some(Takeover::Expired),
+                Some(b"lease_lost") => Some(Takeover::LeaseLost),
+                Some(other) => return Err(corrupt(&String::from_utf8_lossy(other))),
+            };
+            Ok(ClaimOutcome::Claimed { token, takeover })
+        }
         b"mismatch" => Ok(ClaimOutcome::Mismatch),
         b"in_progress" => match items.next() {
             Some(Value::Int(left)) => Ok(ClaimOutcome::InProgress {
@@ -660,9 +668,27 @@ mod tests {
         let token = FencingToken(7);
         let s = |b: &[u8]| Value::BulkString(b.to_vec());
         assert_eq!(
-            claim_outcome(Value::Array(vec![s(b"claimed")]), token).unwrap(),
-            ClaimOutcome::Claimed { token }
+            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"")]), token).unwrap(),
+            ClaimOutcome::Claimed {
+                token,
+                takeover: None
+            }
         );
+        assert_eq!(
+            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"expired")]), token).unwrap(),
+            ClaimOutcome::Claimed {
+                token,
+                takeover: Some(Takeover::Expired)
+            }
+        );
+        assert_eq!(
+            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"lease_lost")]), token).unwrap(),
+            ClaimOutcome::Claimed {
+                token,
+                takeover: Some(Takeover::LeaseLost)
+            }
+        );
+        assert!(claim_outcome(Value::Array(vec![s(b"claimed"), s(b"later")]), token).is_err());
         assert_eq!(
             claim_outcome(Value::Array(vec![s(b"mismatch")]), token).unwrap(),
             ClaimOutcome::Mismatch

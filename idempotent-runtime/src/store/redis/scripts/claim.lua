@@ -1,13 +1,19 @@
 -- try_claim. KEYS[1] the record. ARGV: [1] clock offset ms, [2] fingerprint digest,
 -- [3] fingerprint version, [4] token, [5] ttl ms, [6] lease ms.
 --
--- Returns {'claimed'} | {'replay', status, headers, body or nil}
+-- Returns {'claimed', takeover} (takeover: '' for a new key, 'expired' or 'lease_lost')
+--       | {'replay', status, headers, body or nil}
 --       | {'in_progress', lease ms left} | {'mismatch'}.
 local key = KEYS[1]
 local now = now_ms()
 local record, err = load(key)
 if err then
   return redis.error_reply(err)
+end
+-- Why a record that is there gets replaced (the takeover rule of every store).
+local takeover = ''
+if record then
+  takeover = 'expired'
 end
 if record and is_live(record, now) then
   if record.fp ~= ARGV[2] or record.fpv ~= ARGV[3] then
@@ -21,6 +27,7 @@ if record and is_live(record, now) then
     return { 'in_progress', record.lease_expires_at - now }
   end
   -- In progress, lease ran out, same fingerprint: the owner crashed; take it over.
+  takeover = 'lease_lost'
 end
 -- New key, expired record, or takeover: write a fresh record over whatever was there.
 local expires_at = now + tonumber(ARGV[5])
@@ -31,4 +38,4 @@ redis.call('HSET', key,
   'lease_expires_at', ms(lease_expires_at), 'expires_at', ms(expires_at))
 -- Redis removes the record when neither its TTL nor its lease holds it any more.
 redis.call('PEXPIREAT', key, ms(math.max(expires_at, lease_expires_at)))
-return { 'claimed' }
+return { 'claimed', takeover }

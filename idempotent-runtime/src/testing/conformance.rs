@@ -1,83 +1,148 @@
 //! The conformance suite every [`Store`] must pass.
 //!
-//! A backend's test file implements [`Harness`] and invokes
-//! `conformance_suite!(TheHarness);`, which expands to one `#[tokio::test]` per check
-//! below. Each check starts from a fresh, empty store ([`Harness::new`]) and moves time
-//! only through [`Harness::advance`].
+//! A backend implements [`Harness`] (a fresh, empty store per check, and a way to move
+//! its clock) and runs [`trials`] — in one line, from a test target with
+//! `harness = false`:
 //!
-//! Semantics pinned here (the trait docs say the rest):
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use idempotent_runtime::store::MemoryStore;
+//! use idempotent_runtime::testing::conformance::{self, Harness};
+//! use idempotent_runtime::{ManualClock, Store};
+//!
+//! struct MyHarness {
+//!     store: Arc<MemoryStore>,
+//!     clock: ManualClock,
+//! }
+//!
+//! #[async_trait::async_trait]
+//! impl Harness for MyHarness {
+//!     async fn new() -> Self {
+//!         let clock = ManualClock::new();
+//!         let store = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+//!         Self { store, clock }
+//!     }
+//!
+//!     fn store(&self) -> Arc<dyn Store> {
+//!         self.store.clone()
+//!     }
+//!
+//!     async fn advance(&self, by: Duration) {
+//!         self.clock.advance(by);
+//!     }
+//! }
+//!
+//! fn main() {
+//!     conformance::run::<MyHarness>()
+//! }
+//! ```
+//!
+//! Each check is its own test (named `conformance::check_…`), runs on a multi-thread
+//! Tokio runtime of its own (concurrency checks race real threads), starts from a fresh
+//! store and moves time only through [`Harness::advance`]. To add tests of your own to
+//! the same binary, chain [`trials`] with them (e.g. made by
+//! [`async_trial`](super::async_trial)) and pass them all to [`testing::run`](super::run).
+//!
+//! Semantics pinned here (the [`Store`] docs say the rest):
 //!
 //! - A record is live while `now < expires_at`; at `expires_at` it is gone (any request
 //!   may claim the key, whatever its fingerprint).
 //! - A lease is held while `now < lease_expires_at`; after that, only a request with the
 //!   same fingerprint (digest *and* version) takes the claim over.
+//! - A claim says whether it took over an earlier record, and why
+//!   ([`Takeover::Expired`] before [`Takeover::LeaseLost`]); a key whose record was
+//!   released or purged is claimed as new.
 //! - A token acts (`renew`/`complete`/`release`) only while it owns an *in-progress*
 //!   record; a lease that ran out without a takeover is still owned. After completion the
 //!   token owns nothing: a second `complete` returns `false` and changes nothing.
-#![allow(dead_code)] // each test binary uses the suite through the macro only
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse,
+
+use super::Trial;
+use crate::{
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse, Takeover,
 };
 
 /// A backend under test.
 #[async_trait::async_trait]
 pub trait Harness: Send + Sync + Sized + 'static {
-    /// A fresh, empty store isolated from every other test; None = this backend is not
-    /// configured (print why, the test then returns early).
-    async fn new() -> Option<Self>;
+    /// Why this backend cannot be tested here (e.g. the variable naming its server is not
+    /// set); `None` (the default) when it can. With a reason, every check is reported
+    /// *ignored* by `cargo test`, and the reason is printed once.
+    fn unavailable() -> Option<String> {
+        None
+    }
+
+    /// A fresh, empty store isolated from every other check (which may run at the same
+    /// time, on other threads).
+    async fn new() -> Self;
+
     /// The store under test.
     fn store(&self) -> Arc<dyn Store>;
-    /// Moves the store's notion of "now" forward by d (memory/SQLite: advance a
-    /// ManualClock; Postgres will shift the stored timestamps back).
-    async fn advance(&self, d: Duration);
+
+    /// Moves the store's notion of "now" forward by `by` (e.g. advance a
+    /// [`ManualClock`](crate::ManualClock), or shift a database's stored timestamps back).
+    async fn advance(&self, by: Duration);
 }
 
-/// Expands to one `#[tokio::test]` per conformance check for `$harness`.
-#[macro_export]
-macro_rules! conformance_suite {
-    ($harness:ty) => {
-        $crate::conformance_suite!(@tests $harness;
-            check_claim_complete_replay,
-            check_mismatch_while_in_progress,
-            check_mismatch_when_completed,
-            check_mismatch_on_fingerprint_version,
-            check_in_progress_retry_after,
-            check_ttl_takeover_of_completed,
-            check_ttl_takeover_of_in_progress,
-            check_lease_takeover_same_fingerprint,
-            check_lease_takeover_refused_for_other_fingerprint,
-            check_stale_token_changes_nothing,
-            check_unknown_token_changes_nothing,
-            check_release_lets_next_request_claim,
-            check_renew_extends_lease,
-            check_renew_keeps_a_running_claim_past_its_ttl,
-            check_owner_keeps_expired_lease_until_taken_over,
-            check_concurrent_claims_one_winner,
-            check_concurrent_takeover_one_winner,
-            check_concurrent_distinct_keys_all_claimed,
-            check_claims_racing_releases_never_share_a_key,
-            check_scope_isolation,
-            check_keys_compared_exactly,
-            check_long_keys_and_scopes,
-            check_headers_and_large_body_round_trip,
-            check_body_none_and_empty_round_trip,
-            check_purge_expired,
-            check_complete_twice,
-        );
+type Check = fn() -> Pin<Box<dyn Future<Output = ()>>>;
+
+/// Lists the checks with their names, as `fn` pointers for backend `H`.
+macro_rules! checks {
+    ($h:ty; $($check:ident),+ $(,)?) => {
+        [$((stringify!($check), (|| Box::pin($check::<$h>()) as Pin<Box<dyn Future<Output = ()>>>) as Check)),+]
     };
-    (@tests $harness:ty; $($check:ident),+ $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $check() {
-                $crate::conformance::$check::<$harness>().await;
-            }
-        )+
-    };
+}
+
+/// Every conformance check for backend `H`, one test each, marked ignored when
+/// [`Harness::unavailable`] gives a reason.
+pub fn trials<H: Harness>() -> Vec<Trial> {
+    let checks = checks![H;
+        check_claim_complete_replay,
+        check_mismatch_while_in_progress,
+        check_mismatch_when_completed,
+        check_mismatch_on_fingerprint_version,
+        check_in_progress_retry_after,
+        check_ttl_takeover_of_completed,
+        check_ttl_takeover_of_in_progress,
+        check_lease_takeover_same_fingerprint,
+        check_lease_takeover_refused_for_other_fingerprint,
+        check_takeover_reasons,
+        check_stale_token_changes_nothing,
+        check_unknown_token_changes_nothing,
+        check_release_lets_next_request_claim,
+        check_renew_extends_lease,
+        check_renew_keeps_a_running_claim_past_its_ttl,
+        check_owner_keeps_expired_lease_until_taken_over,
+        check_concurrent_claims_one_winner,
+        check_concurrent_takeover_one_winner,
+        check_concurrent_distinct_keys_all_claimed,
+        check_claims_racing_releases_never_share_a_key,
+        check_scope_isolation,
+        check_keys_compared_exactly,
+        check_long_keys_and_scopes,
+        check_headers_and_large_body_round_trip,
+        check_body_none_and_empty_round_trip,
+        check_purge_expired,
+        check_complete_twice,
+    ];
+    let trials = checks
+        .into_iter()
+        .map(|(name, check)| super::async_trial(format!("conformance::{name}"), check))
+        .collect();
+    super::ignored_if(H::unavailable(), trials)
+}
+
+/// The whole test binary for backend `H`: runs [`trials`] and exits.
+pub fn run<H: Harness>() -> ! {
+    super::run(trials::<H>())
 }
 
 const SCOPE: &str = "acct_alice";
@@ -85,10 +150,10 @@ const KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
 const TTL: Duration = Duration::from_secs(3600);
 const LEASE: Duration = Duration::from_secs(30);
 
-async fn setup<H: Harness>() -> Option<(H, Arc<dyn Store>)> {
-    let harness = H::new().await?;
+async fn setup<H: Harness>() -> (H, Arc<dyn Store>) {
+    let harness = H::new().await;
     let store = harness.store();
-    Some((harness, store))
+    (harness, store)
 }
 
 fn fp(n: u8) -> Fingerprint {
@@ -150,7 +215,8 @@ async fn claim(store: &dyn Store, fingerprint: Fingerprint) -> (ClaimOutcome, Fe
     claim_in(store, SCOPE, KEY, fingerprint).await
 }
 
-/// Claims and asserts the claim was won; returns the token.
+/// Claims a key with no live record and asserts the claim was won as a new claim (no
+/// takeover); returns the token.
 async fn must_claim(
     store: &dyn Store,
     scope: &str,
@@ -160,8 +226,30 @@ async fn must_claim(
     let (outcome, token) = claim_in(store, scope, key, fingerprint).await;
     assert_eq!(
         outcome,
-        ClaimOutcome::Claimed { token },
-        "expected ({scope}, {key}) to be claimed"
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        },
+        "expected ({scope}, {key}) to be claimed as new"
+    );
+    token
+}
+
+/// Claims `(SCOPE, KEY)` and asserts the claim took over the earlier record for
+/// `reason`; returns the token.
+async fn must_take_over(
+    store: &dyn Store,
+    fingerprint: Fingerprint,
+    reason: Takeover,
+) -> FencingToken {
+    let (outcome, token) = claim(store, fingerprint).await;
+    assert_eq!(
+        outcome,
+        ClaimOutcome::Claimed {
+            token,
+            takeover: Some(reason)
+        },
+        "expected a takeover ({reason})"
     );
     token
 }
@@ -196,13 +284,14 @@ fn assert_in_progress(outcome: &ClaimOutcome, at_most: Duration) {
 /// New key → Claimed with the request's token; complete → the same key and fingerprint
 /// replay the stored response byte for byte, as often as asked.
 pub async fn check_claim_complete_replay<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let token = FencingToken::random();
     assert_eq!(
         claim_with(&*store, SCOPE, KEY, fp(1), token).await,
-        ClaimOutcome::Claimed { token },
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        },
         "a new key is claimed with the request's own token"
     );
     let stored = response("pay_1");
@@ -216,9 +305,7 @@ pub async fn check_claim_complete_replay<H: Harness>() {
 /// Another fingerprint while the original runs → Mismatch, and the original keeps its
 /// claim.
 pub async fn check_mismatch_while_in_progress<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     let (outcome, _) = claim(&*store, fp(2)).await;
     assert_eq!(outcome, ClaimOutcome::Mismatch);
@@ -231,9 +318,7 @@ pub async fn check_mismatch_while_in_progress<H: Harness>() {
 
 /// Another fingerprint after completion → Mismatch, and the record still replays.
 pub async fn check_mismatch_when_completed<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(complete(&*store, token, &response("a")).await);
     let (outcome, _) = claim(&*store, fp(2)).await;
@@ -244,9 +329,7 @@ pub async fn check_mismatch_when_completed<H: Harness>() {
 
 /// The same digest made by another fingerprint version is another request.
 pub async fn check_mismatch_on_fingerprint_version<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     let v1 = fp(7);
     let v2 = Fingerprint { version: 2, ..v1 };
     let token = must_claim(&*store, SCOPE, KEY, v1).await;
@@ -266,9 +349,7 @@ pub async fn check_mismatch_on_fingerprint_version<H: Harness>() {
 /// A duplicate of a running request → InProgress with 1s ≤ retry_after ≤ the lease time
 /// left, shrinking as time passes, never zero.
 pub async fn check_in_progress_retry_after<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     must_claim(&*store, SCOPE, KEY, fp(1)).await;
     let (outcome, _) = claim(&*store, fp(1)).await;
     assert_in_progress(&outcome, LEASE);
@@ -283,9 +364,7 @@ pub async fn check_in_progress_retry_after<H: Harness>() {
 /// A completed record whose TTL ran out is gone: the next request claims anew, even
 /// with another fingerprint. Until then it replays.
 pub async fn check_ttl_takeover_of_completed<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(complete(&*store, old, &response("old")).await);
     h.advance(TTL - Duration::from_secs(60)).await;
@@ -296,7 +375,7 @@ pub async fn check_ttl_takeover_of_completed<H: Harness>() {
         "before the TTL"
     );
     h.advance(Duration::from_secs(60)).await;
-    let new = must_claim(&*store, SCOPE, KEY, fp(2)).await;
+    let new = must_take_over(&*store, fp(2), Takeover::Expired).await;
     assert_ne!(new, old);
     assert!(
         !complete(&*store, old, &response("stale")).await,
@@ -322,9 +401,7 @@ pub async fn check_ttl_takeover_of_completed<H: Harness>() {
 /// An in-progress record whose TTL *and* lease ran out is gone too, whatever its
 /// fingerprint, and its owner is fenced off; while its lease is live it is not expired.
 pub async fn check_ttl_takeover_of_in_progress<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     // An owner that stopped heartbeating (crashed) past both its TTL and its lease: the
     // record is expired, and a request with any fingerprint is new.
@@ -338,7 +415,7 @@ pub async fn check_ttl_takeover_of_in_progress<H: Harness>() {
         "past the TTL, but the lease is live"
     );
     h.advance(LEASE).await;
-    let new = must_claim(&*store, SCOPE, KEY, fp(2)).await;
+    let new = must_take_over(&*store, fp(2), Takeover::Expired).await;
     assert!(!renew(&*store, old, LEASE).await);
     assert!(!complete(&*store, old, &response("stale")).await);
     assert!(!release(&*store, old).await);
@@ -350,9 +427,7 @@ pub async fn check_ttl_takeover_of_in_progress<H: Harness>() {
 /// A claim whose lease ran out (owner crashed) is taken over by the same fingerprint,
 /// with the new request's token; the lease runs until exactly `lease_expires_at`.
 pub async fn check_lease_takeover_same_fingerprint<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE - Duration::from_secs(1)).await;
     let (outcome, _) = claim(&*store, fp(1)).await;
@@ -361,7 +436,10 @@ pub async fn check_lease_takeover_same_fingerprint<H: Harness>() {
     let second = FencingToken::random();
     assert_eq!(
         claim_with(&*store, SCOPE, KEY, fp(1), second).await,
-        ClaimOutcome::Claimed { token: second }
+        ClaimOutcome::Claimed {
+            token: second,
+            takeover: Some(Takeover::LeaseLost)
+        }
     );
     // The new owner has a fresh lease.
     let (outcome, _) = claim(&*store, fp(1)).await;
@@ -372,29 +450,49 @@ pub async fn check_lease_takeover_same_fingerprint<H: Harness>() {
     assert_eq!(outcome, ClaimOutcome::Replay(response("second")));
 }
 
+/// The reason a takeover reports: expiry wins over a lost lease (a same-fingerprint
+/// retry of a record past both its TTL and its lease took over an *expired* record);
+/// a record that was released or purged is claimed as new, not taken over.
+pub async fn check_takeover_reasons<H: Harness>() {
+    let (h, store) = setup::<H>().await;
+    // Past both the TTL and the lease, same fingerprint: expired.
+    let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    h.advance(TTL).await;
+    let new = must_take_over(&*store, fp(1), Takeover::Expired).await;
+    assert!(!complete(&*store, old, &response("old")).await);
+    // Past the lease only: lease lost.
+    h.advance(LEASE).await;
+    let newer = must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
+    assert!(!release(&*store, new).await);
+    // Released: new again.
+    assert!(release(&*store, newer).await);
+    let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    assert!(complete(&*store, token, &response("done")).await);
+    // Completed and expired, then purged: new again.
+    h.advance(TTL).await;
+    assert_eq!(store.purge_expired(10).await.expect("purge"), 1);
+    must_claim(&*store, SCOPE, KEY, fp(2)).await;
+}
+
 /// A different fingerprint never takes over a live record, even one whose lease ran out:
 /// that is key reuse, not a retry.
 pub async fn check_lease_takeover_refused_for_other_fingerprint<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE + Duration::from_secs(1)).await;
     let (outcome, _) = claim(&*store, fp(2)).await;
     assert_eq!(outcome, ClaimOutcome::Mismatch);
     // The refused request changed nothing: the original fingerprint still takes over.
-    must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
 }
 
 /// After a takeover the old owner's complete, release and renew return false and change
 /// nothing: no overwrite, no delete, no lease extension.
 pub async fn check_stale_token_changes_nothing<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE).await;
-    let new = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let new = must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
 
     assert!(!complete(&*store, old, &response("stale")).await);
     assert!(!release(&*store, old).await);
@@ -405,7 +503,7 @@ pub async fn check_stale_token_changes_nothing<H: Harness>() {
     h.advance(LEASE / 2).await;
     assert!(!renew(&*store, old, LEASE * 10).await);
     h.advance(LEASE / 2).await;
-    let third = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let third = must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
     assert!(!complete(&*store, new, &response("new")).await);
     assert!(complete(&*store, third, &response("third")).await);
     let (outcome, _) = claim(&*store, fp(1)).await;
@@ -414,9 +512,7 @@ pub async fn check_stale_token_changes_nothing<H: Harness>() {
 
 /// A token that never claimed, or claims under another key or scope, owns nothing.
 pub async fn check_unknown_token_changes_nothing<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let stranger = FencingToken::random();
     assert!(
         !complete(&*store, stranger, &response("x")).await,
@@ -450,9 +546,7 @@ pub async fn check_unknown_token_changes_nothing<H: Harness>() {
 /// Release deletes the claim: the next request claims the key (even with another
 /// fingerprint), and the released token owns nothing any more.
 pub async fn check_release_lets_next_request_claim<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(release(&*store, first).await);
     assert!(!release(&*store, first).await, "released twice");
@@ -473,9 +567,7 @@ pub async fn check_release_lets_next_request_claim<H: Harness>() {
 /// Renew moves the lease to now + lease: past the original lease the claim is still
 /// held, and it runs out at the renewed time.
 pub async fn check_renew_extends_lease<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(Duration::from_secs(20)).await;
     assert!(renew(&*store, token, LEASE).await);
@@ -487,7 +579,7 @@ pub async fn check_renew_extends_lease<H: Harness>() {
         "renew may shorten"
     );
     h.advance(Duration::from_secs(5)).await;
-    let taker = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let taker = must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
     assert!(!renew(&*store, token, LEASE).await);
     assert!(complete(&*store, taker, &response("taker")).await);
     assert!(
@@ -499,9 +591,7 @@ pub async fn check_renew_extends_lease<H: Harness>() {
 /// A heartbeat near the end of the TTL keeps the running claim alive past it: a handler
 /// that outlives its TTL is not taken over by a request with another fingerprint.
 pub async fn check_renew_keeps_a_running_claim_past_its_ttl<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(TTL - Duration::from_secs(10)).await;
     assert!(renew(&*store, token, LEASE).await);
@@ -531,9 +621,7 @@ pub async fn check_renew_keeps_a_running_claim_past_its_ttl<H: Harness>() {
 /// An owner whose lease ran out but which nobody took over still owns its claim: a late
 /// heartbeat or completion succeeds.
 pub async fn check_owner_keeps_expired_lease_until_taken_over<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE * 2).await;
     assert!(renew(&*store, token, LEASE).await);
@@ -570,12 +658,19 @@ async fn concurrent_claims(
     outcomes
 }
 
-fn exactly_one_winner(outcomes: &[(ClaimOutcome, FencingToken)]) -> FencingToken {
+fn exactly_one_winner(
+    outcomes: &[(ClaimOutcome, FencingToken)],
+    takeover: Option<Takeover>,
+) -> FencingToken {
     let winners: Vec<_> = outcomes
         .iter()
         .filter_map(|(outcome, token)| match outcome {
-            ClaimOutcome::Claimed { token: won } => {
+            ClaimOutcome::Claimed {
+                token: won,
+                takeover: reported,
+            } => {
                 assert_eq!(won, token, "a winner gets its own token");
+                assert_eq!(*reported, takeover, "the winner's takeover");
                 Some(*won)
             }
             other => {
@@ -591,11 +686,9 @@ fn exactly_one_winner(outcomes: &[(ClaimOutcome, FencingToken)]) -> FencingToken
 /// 64 simultaneous first requests with one key: exactly one wins, the rest are told the
 /// request is in progress, and the winner can complete.
 pub async fn check_concurrent_claims_one_winner<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let outcomes = concurrent_claims(&store, 64, |_| KEY.to_owned()).await;
-    let winner = exactly_one_winner(&outcomes);
+    let winner = exactly_one_winner(&outcomes, None);
     assert!(complete(&*store, winner, &response("won")).await);
     let (outcome, _) = claim(&*store, fp(1)).await;
     assert_eq!(outcome, ClaimOutcome::Replay(response("won")));
@@ -604,13 +697,11 @@ pub async fn check_concurrent_claims_one_winner<H: Harness>() {
 /// 64 simultaneous retries of a crashed owner's claim (lease ran out): exactly one takes
 /// it over.
 pub async fn check_concurrent_takeover_one_winner<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     let crashed = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE).await;
     let outcomes = concurrent_claims(&store, 64, |_| KEY.to_owned()).await;
-    let winner = exactly_one_winner(&outcomes);
+    let winner = exactly_one_winner(&outcomes, Some(Takeover::LeaseLost));
     assert_ne!(winner, crashed);
     assert!(!complete(&*store, crashed, &response("crashed")).await);
     assert!(complete(&*store, winner, &response("won")).await);
@@ -619,12 +710,17 @@ pub async fn check_concurrent_takeover_one_winner<H: Harness>() {
 /// 64 simultaneous claims of different keys all win: write contention is waited out,
 /// never reported as an error.
 pub async fn check_concurrent_distinct_keys_all_claimed<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let outcomes = concurrent_claims(&store, 64, |i| format!("key-{i}")).await;
     for (i, (outcome, token)) in outcomes.iter().enumerate() {
-        assert_eq!(*outcome, ClaimOutcome::Claimed { token: *token }, "key-{i}");
+        assert_eq!(
+            *outcome,
+            ClaimOutcome::Claimed {
+                token: *token,
+                takeover: None
+            },
+            "key-{i}"
+        );
     }
 }
 
@@ -633,9 +729,7 @@ pub async fn check_concurrent_distinct_keys_all_claimed<H: Harness>() {
 /// succeeds.
 pub async fn check_claims_racing_releases_never_share_a_key<H: Harness>() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let owners = Arc::new(AtomicUsize::new(0));
     let wins = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(tokio::sync::Barrier::new(8));
@@ -651,7 +745,8 @@ pub async fn check_claims_racing_releases_never_share_a_key<H: Harness>() {
                 barrier.wait().await;
                 for _ in 0..40 {
                     match claim(&*store, fp(1)).await {
-                        (ClaimOutcome::Claimed { token }, _) => {
+                        (ClaimOutcome::Claimed { token, takeover }, _) => {
+                            assert_eq!(takeover, None, "a released key is claimed as new");
                             assert_eq!(owners.fetch_add(1, Ordering::SeqCst), 0, "two owners");
                             wins.fetch_add(1, Ordering::SeqCst);
                             tokio::task::yield_now().await;
@@ -674,9 +769,7 @@ pub async fn check_claims_racing_releases_never_share_a_key<H: Harness>() {
 /// The same key in two scopes is two records: both claim (with different fingerprints),
 /// each replays its own response, and one scope's token cannot touch the other's.
 pub async fn check_scope_isolation<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let alice = must_claim(&*store, "acct_alice", KEY, fp(1)).await;
     let bob = must_claim(&*store, "acct_bob", KEY, fp(2)).await;
     assert!(
@@ -713,9 +806,7 @@ pub async fn check_scope_isolation<H: Harness>() {
 
 /// Keys and scopes compare byte for byte: case, trailing spaces and prefixes matter.
 pub async fn check_keys_compared_exactly<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     for (i, key) in ["key", "Key", "KEY", "key ", " key", "ke", "key\t"]
         .into_iter()
         .enumerate()
@@ -729,9 +820,7 @@ pub async fn check_keys_compared_exactly<H: Harness>() {
 
 /// The longest key the header allows (255 chars) and a long scope round-trip.
 pub async fn check_long_keys_and_scopes<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let key: String = (0..255).map(|i| (b'!' + (i % 94) as u8) as char).collect();
     let scope = format!("tenant/{}", "s".repeat(1000));
     let token = must_claim(&*store, &scope, &key, fp(1)).await;
@@ -750,9 +839,7 @@ pub async fn check_long_keys_and_scopes<H: Harness>() {
 /// Status, headers (raw non-UTF-8 bytes, empty values, repeated names in order) and a
 /// 1 MiB body of every byte value come back exactly as stored.
 pub async fn check_headers_and_large_body_round_trip<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let mut state = 0x2545_f491_4f6c_dd1d_u64;
     let body: Vec<u8> = (0..1024 * 1024)
         .map(|i| {
@@ -822,9 +909,7 @@ pub async fn check_headers_and_large_body_round_trip<H: Harness>() {
 /// A body over the cap (`None`) replays as `None` with its status and headers; an empty
 /// body replays as an empty body, not as `None`; no headers replay as no headers.
 pub async fn check_body_none_and_empty_round_trip<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let cases = [
         StoredResponse {
             status: 200,
@@ -859,9 +944,7 @@ pub async fn check_body_none_and_empty_round_trip<H: Harness>() {
 /// purge_expired deletes only records whose TTL ran out (completed or in progress), at
 /// most `limit` per call, and returns how many it deleted.
 pub async fn check_purge_expired<H: Harness>() {
-    let Some((h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (h, store) = setup::<H>().await;
     let claim_ttl = |key: String, ttl: Duration| {
         let store = Arc::clone(&store);
         async move {
@@ -877,7 +960,13 @@ pub async fn check_purge_expired<H: Harness>() {
                 })
                 .await
                 .expect("try_claim");
-            assert_eq!(outcome, ClaimOutcome::Claimed { token });
+            assert_eq!(
+                outcome,
+                ClaimOutcome::Claimed {
+                    token,
+                    takeover: None
+                }
+            );
             (key, token)
         }
     };
@@ -940,9 +1029,7 @@ pub async fn check_purge_expired<H: Harness>() {
 /// After completion the token owns no in-progress claim: completing again returns false
 /// and leaves the first response in place; release and renew return false too.
 pub async fn check_complete_twice<H: Harness>() {
-    let Some((_h, store)) = setup::<H>().await else {
-        return;
-    };
+    let (_h, store) = setup::<H>().await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(complete(&*store, token, &response("first")).await);
     assert!(!complete(&*store, token, &response("second")).await);

@@ -1,0 +1,406 @@
+//! [`PostgresStore`]: the store for many instances sharing one PostgreSQL database.
+//!
+//! This is how the system scales past one machine: every instance of the app talks to the
+//! same `idempotency_records` table, so a retry that lands on another instance still finds
+//! the first attempt's claim or recorded response.
+//!
+//! # One clock: the database's
+//!
+//! Instances' clocks drift. Every expiry and lease decision, and every timestamp written,
+//! therefore uses the database's clock, never the app's: TTL and lease travel to the
+//! server as `interval` parameters and the server computes `now() + interval`.
+//!
+//! Which database clock: `now()` is the start of the statement's transaction. Each
+//! operation is one autocommit statement, so that is the current time, and it is the
+//! *same* value everywhere inside the statement: the claim's take-over decision, the
+//! timestamps it writes and the classification of the record it found all agree. The one
+//! exception is the `Retry-After` of an in-progress duplicate, computed from
+//! `clock_timestamp()` (the real time when the row is read): a claim whose statement began
+//! a moment before the holder's (and then found the holder's committed row) would
+//! otherwise see more than a full lease left.
+//!
+//! # One statement per operation
+//!
+//! - `try_claim` is a single statement: an `INSERT … ON CONFLICT (scope, key) DO UPDATE
+//!   … WHERE <expired, or lease ran out with the same fingerprint>` inside a CTE, plus a
+//!   `SELECT` of the existing record when the insert-or-take-over did not happen. A fresh
+//!   key, a replay, an in-progress duplicate and a mismatch each cost **one round trip**
+//!   (a second one only if the record changed concurrently between the statement's
+//!   snapshot and the conflict check; see [`PostgresStore`]). A fresh request therefore
+//!   costs two (claim, complete) and a retry one. A replay, a `409` and a `422` write
+//!   nothing (no row lock, no transaction id, no commit flush), so a burst of retries of
+//!   one key runs in parallel instead of queueing on its row. (sqlx 0.9's pool also
+//!   pings each connection as it is released, in a background task: wire traffic, but not
+//!   on the request's path.)
+//! - `renew`, `complete` and `release` are single statements fenced by
+//!   `token = $token AND state = 'in_progress'`.
+//! - `purge_expired` deletes one batch, skipping rows another session holds locked, so
+//!   sweepers on many instances never block each other or a claim.
+//!
+//! # Migrations
+//!
+//! The schema (`migrations/postgres/`) is embedded in the binary and applied on connect.
+//! sqlx's Postgres migrator holds a session-level advisory lock
+//! (`pg_advisory_lock`, keyed by the database name) while it applies migrations, so
+//! instances starting at once apply them one after the other; the SQL itself uses
+//! `IF NOT EXISTS` as a second line of defence. The applied versions are tracked in
+//! `_idempotent_migrations`, not sqlx's default `_sqlx_migrations`, so the store can share
+//! a database (and a pool) with an app that runs its own sqlx migrations.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
+
+use super::sql::{self, EmbeddedMigration};
+use super::{
+    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, TxSupport,
+};
+use schema::{Schema, Statements};
+
+mod claim;
+mod schema;
+mod transaction;
+
+/// The embedded migrations, in version order; the files live in `migrations/postgres/`.
+const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
+    version: 1,
+    description: "idempotency records",
+    sql: include_str!("../../../migrations/postgres/0001_idempotency_records.sql"),
+}];
+
+/// Where applied migration versions are recorded (see the module docs).
+const MIGRATIONS_TABLE: &str = "_idempotent_migrations";
+
+/// How long a request waits for a pooled connection before it is answered `503`: while
+/// the database is unreachable, requests fail fast instead of hanging for sqlx's default
+/// 30 seconds.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long `connect` waits for the first connection before giving up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TTLs and leases are clamped to this (1000 years) so `now() + interval` stays inside
+/// what `timestamptz` can represent.
+const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
+
+/// A [`Store`] on PostgreSQL: the store for many instances of an app sharing one
+/// database, so a retry that lands on another instance still finds the first attempt.
+///
+/// - **The database's clock.** Every expiry and lease decision and every timestamp uses
+///   the server's `now()`; TTL and lease are sent as intervals. Instances' clocks may
+///   drift without effect.
+/// - **One statement, one round trip per operation.** A fresh request costs two round
+///   trips (claim, complete), a replay, an in-progress duplicate or a mismatch one (the
+///   claim); a long handler adds one per heartbeat (`renew`).
+/// - **Migrations on connect**, embedded in the binary, serialised across instances by
+///   sqlx's advisory lock, recorded in `_idempotent_migrations` (not `_sqlx_migrations`,
+///   so the store can share a database with an app's own sqlx migrations).
+///
+/// Cheap to clone (the pool is reference counted).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idempotent_runtime::StoreError> {
+/// use idempotent_runtime::store::PostgresStore;
+///
+/// // Its own pool, tables in the connection's default schema (usually `public`):
+/// let store = PostgresStore::connect("postgres://app:secret@db/payments").await?;
+/// // Or in a dedicated schema, created if missing:
+/// let store = PostgresStore::connect_in_schema("postgres://app:secret@db/payments", "idem").await?;
+/// // Or sharing the app's pool:
+/// let store = PostgresStore::from_pool(store.pool().clone()).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Concurrent changes during a claim
+///
+/// When the claim does not take the record, the statement reads the existing record to
+/// classify it. That read sees the statement's snapshot, while the conflict check sees
+/// the newest committed version; if they differ (a duplicate inserted, took over, released
+/// or purged the record a moment earlier), the snapshot shows nothing, or a record that
+/// looks claimable. The claim then simply runs again (at most a few times), and the new
+/// statement's snapshot includes the change.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    schema: Option<Schema>,
+    sql: Arc<Statements>,
+    transactions: TxSupport,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("location", &describe_options(&self.pool.connect_options()))
+            .field("schema", &self.schema.as_ref().map(Schema::name))
+            .field("pool_size", &self.pool.size())
+            .finish()
+    }
+}
+
+impl PostgresStore {
+    /// Connects to `url` (`postgres://user:password@host:port/database?…`) with a pool of
+    /// its own, applies the embedded migrations, and keeps the table in the connection's
+    /// default schema (the first existing schema on its `search_path`, usually `public`).
+    ///
+    /// Fails with [`StoreError::Open`] — naming the URL with its password redacted — when
+    /// the URL is invalid or the server cannot be reached within 10 seconds, and with
+    /// [`StoreError::Migrate`] when the migrations fail.
+    ///
+    /// The pool uses sqlx's defaults except that connections are not pinged before each
+    /// use (that would double the round trips of every operation); a connection that
+    /// died since its last use fails its operation, which the engine answers with `503`.
+    /// Build the pool yourself and use [`from_pool`](Self::from_pool) to choose otherwise.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::open(url, None).await
+    }
+
+    /// Like [`connect`](Self::connect), but keeps the table in `schema`, which is created
+    /// if it does not exist. The schema name must be a plain lower-case identifier
+    /// (`[a-z_][a-z0-9_]*`, at most 63 bytes).
+    pub async fn connect_in_schema(url: &str, schema: &str) -> Result<Self, StoreError> {
+        let schema = Schema::new(schema).map_err(|reason| StoreError::Open {
+            location: sql::redact_url(url),
+            reason,
+        })?;
+        Self::open(url, Some(schema)).await
+    }
+
+    /// Uses an existing pool, e.g. the app's own, and applies the embedded migrations
+    /// through it. The table lives in the pool's default schema.
+    ///
+    /// Migrations run on a connection that is closed afterwards rather than returned to
+    /// the pool, so nothing they set (or a lock a failed run left behind) leaks into the
+    /// app's connections.
+    pub async fn from_pool(pool: PgPool) -> Result<Self, StoreError> {
+        Self::adopt(pool, None).await
+    }
+
+    /// Like [`from_pool`](Self::from_pool), but keeps the table in `schema` (created if
+    /// missing; same naming rule as [`connect_in_schema`](Self::connect_in_schema)). The
+    /// pool's own `search_path` is left alone: the store qualifies its table name.
+    pub async fn from_pool_in_schema(pool: PgPool, schema: &str) -> Result<Self, StoreError> {
+        let schema = Schema::new(schema).map_err(|reason| StoreError::Open {
+            location: describe_options(&pool.connect_options()),
+            reason,
+        })?;
+        Self::adopt(pool, Some(schema)).await
+    }
+
+    /// The connection pool, to share with the app (e.g. for its own queries, or for the
+    /// transactional unit of work).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The schema the table lives in, when one was chosen explicitly.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_ref().map(Schema::name)
+    }
+
+    async fn open(url: &str, schema: Option<Schema>) -> Result<Self, StoreError> {
+        let open_error = |reason: String| StoreError::Open {
+            location: sql::redact_url(url),
+            reason,
+        };
+        let options = PgConnectOptions::from_str(url).map_err(|e| open_error(e.to_string()))?;
+
+        // A direct connection first: it fails fast with the real reason (the pool would
+        // retry a refused connection until its acquire timeout, then report only that it
+        // timed out), and it runs the migrations.
+        let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, options.connect())
+            .await
+            .map_err(|_| {
+                open_error(format!(
+                    "no connection within {}s",
+                    CONNECT_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|e| open_error(e.to_string()))?;
+        migrate(&mut conn, schema.as_ref()).await?;
+        // Closing only says goodbye politely; the migrations are already committed.
+        let _ = conn.close().await;
+
+        let pool = PgPoolOptions::new()
+            .test_before_acquire(false)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await
+            .map_err(|e| open_error(e.to_string()))?;
+        Ok(Self::with_parts(pool, schema))
+    }
+
+    async fn adopt(pool: PgPool, schema: Option<Schema>) -> Result<Self, StoreError> {
+        let mut conn = pool.acquire().await.map_err(|e| StoreError::Open {
+            location: describe_options(&pool.connect_options()),
+            reason: e.to_string(),
+        })?;
+        conn.close_on_drop();
+        migrate(&mut conn, schema.as_ref()).await?;
+        drop(conn);
+        Ok(Self::with_parts(pool, schema))
+    }
+
+    fn with_parts(pool: PgPool, schema: Option<Schema>) -> Self {
+        let sql = Arc::new(Statements::new(schema.as_ref()));
+        let transactions = transaction::support(pool.clone(), sql.clone());
+        Self {
+            pool,
+            schema,
+            sql,
+            transactions,
+        }
+    }
+}
+
+/// Applies the embedded migrations on `conn` (sqlx takes its advisory lock first).
+///
+/// Calls `Migrator::run_direct` (public, doc-hidden) rather than `Migrator::run`: `run`'s
+/// `Acquire<'a>` bound on `&mut PgConnection` makes every future that awaits it fail to
+/// prove `Send` ("implementation of `Acquire` is not general enough"), so `connect` could
+/// not be awaited inside `tokio::spawn` or an `async_trait` method. sqlx's own comment on
+/// `run_direct` names this as its reason to exist; `run` is a thin wrapper around it.
+fn migrate<'c>(
+    conn: &'c mut PgConnection,
+    schema: Option<&'c Schema>,
+) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'c>> {
+    Box::pin(async move {
+        let table = match schema {
+            Some(schema) => format!("{}.{MIGRATIONS_TABLE}", schema.quoted()),
+            None => MIGRATIONS_TABLE.to_owned(),
+        };
+        let mut migrator = sql::migrator(MIGRATIONS, table);
+        if let Some(schema) = schema {
+            // Created under the migrator's lock, so concurrent starts do not race on it.
+            migrator.create_schema(schema.quoted());
+            // The migration SQL names its objects unqualified; on this connection they
+            // resolve to the schema. (The connection is not reused afterwards.)
+            sqlx::query(AssertSqlSafe(format!(
+                "SET search_path TO {}",
+                schema.quoted()
+            )))
+            .execute(&mut *conn)
+            .await?;
+        }
+        migrator.run_direct(None, conn, false).await?;
+        Ok(())
+    })
+}
+
+/// A `Duration` as a Postgres interval of whole microseconds, clamped (see
+/// [`MAX_INTERVAL_MICROS`]).
+fn interval(duration: Duration) -> PgInterval {
+    let micros = i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
+    PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: micros.min(MAX_INTERVAL_MICROS),
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        sql::claim_with_retries(claim, || self.claim_once(claim)).await
+    }
+
+    async fn renew(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(self.sql.renew.clone())
+            .bind(scope)
+            .bind(key)
+            .bind(token.0)
+            .bind(interval(lease))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        let done = sql::bind_completion(self.sql.complete.clone(), scope, key, token, response)?
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(self.sql.release.clone())
+            .bind(scope)
+            .bind(key)
+            .bind(token.0)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let done = sqlx::query(self.sql.purge.clone())
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    fn transactions(&self) -> Option<TxSupport> {
+        Some(self.transactions.clone())
+    }
+}
+
+/// Where a pool connects, for error messages: `postgres://user@host:port/db`. Connect
+/// options never reveal the password, so there is nothing to redact.
+fn describe_options(options: &PgConnectOptions) -> String {
+    let host = match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    format!(
+        "postgres://{}@{}/{}",
+        options.get_username(),
+        host,
+        options.get_database().unwrap_or("")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embeds_every_migration_file() {
+        sql::assert_embedded_migrations_match("postgres", MIGRATIONS);
+    }
+
+    #[test]
+    fn clamps_intervals() {
+        assert_eq!(
+            interval(Duration::from_millis(1500)).microseconds,
+            1_500_000
+        );
+        assert_eq!(interval(Duration::MAX).microseconds, MAX_INTERVAL_MICROS);
+    }
+}

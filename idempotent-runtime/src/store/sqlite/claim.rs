@@ -1,0 +1,97 @@
+//! The SQLite claim: insert a new key, or say why not, or take the record over for the
+//! reason the takeover rule gives — each write one atomic statement.
+//!
+//! A fresh key costs one statement; a replay, `409` or `422` two (the insert that did
+//! nothing, the read); a takeover three. The read only *explains* a refusal: the
+//! takeover itself is an `UPDATE` whose `WHERE` is that reason's condition, checked on
+//! the record as it is at that moment. A record that changed in between (released,
+//! purged, completed, taken over by someone else) fails that condition, and the claim
+//! runs again from the start.
+
+use sqlx::Row;
+use sqlx::sqlite::SqliteArguments;
+
+use super::SqliteStore;
+use crate::clock::millis;
+use crate::store::sql::{self, Classified, FoundRow};
+use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
+
+const CLAIM_NEW: &str = include_str!("sql/claim_new.sql");
+const CLAIM_READ: &str = include_str!("sql/claim_read.sql");
+const TAKE_OVER_EXPIRED: &str = include_str!("sql/take_over_expired.sql");
+const TAKE_OVER_LEASE_LOST: &str = include_str!("sql/take_over_lease_lost.sql");
+
+impl SqliteStore {
+    /// One claim attempt at one instant of the store's clock; `None`: the record changed
+    /// under it, try again.
+    pub(super) async fn claim_once(
+        &self,
+        claim: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let now = self.clock.now_millis();
+        let inserted = claim_query(CLAIM_NEW, claim, now)
+            .execute(&self.pool)
+            .await?;
+        if inserted.rows_affected() == 1 {
+            return Ok(Some(ClaimOutcome::Claimed {
+                token: claim.token,
+                takeover: None,
+            }));
+        }
+        let Some(row) = sqlx::query(CLAIM_READ)
+            .bind(claim.scope)
+            .bind(claim.key)
+            .bind(now)
+            .bind(&claim.fingerprint.digest[..])
+            .bind(i64::from(claim.fingerprint.version))
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None); // released or purged since the insert
+        };
+        let found = FoundRow {
+            state: row.try_get("state")?,
+            ttl_ran_out: row.try_get("ttl_ran_out")?,
+            lease_ran_out: row.try_get("lease_ran_out")?,
+            same_fingerprint: row.try_get("same_fingerprint")?,
+            lease_remaining_ms: row.try_get("lease_remaining_ms")?,
+            status: row.try_get("status")?,
+            headers: row.try_get("headers")?,
+            body: row.try_get("body")?,
+        };
+        let reason = match sql::classify(found)? {
+            Classified::Refused(outcome) => return Ok(Some(outcome)),
+            Classified::Claimable(reason) => reason,
+        };
+        let statement = match reason {
+            Takeover::Expired => TAKE_OVER_EXPIRED,
+            Takeover::LeaseLost => TAKE_OVER_LEASE_LOST,
+        };
+        let taken = claim_query(statement, claim, now)
+            .execute(&self.pool)
+            .await?;
+        Ok(
+            (taken.rows_affected() == 1).then_some(ClaimOutcome::Claimed {
+                token: claim.token,
+                takeover: Some(reason),
+            }),
+        )
+    }
+}
+
+/// A claim statement with the parameters they all share (see `sql/claim_new.sql`).
+fn claim_query<'q>(
+    statement: &'static str,
+    claim: &ClaimRequest<'_>,
+    now: i64,
+) -> sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments> {
+    sqlx::query(statement)
+        .bind(claim.scope)
+        .bind(claim.key)
+        .bind(&claim.fingerprint.digest[..])
+        .bind(i64::from(claim.fingerprint.version))
+        .bind(claim.token.0)
+        .bind(now.saturating_add(millis(claim.lease)))
+        .bind(now)
+        .bind(now.saturating_add(millis(claim.ttl)))
+}

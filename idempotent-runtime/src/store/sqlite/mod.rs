@@ -1,0 +1,322 @@
+//! [`SqliteStore`]: records in an SQLite database file — **the single-host embedded
+//! default**.
+//!
+//! One file on local disk, shared by every process of the app *on that host* (WAL mode
+//! lets readers and the one writer proceed together; a busy timeout makes writers queue
+//! instead of failing). It survives restarts. It does **not** coordinate several hosts:
+//! two machines each with their own file each run a retried request once — use
+//! `PostgresStore` when the app runs on more than one machine. Never put the file on a
+//! network file system; SQLite's locking is not reliable there.
+//!
+//! - The schema (`migrations/sqlite/`) is embedded in the binary and applied
+//!   on open, recorded in its own [`SqliteStore::MIGRATIONS_TABLE`] so it never collides
+//!   with an app's own `sqlx` migrations in the same database.
+//! - Times are INTEGER milliseconds from the store's [`Clock`] (the system clock unless
+//!   one is injected), never SQLite's `now`, so every decision of one store uses one
+//!   clock.
+//! - Every write is a single statement that decides atomically. A claim of a new key is
+//!   one `INSERT … ON CONFLICT DO NOTHING`; when a record is there, a read says why, and
+//!   if the takeover rule allows it, an `UPDATE … WHERE <that reason still holds>` takes
+//!   it over — so the claim knows, and reports, whether it took over an expired record
+//!   or a lost lease (see `claim.rs`).
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use super::sql::{self, EmbeddedMigration};
+use super::{
+    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, TxSupport,
+};
+use crate::clock::{Clock, SystemClock, millis};
+
+mod claim;
+mod transaction;
+
+/// The embedded migrations, in order; the files live in `migrations/sqlite/`.
+const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
+    version: 1,
+    description: "create idempotency records",
+    sql: include_str!("../../../migrations/sqlite/0001_create_idempotency_records.sql"),
+}];
+
+/// How often opening tries to apply the migrations. Two processes (or pools) opening one
+/// fresh file at the same moment both try; the loser fails (its bookkeeping insert is a
+/// duplicate, or its transaction is busy) and its next attempt finds nothing to do.
+const MIGRATION_ATTEMPTS: u32 = 10;
+
+/// How often opening retries a first connection refused as busy (see
+/// [`SqliteStore::open_with_clock`]).
+const OPEN_ATTEMPTS: u32 = 10;
+
+const RENEW: &str = include_str!("sql/renew.sql");
+const COMPLETE: &str = include_str!("sql/complete.sql");
+const RELEASE: &str = include_str!("sql/release.sql");
+const PURGE: &str = include_str!("sql/purge.sql");
+
+/// A [`Store`] in an SQLite database file: the single-host embedded default (see the
+/// module docs).
+///
+/// Cheap to clone; clones share the pool.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    clock: Arc<dyn Clock>,
+    transactions: TxSupport,
+}
+
+impl SqliteStore {
+    /// Connections in the pool [`open`](Self::open) creates.
+    pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
+
+    /// How long a statement waits for another connection's write lock before failing.
+    pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// The table that records which of the embedded migrations were applied. Not sqlx's
+    /// default `_sqlx_migrations`: an app sharing the database may run its own
+    /// migrations, and a migrator refuses a table holding versions it does not know.
+    pub const MIGRATIONS_TABLE: &str = "_idempotent_sqlite_migrations";
+
+    /// Opens (creating it if missing) the database at `url_or_path` — a file path or a
+    /// `sqlite:` URL such as `sqlite://payments.db` — on the system clock, with the
+    /// [recommended options](Self::connect_options) and a pool of
+    /// [`DEFAULT_MAX_CONNECTIONS`](Self::DEFAULT_MAX_CONNECTIONS), and applies the
+    /// embedded migrations.
+    ///
+    /// The parent directory must exist. An in-memory URL (`sqlite::memory:`) works but
+    /// forgets everything once the pool's connections close; prefer
+    /// [`MemoryStore`](crate::store::MemoryStore) for that.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Open`] naming `url_or_path` when the file cannot be opened or
+    /// created (missing directory, no permission, not a database) or the schema cannot
+    /// be applied.
+    pub async fn open(url_or_path: &str) -> Result<Self, StoreError> {
+        Self::open_with_clock(url_or_path, Arc::new(SystemClock)).await
+    }
+
+    /// Like [`open`](Self::open), with every expiry and lease decision taken on
+    /// `clock` (tests pass a [`ManualClock`](crate::clock::ManualClock)).
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open).
+    pub async fn open_with_clock(
+        url_or_path: &str,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StoreError> {
+        let options = Self::connect_options(url_or_path)?;
+        // Processes opening one fresh file together race to switch it to WAL; the loser's
+        // first connection is refused as busy at once (no busy handler applies), so it
+        // waits a moment and tries again.
+        let mut attempt = 1;
+        let pool = loop {
+            let connected = SqlitePoolOptions::new()
+                .max_connections(Self::DEFAULT_MAX_CONNECTIONS)
+                .connect_with(options.clone())
+                .await;
+            match connected {
+                Ok(pool) => break pool,
+                Err(e) if is_busy(&e) && attempt < OPEN_ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(25 * u64::from(attempt))).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(open_error(url_or_path, e)),
+            }
+        };
+        migrate(&pool)
+            .await
+            .map_err(|e| open_error(url_or_path, e))?;
+        Ok(Self::with_parts(pool, clock))
+    }
+
+    /// The connect options [`open`](Self::open) uses for `url_or_path` (a file path or a
+    /// `sqlite:` URL): create the file if missing, WAL journal, `synchronous = NORMAL`
+    /// (durable across application crashes; the last transactions may be lost on power
+    /// failure) and a [`DEFAULT_BUSY_TIMEOUT`](Self::DEFAULT_BUSY_TIMEOUT). Build your
+    /// own pool from them to share it between the store ([`from_pool`](Self::from_pool))
+    /// and the rest of the app.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Open`] when `url_or_path` is a malformed `sqlite:` URL.
+    pub fn connect_options(url_or_path: &str) -> Result<SqliteConnectOptions, StoreError> {
+        let options = if is_url(url_or_path) {
+            SqliteConnectOptions::from_str(url_or_path).map_err(|e| open_error(url_or_path, e))?
+        } else {
+            // A plain path is taken literally: no URL decoding of `%` or `?`.
+            SqliteConnectOptions::new().filename(Path::new(url_or_path))
+        };
+        Ok(options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Self::DEFAULT_BUSY_TIMEOUT))
+    }
+
+    /// A store on a pool the app already has (so the store and the app share
+    /// connections), on `clock`; applies the embedded migrations.
+    ///
+    /// The pool's options are the caller's: give its connections a busy timeout (sqlx's
+    /// default is 5s) and preferably WAL mode — [`connect_options`](Self::connect_options)
+    /// has both.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Migrate`] when the schema cannot be applied.
+    pub async fn from_pool(pool: SqlitePool, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        migrate(&pool).await?;
+        Ok(Self::with_parts(pool, clock))
+    }
+
+    fn with_parts(pool: SqlitePool, clock: Arc<dyn Clock>) -> Self {
+        let transactions = transaction::support(pool.clone());
+        Self {
+            pool,
+            clock,
+            transactions,
+        }
+    }
+
+    /// The connection pool, to share with the rest of the app.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The embedded migrations as a [`Migrator`] recording into
+    /// [`MIGRATIONS_TABLE`](Self::MIGRATIONS_TABLE);
+    /// [`open`](Self::open) and [`from_pool`](Self::from_pool) run it.
+    pub fn migrator() -> Migrator {
+        sql::migrator(MIGRATIONS, Self::MIGRATIONS_TABLE)
+    }
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED, with any extended code.
+fn is_busy(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    db.code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
+}
+
+async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
+    let migrator = SqliteStore::migrator();
+    let mut attempt = 1;
+    loop {
+        match migrator.run(pool).await {
+            Ok(()) => return Ok(()),
+            // Two processes opening one fresh file race to apply the schema; the loser's
+            // transaction is refused as busy (or its bookkeeping insert as a duplicate).
+            // The next attempt sees the winner's work and has nothing left to do.
+            Err(MigrateError::Execute(_) | MigrateError::ExecuteMigration(..))
+                if attempt < MIGRATION_ATTEMPTS =>
+            {
+                tokio::time::sleep(Duration::from_millis(25 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Names what failed to open: a path as given, a `sqlite:` URL with any password
+/// redacted (an encryption extension may take one as a parameter).
+fn open_error(url_or_path: &str, reason: impl std::fmt::Display) -> StoreError {
+    let location = if is_url(url_or_path) {
+        sql::redact_url(url_or_path)
+    } else {
+        url_or_path.to_owned()
+    };
+    StoreError::Open {
+        location,
+        reason: reason.to_string(),
+    }
+}
+
+fn is_url(url_or_path: &str) -> bool {
+    url_or_path.starts_with("sqlite:")
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        sql::claim_with_retries(claim, || self.claim_once(claim)).await
+    }
+
+    async fn renew(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let lease_expires_at = self.clock.now_millis().saturating_add(millis(lease));
+        let done = sqlx::query(RENEW)
+            .bind(scope)
+            .bind(key)
+            .bind(token.0)
+            .bind(lease_expires_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        let done = sql::bind_completion(COMPLETE, scope, key, token, response)?
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn release(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(RELEASE)
+            .bind(scope)
+            .bind(key)
+            .bind(token.0)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(PURGE)
+            .bind(self.clock.now_millis())
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    fn transactions(&self) -> Option<TxSupport> {
+        Some(self.transactions.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn embeds_every_migration_file() {
+        super::sql::assert_embedded_migrations_match("sqlite", super::MIGRATIONS);
+    }
+}

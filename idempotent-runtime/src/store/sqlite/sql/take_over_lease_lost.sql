@@ -1,0 +1,11 @@
+-- Takes over an in-progress record within its TTL whose lease ran out, for a retry with
+-- the same fingerprint: Takeover::LeaseLost. Same parameters and guarantees as
+-- take_over_expired.sql.
+UPDATE idempotency_records
+SET state = 'in_progress', token = ?5, lease_expires_at = ?6, created_at = ?7,
+    expires_at = ?8
+WHERE scope = ?1 AND key = ?2
+  AND state = 'in_progress'
+  AND lease_expires_at <= ?7
+  AND expires_at > ?7
+  AND fingerprint = ?3 AND fingerprint_version = ?4

@@ -1,0 +1,71 @@
+//! Test support for [`Store`](crate::Store) implementations (feature `testing`): the
+//! conformance suite every store must pass, and the small harness plumbing that runs it
+//! as an ordinary `cargo test` target.
+//!
+//! Tests run through [`libtest_mimic`], so a backend that cannot be tested here (its
+//! server is not configured) shows up as *ignored* in `cargo test`'s summary — never as
+//! passed — with the reason printed once. A test file using it sets `harness = false`:
+//!
+//! ```toml
+//! [[test]]
+//! name = "my_store"
+//! harness = false
+//! ```
+//!
+//! and its `main` is one line; see [`conformance`] for a complete example.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Mutex;
+
+pub use libtest_mimic::{Arguments, Trial};
+
+pub mod conformance;
+
+/// Runs `trials` as the test binary's tests, honouring `cargo test`'s arguments
+/// (filters, `--ignored`, `--list`, …), and exits with their verdict.
+pub fn run(trials: Vec<Trial>) -> ! {
+    libtest_mimic::run(&Arguments::from_args(), trials).exit()
+}
+
+/// A test named `name` running `test` on a multi-thread Tokio runtime of its own, so
+/// concurrency inside it is real (tasks run on several worker threads at once). A panic
+/// fails the test.
+pub fn async_trial<F, Fut>(name: impl Into<String>, test: F) -> Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    Trial::test(name, move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime for the test")
+            .block_on(test());
+        Ok(())
+    })
+}
+
+/// `trials`, each marked ignored when `unavailable` gives a reason (e.g. "the variable
+/// naming the server is not set"). The reason is printed to stderr once per test binary,
+/// however many groups of trials it ignores. Run them anyway with `--include-ignored`
+/// (they then fail, saying what is missing).
+pub fn ignored_if(unavailable: Option<String>, trials: Vec<Trial>) -> Vec<Trial> {
+    let Some(reason) = unavailable else {
+        return trials;
+    };
+    static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let first_time = SAID
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashSet::new)
+        .insert(reason.clone());
+    if first_time {
+        eprintln!("note: ignoring tests: {reason}");
+    }
+    trials
+        .into_iter()
+        .map(|trial| trial.with_ignored_flag(true))
+        .collect()
+}
