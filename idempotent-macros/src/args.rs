@@ -18,6 +18,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "scope",
     "ttl",
     "lease",
+    "max_duration",
     "on_server_error",
     "fingerprint",
     "exclude_headers",
@@ -72,6 +73,7 @@ pub(crate) struct Args {
     pub(crate) scope: Option<Ident>,
     pub(crate) ttl: Option<DurationArg>,
     pub(crate) lease: Option<DurationArg>,
+    pub(crate) max_duration: Option<DurationArg>,
     pub(crate) on_server_error: Option<OnServerError>,
     /// The policy's token (`release` / `store`), for errors about the combination.
     pub(crate) on_server_error_span: Option<Span>,
@@ -168,6 +170,9 @@ impl Args {
             "scope" => scope_value(&value).map(|ident| self.scope = Some(ident)),
             "ttl" => duration_value("ttl", &value).map(|d| self.ttl = Some(d)),
             "lease" => duration_value("lease", &value).map(|d| self.lease = Some(d)),
+            "max_duration" => {
+                duration_value("max_duration", &value).map(|d| self.max_duration = Some(d))
+            }
             "on_server_error" => on_server_error_value(&value).map(|(policy, span)| {
                 self.on_server_error = Some(policy);
                 self.on_server_error_span = Some(span);
@@ -199,6 +204,7 @@ fn example(name: &str) -> &'static str {
         "scope" => "scope = caller",
         "ttl" => "ttl = \"24h\"",
         "lease" => "lease = \"30s\"",
+        "max_duration" => "max_duration = \"2m\"",
         "on_server_error" => "on_server_error = release",
         "fingerprint" => "fingerprint = \"raw\"",
         "exclude_headers" => "exclude_headers = [\"x-request-id\"]",
@@ -464,7 +470,7 @@ mod tests {
     #[test]
     fn parses_every_argument() {
         let (args, errors) = parse(quote! {
-            scope = caller, ttl = "1h30m", lease = "10s", on_server_error = store,
+            scope = caller, ttl = "1h30m", lease = "10s", max_duration = "2m", on_server_error = store,
             fingerprint = "json", exclude_headers = ["x-request-id", "x-b"], crate = "renamed",
         });
         assert!(errors.is_empty(), "{errors:?}");
@@ -472,6 +478,7 @@ mod tests {
         assert_eq!(args.scope.unwrap(), "caller");
         assert_eq!(args.ttl.unwrap().secs, 5_400);
         assert_eq!(args.lease.unwrap().secs, 10);
+        assert_eq!(args.max_duration.unwrap().secs, 120);
         assert_eq!(args.on_server_error, Some(OnServerError::Store));
         assert_eq!(args.fingerprint, Some(FingerprintMode::Json));
         assert_eq!(args.exclude_headers.unwrap().len(), 2);

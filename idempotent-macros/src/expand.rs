@@ -206,6 +206,10 @@ fn config(args: &Args, handler_name: &syn::Ident, p: &TokenStream) -> TokenStrea
         let secs = Literal::u64_unsuffixed(lease.secs);
         config.extend(quote!(.lease(#p::Duration::from_secs(#secs))));
     }
+    if let Some(max) = &args.max_duration {
+        let secs = Literal::u64_unsuffixed(max.secs);
+        config.extend(quote!(.max_duration(#p::Duration::from_secs(#secs))));
+    }
     if let Some(policy) = args.on_server_error {
         let variant = match policy {
             OnServerError::Release => quote!(Release),

@@ -70,6 +70,11 @@ use proc_macro::TokenStream;
 ///   `"1h30m"`). Default: the engine's (24h unless configured).
 /// - `lease = "30s"`: how long a running request keeps its claim between heartbeats; must
 ///   be shorter than `ttl`. Default: the engine's (30s unless configured).
+/// - `max_duration = "2m"`: how long the handler and its response body may take. Past
+///   it, the handler is interrupted and recorded as such (`500` `request_interrupted`,
+///   replayed: it may have taken effect); a body still streaming is sent on but recorded
+///   without its bytes; a transactional handler rolls back and its key is released.
+///   Default: the engine's (5 minutes, `IdempotencyBuilder::default_max_duration`).
 /// - `on_server_error = release | store`: `release` (default) frees the key after a 5xx so a
 ///   retry runs the handler again; `store` records and replays the 5xx. A transactional
 ///   handler (one taking `&mut Tx<DB>`) always rolls back and releases on a 5xx, so `store`

@@ -30,6 +30,8 @@ pub struct HandlerConfig {
     pub ttl: Option<Duration>,
     /// How long a claim stays owned without a heartbeat.
     pub lease: Option<Duration>,
+    /// How long the handler (and its response body) may take before it is interrupted.
+    pub max_duration: Option<Duration>,
     /// What a 5xx answer does to the claim.
     pub on_server_error: OnServerError,
     /// How the request is fingerprinted.
@@ -46,6 +48,7 @@ impl HandlerConfig {
             name: None,
             ttl: None,
             lease: None,
+            max_duration: None,
             on_server_error: OnServerError::Release,
             fingerprint: FingerprintMode::Raw,
             excluded_headers: &[],
@@ -67,6 +70,12 @@ impl HandlerConfig {
     /// Sets the lease.
     pub const fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
+        self
+    }
+
+    /// Sets the maximum duration.
+    pub const fn max_duration(mut self, max: Duration) -> Self {
+        self.max_duration = Some(max);
         self
     }
 

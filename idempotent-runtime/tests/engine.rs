@@ -973,3 +973,185 @@ async fn an_empty_scope_is_refused_and_nothing_runs() {
         .await;
     assert_eq!(response.status(), StatusCode::CREATED);
 }
+
+/// A handler whose response body is `chunks`, then an error (if `fail`) or an endless
+/// wait (if `hang`); counts its runs.
+fn streaming(
+    runs: &Arc<AtomicUsize>,
+    chunks: &'static [&'static str],
+    then: &'static str,
+) -> impl FnOnce(idempotent_runtime::IdempotencyKey) -> std::future::Ready<Response> + Send + 'static
+{
+    let runs = runs.clone();
+    move |_key| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        let items: Vec<Result<bytes::Bytes, std::io::Error>> = chunks
+            .iter()
+            .map(|c| Ok(bytes::Bytes::from_static(c.as_bytes())))
+            .collect();
+        let head = futures_util::stream::iter(items);
+        let body = match then {
+            "fail" => {
+                axum::body::Body::from_stream(head.chain(futures_util::stream::once(async {
+                    Err(std::io::Error::other("the upstream feed closed"))
+                })))
+            }
+            "hang" => axum::body::Body::from_stream(head.chain(futures_util::stream::pending())),
+            _ => axum::body::Body::from_stream(head),
+        };
+        std::future::ready((StatusCode::OK, body).into_response())
+    }
+}
+
+use futures_util::StreamExt as _;
+
+/// A streamed body over the cap: the client gets every byte (streamed past the cap, not
+/// buffered), the record keeps status and headers, and a retry never runs it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_body_over_the_cap_reaches_the_client_whole() {
+    let engine = Idempotency::builder(MemoryStore::new())
+        .max_stored_body(4)
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    const CHUNKS: &[&str] = &["abc", "def", "ghi", "jkl"];
+    let (status, _, body) = body_of(
+        engine
+            .run(
+                &CONFIG,
+                "alice",
+                "k",
+                fingerprint(1),
+                streaming(&runs, CHUNKS, "end"),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, b"abcdefghijkl");
+    let (status, headers, body) = body_of(
+        engine
+            .run(
+                &CONFIG,
+                "alice",
+                "k",
+                fingerprint(1),
+                streaming(&runs, CHUNKS, "end"),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(problem_code(&body), "idempotency_response_not_stored");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A response that never ends (an event stream) cannot hold its claim forever: at the
+/// maximum duration the outcome is recorded, while the client keeps receiving the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_response_is_recorded_at_the_maximum_duration() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let config = HandlerConfig::new().max_duration(Duration::from_millis(200));
+    let runs = Arc::new(AtomicUsize::new(0));
+    const EVENTS: &[&str] = &["data: 1\n\n"];
+    let first = engine
+        .run(
+            &config,
+            "alice",
+            "k",
+            fingerprint(1),
+            streaming(&runs, EVENTS, "hang"),
+        )
+        .await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let mut stream = first.into_body().into_data_stream();
+    assert_eq!(stream.next().await.unwrap().unwrap(), "data: 1\n\n");
+
+    let retry = engine
+        .run(
+            &config,
+            "alice",
+            "k",
+            fingerprint(1),
+            streaming(&runs, EVENTS, "hang"),
+        )
+        .await;
+    assert_eq!(retry.status(), StatusCode::OK, "recorded, not in progress");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A body that fails after the handler answered: the side effect happened, so the key is
+/// not released for a retry to run it again; the outcome is recorded without the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_fails_after_the_handler_answered_is_recorded_not_released() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    const CHUNKS: &[&str] = &["{\"id\":"];
+    let (status, _, body) = body_of(
+        engine
+            .run(
+                &CONFIG,
+                "alice",
+                "k",
+                fingerprint(1),
+                streaming(&runs, CHUNKS, "fail"),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the status the handler answered");
+    assert_eq!(problem_code(&body), "idempotency_response_not_stored");
+    let (status, headers, body) = body_of(
+        engine
+            .run(
+                &CONFIG,
+                "alice",
+                "k",
+                fingerprint(1),
+                streaming(&runs, CHUNKS, "fail"),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(problem_code(&body), "idempotency_response_not_stored");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never run twice");
+}
+
+/// A handler still running at its maximum duration is interrupted and recorded as such:
+/// it may have taken effect, so every retry gets the same `500` and nothing runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_past_its_maximum_duration_is_recorded_as_interrupted() {
+    let engine = Idempotency::builder(MemoryStore::new())
+        .default_max_duration(Duration::from_millis(100))
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let slow = |runs: &Arc<AtomicUsize>| {
+        let runs = runs.clone();
+        move |_| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            StatusCode::CREATED
+        }
+    };
+    let (status, _, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), slow(&runs))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(problem_code(&body), "request_interrupted");
+    let (status, headers, body) = body_of(
+        engine
+            .run(&CONFIG, "alice", "k", fingerprint(1), slow(&runs))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(problem_code(&body), "request_interrupted");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

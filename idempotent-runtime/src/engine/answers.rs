@@ -28,6 +28,15 @@ const DESCRIBE_THE_BODY: [&str; 9] = [
 
 /// Rebuilds a stored response, marked as a replay.
 pub(super) fn replay(stored: StoredResponse) -> Response {
+    let mut response = stored_answer(stored);
+    response
+        .headers_mut()
+        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    response
+}
+
+/// Rebuilds a stored response (a body that was not kept becomes a problem document).
+pub(super) fn stored_answer(stored: StoredResponse) -> Response {
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body_kept = stored.body.is_some();
     let mut response = match stored.body {
@@ -37,9 +46,11 @@ pub(super) fn replay(stored: StoredResponse) -> Response {
                 status,
                 codes::RESPONSE_NOT_STORED,
                 "Response not stored",
-                "The original request completed with this status, but its body was larger \
-                 than the idempotency store keeps, so it cannot be replayed. The operation \
-                 was not run again; fetch the resource (see Location, if present) instead.",
+                "The original request completed with this status, but its body was not kept \
+                 (larger than the idempotency store keeps, still streaming at the handler's \
+                 maximum duration, or failed while it was sent), so it cannot be replayed. \
+                 The operation was not run again; fetch the resource (see Location, if \
+                 present) instead.",
             );
             Response::new(Body::from(problem.to_json()))
         }
@@ -61,7 +72,6 @@ pub(super) fn replay(stored: StoredResponse) -> Response {
             HeaderValue::from_static(crate::problem::PROBLEM_JSON),
         );
     }
-    headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     response
 }
 
@@ -100,6 +110,29 @@ pub(super) fn in_progress(retry_after: Duration) -> Response {
     )
     .with_retry_after(secs)
     .into_response()
+}
+
+/// The record of a handler interrupted at its maximum duration.
+pub(super) fn interrupted(max: Duration) -> StoredResponse {
+    let problem = Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        codes::INTERRUPTED,
+        "Request interrupted",
+        format!(
+            "The request ran longer than its maximum duration ({}s) and was interrupted; it \
+             may or may not have taken effect. It will not run again under this key: check \
+             the resource, or use a new key for a new attempt.",
+            max.as_secs()
+        ),
+    );
+    StoredResponse {
+        status: problem.status,
+        headers: vec![(
+            header::CONTENT_TYPE.as_str().to_owned(),
+            crate::problem::PROBLEM_JSON.as_bytes().to_vec(),
+        )],
+        body: Some(problem.to_json().into()),
+    }
 }
 
 pub(super) fn scope_empty() -> Response {

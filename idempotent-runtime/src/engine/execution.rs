@@ -14,13 +14,12 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use futures_util::FutureExt;
-use http::response::Parts;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, debug, error, info, warn};
 
 use super::answers::{internal_error, store_unavailable};
+use super::capture::{BodyRead, read_capped};
 use super::{Idempotency, NEVER_REPLAYED, bounded};
 use crate::config::{HandlerConfig, OnServerError};
 use crate::store::{FencingToken, StoredResponse};
@@ -49,17 +48,16 @@ enum Outcome {
     GiveUp(GiveUp, Response),
 }
 
-/// A response taken apart for recording: its head and buffered body, and the record a
-/// replay is rebuilt from.
+/// A finished request as recorded and as answered: the record a replay is rebuilt from,
+/// and the response this client gets (the same, unless the body was not kept whole).
 struct Captured {
-    parts: Parts,
-    body: Bytes,
     stored: StoredResponse,
+    answer: Response,
 }
 
 impl Captured {
     fn into_response(self) -> Response {
-        Response::from_parts(self.parts, Body::from(self.body))
+        self.answer
     }
 }
 
@@ -72,8 +70,8 @@ enum GiveUp {
     HandlerError(http::StatusCode),
     /// The handler panicked.
     Panic,
-    /// The handler's response body failed while it was read.
-    BodyFailed(String),
+    /// A transactional handler ran past its maximum duration (its writes rolled back).
+    TimedOut(Duration),
     /// The store (or the handler's transaction) failed: the answer is `503`.
     Store {
         /// What the engine was doing.
@@ -94,8 +92,12 @@ impl Execution {
         let heartbeat = self.start_heartbeat();
         let release_server_errors = self.config.on_server_error == OnServerError::Release;
         let outcome = AssertUnwindSafe(async {
-            let response = handler.await;
-            self.capture(response, release_server_errors).await
+            match tokio::time::timeout_at(self.deadline(), handler).await {
+                Ok(response) => self.capture(response, release_server_errors).await,
+                // The side effect may or may not have happened: record that, so that a
+                // retry cannot run it a second time.
+                Err(_elapsed) => Outcome::Record(self.interrupted()),
+            }
         })
         .catch_unwind()
         .await
@@ -150,8 +152,14 @@ impl Execution {
             }
         };
         // A panic drops the handler's transaction, which rolls it back.
+        let deadline = self.deadline();
         let finished = AssertUnwindSafe(async {
-            let (result, tx) = handler(idempotency_key, Tx::new(transaction)).await;
+            let running = handler(idempotency_key, Tx::new(transaction));
+            // Past the maximum duration the handler is dropped with its transaction, which
+            // rolls back: nothing was written, so a retry may run it again.
+            let Ok((result, tx)) = tokio::time::timeout_at(deadline, running).await else {
+                return Err(self.max_duration());
+            };
             // Into a response at once: `T`/`E` need not be `Send` across the awaits below.
             let result = result
                 .map(IntoResponse::into_response)
@@ -160,19 +168,25 @@ impl Execution {
                 Ok(answer) => self.capture(answer, true).await,
                 Err(answer) => Outcome::GiveUp(GiveUp::HandlerError(answer.status()), answer),
             };
-            (outcome, tx)
+            Ok((outcome, tx))
         })
         .catch_unwind()
         .await;
         let answer = match finished {
             Err(_panic) => self.give_up(GiveUp::Panic, panicked()).await,
-            Ok((Outcome::GiveUp(why, answer), tx)) => {
+            Ok(Err(max_duration)) => {
+                let answer = internal_error(
+                    "The request ran longer than its maximum duration; its writes were rolled back. It is safe to retry with the same key.",
+                );
+                self.give_up(GiveUp::TimedOut(max_duration), answer).await
+            }
+            Ok(Ok((Outcome::GiveUp(why, answer), tx))) => {
                 if let Err(err) = tx.into_inner().rollback().await {
                     warn!(error = %err, "rollback failed; the connection discards the transaction");
                 }
                 self.give_up(why, answer).await
             }
-            Ok((Outcome::Record(captured), tx)) => {
+            Ok(Ok((Outcome::Record(captured), tx))) => {
                 self.commit(tx_store.as_ref(), tx, captured).await
             }
         };
@@ -233,43 +247,75 @@ impl Execution {
     }
 
     /// What the handler's response means for the claim: a 5xx (when
-    /// `release_server_errors`) or a body that fails to read gives up; anything else is
-    /// buffered and recorded, its body only up to the stored-response cap.
+    /// `release_server_errors`) gives up; anything else is recorded — its body only when
+    /// it fits the stored-response cap and ends before the maximum duration (see
+    /// [`capture`](super::capture)).
     async fn capture(&self, response: Response, release_server_errors: bool) -> Outcome {
         let status = response.status();
         if release_server_errors && status.is_server_error() {
             return Outcome::GiveUp(GiveUp::ServerError(status), response);
         }
         let (parts, body) = response.into_parts();
-        let body = match axum::body::to_bytes(body, usize::MAX).await {
-            Ok(body) => body,
-            Err(err) => {
-                let answer = internal_error(
-                    "The response could not be produced; it is safe to retry with the same key.",
-                );
-                return Outcome::GiveUp(GiveUp::BodyFailed(err.to_string()), answer);
-            }
-        };
         let cap = self.engine.inner.max_stored_body;
-        let kept = body.len() <= cap;
-        if !kept {
-            warn!(
-                event = "completed",
-                body_len = body.len(),
-                cap,
-                "response body over the stored-response cap; replays will carry status and headers only"
-            );
-        }
-        let stored = StoredResponse {
+        let mut stored = StoredResponse {
             status: parts.status.as_u16(),
             headers: replayable_headers(&parts.headers, self.config.excluded_headers),
-            body: kept.then(|| body.clone()),
+            body: None,
         };
-        Outcome::Record(Captured {
-            parts,
-            body,
-            stored,
-        })
+        let answer = match read_capped(body, cap, self.deadline()).await {
+            BodyRead::Whole(bytes) => {
+                stored.body = Some(bytes.clone());
+                Response::from_parts(parts, Body::from(bytes))
+            }
+            BodyRead::Partial { reason, answer } => {
+                warn!(
+                    event = "completed",
+                    reason = reason.as_str(),
+                    cap,
+                    "response body not kept whole (over the stored-response cap, or still \
+                     streaming at the maximum duration); replays carry status and headers only"
+                );
+                let mut parts = parts;
+                parts.headers.remove(http::header::CONTENT_LENGTH);
+                Response::from_parts(parts, answer)
+            }
+            BodyRead::Failed(error) => {
+                // After the handler answered: its side effect happened. Recorded without
+                // a body, so a retry replays this instead of running it again.
+                error!(
+                    event = "completed",
+                    reason = "body_failed",
+                    error,
+                    "the response body failed after the handler answered; recorded without it"
+                );
+                super::answers::stored_answer(stored.clone())
+            }
+        };
+        Outcome::Record(Captured { stored, answer })
+    }
+
+    /// When this request must be finished: the claim plus the handler's maximum duration.
+    fn deadline(&self) -> tokio::time::Instant {
+        self.claimed_at + self.max_duration()
+    }
+
+    fn max_duration(&self) -> Duration {
+        self.engine.max_duration_for(&self.config)
+    }
+
+    /// The record of a plain handler that ran past its maximum duration: a `500` problem
+    /// saying it was interrupted, replayed to every retry.
+    fn interrupted(&self) -> Captured {
+        let max = self.max_duration();
+        error!(
+            event = "completed",
+            reason = "max_duration",
+            max_duration_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX),
+            "handler ran past its maximum duration; recorded as interrupted"
+        );
+        let stored = super::answers::interrupted(max);
+        let answer = super::answers::stored_answer(stored.clone());
+        Captured { stored, answer }
     }
 
     /// Logs why the claim is given up, releases it and answers `answer`.
@@ -292,11 +338,11 @@ impl Execution {
                 reason = "panic",
                 "handler panicked; releasing the claim"
             ),
-            GiveUp::BodyFailed(error) => error!(
+            GiveUp::TimedOut(max) => error!(
                 event = "released",
-                reason = "body_failed",
-                error,
-                "reading the handler's response body failed"
+                reason = "max_duration",
+                max_duration_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX),
+                "transactional handler ran past its maximum duration; rolled back"
             ),
             GiveUp::Store { doing, error } => error!(
                 event = "store_error",

@@ -13,6 +13,7 @@ use crate::key::IdempotencyKey;
 use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
 
 mod answers;
+mod capture;
 mod execution;
 mod retry_after;
 
@@ -49,6 +50,8 @@ pub const NEVER_REPLAYED: [&str; 12] = [
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Default lease: 30 seconds, renewed every third of it while the handler runs.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default maximum duration of a handler and its response body: 5 minutes.
+pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(5 * 60);
 /// Default cap on a stored response body: 1 MiB.
 pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
 
@@ -100,6 +103,7 @@ struct Inner {
     default_ttl: Duration,
     default_lease: Duration,
     max_stored_body: usize,
+    default_max_duration: Duration,
     header_name: HeaderName,
     completion_retry_window: Duration,
     store_timeout: Duration,
@@ -139,6 +143,21 @@ impl IdempotencyBuilder {
     /// runs twice because of it.
     pub fn max_stored_body(mut self, bytes: usize) -> Self {
         self.inner.max_stored_body = bytes;
+        self
+    }
+
+    /// How long a handler that sets none may run, its response body included (default
+    /// 5 minutes). Past it a plain handler is interrupted and recorded as such (`500`
+    /// `request_interrupted`, replayed: it may have taken effect, so it never runs again
+    /// under the key); a response body still streaming is sent on but recorded without
+    /// its bytes; a transactional handler is rolled back and its claim released.
+    ///
+    /// # Panics
+    ///
+    /// On a zero duration.
+    pub fn default_max_duration(mut self, max: Duration) -> Self {
+        assert!(!max.is_zero(), "the maximum duration must be positive");
+        self.inner.default_max_duration = max;
         self
     }
 
@@ -198,6 +217,7 @@ impl Idempotency {
                 default_ttl: DEFAULT_TTL,
                 default_lease: DEFAULT_LEASE,
                 max_stored_body: DEFAULT_MAX_STORED_BODY,
+                default_max_duration: DEFAULT_MAX_DURATION,
                 header_name: HeaderName::from_static("idempotency-key"),
                 completion_retry_window: Duration::from_secs(30),
                 store_timeout: Duration::from_secs(5),
@@ -220,6 +240,13 @@ impl Idempotency {
     /// The TTL a handler with `config` uses.
     pub(crate) fn ttl_for(&self, config: &HandlerConfig) -> Duration {
         config.ttl.unwrap_or(self.inner.default_ttl)
+    }
+
+    /// The maximum duration a handler with `config` has.
+    pub(crate) fn max_duration_for(&self, config: &HandlerConfig) -> Duration {
+        config
+            .max_duration
+            .unwrap_or(self.inner.default_max_duration)
     }
 
     /// The lease a handler with `config` uses.
