@@ -144,6 +144,9 @@ pub mod codes {
     /// The handler's scope argument yielded an empty scope (`500`): nothing ran, since
     /// an empty scope would share one key space between callers.
     pub const SCOPE_EMPTY: &str = "idempotency_scope_empty";
+    /// An [`IdempotencyLayer`](crate::layer::IdempotencyLayer) found no scope for the
+    /// request (`500`): nothing ran, since keys are never shared between callers.
+    pub const SCOPE_MISSING: &str = "idempotency_scope_missing";
     /// A replay of a response whose body was over the store cap: the operation ran and
     /// its status and headers are replayed, the body was not kept.
     pub const RESPONSE_NOT_STORED: &str = "idempotency_response_not_stored";
