@@ -505,7 +505,10 @@ mod tests {
             crate = "renamed",
         });
         assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(args.key.map(|(policy, _)| policy), Some(KeyPolicy::Optional));
+        assert_eq!(
+            args.key.map(|(policy, _)| policy),
+            Some(KeyPolicy::Optional)
+        );
         assert!(args.complete);
         assert_eq!(args.scope.unwrap(), "caller");
         assert_eq!(args.ttl.unwrap().secs, 5_400);
@@ -578,7 +581,10 @@ mod tests {
     fn key_policies() {
         let (args, errors) = parse(quote!(scope = c, key = required));
         assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(args.key.map(|(policy, _)| policy), Some(KeyPolicy::Required));
+        assert_eq!(
+            args.key.map(|(policy, _)| policy),
+            Some(KeyPolicy::Required)
+        );
         let (args, errors) = parse(quote!(scope = c));
         assert!(errors.is_empty() && args.key.is_none());
         let (args, errors) = parse(quote! {
@@ -593,11 +599,17 @@ mod tests {
         ];
         assert_eq!(errors.len(), expected.len(), "{errors:#?}");
         for (error, expected) in errors.iter().zip(expected) {
-            assert!(error.contains(expected), "{error:?} should contain {expected:?}");
+            assert!(
+                error.contains(expected),
+                "{error:?} should contain {expected:?}"
+            );
         }
         assert!(args.key.is_none(), "a refused value sets nothing");
         for (tokens, expected) in [
-            (quote!(key = "optional"), "write `key = optional` without quotes"),
+            (
+                quote!(key = "optional"),
+                "write `key = optional` without quotes",
+            ),
             (quote!(key = "maybe"), "unknown `key` policy \"maybe\""),
             (quote!(key = 1), "unknown `key` policy: expected"),
             (quote!(key), "`key` needs a value: write `key = optional`"),
@@ -605,7 +617,10 @@ mod tests {
         ] {
             let (_, errors) = parse(tokens);
             assert_eq!(errors.len(), 1, "{errors:?}");
-            assert!(errors[0].contains(expected), "{errors:?} should contain {expected:?}");
+            assert!(
+                errors[0].contains(expected),
+                "{errors:?} should contain {expected:?}"
+            );
         }
     }
 

@@ -364,7 +364,10 @@ fn optional_key_hands_the_handler_an_option() {
             }
         },
     );
-    assert!(text.contains("__idem: ::idempotent_runtime::__private::Guard<true>"), "{text}");
+    assert!(
+        text.contains("__idem: ::idempotent_runtime::__private::Guard<true>"),
+        "{text}"
+    );
     assert!(text.contains("move |_| ping(__arg0)"), "{text}");
     // `key = required` is the default, spelled out.
     let text = expand(
@@ -373,7 +376,10 @@ fn optional_key_hands_the_handler_an_option() {
             async fn ping(caller: Caller, key: IdempotencyKey) {}
         ),
     );
-    assert!(text.contains("__idem: ::idempotent_runtime::__private::Guard,"), "{text}");
+    assert!(
+        text.contains("__idem: ::idempotent_runtime::__private::Guard,"),
+        "{text}"
+    );
     assert!(!text.contains("compile_error"), "{text}");
 }
 
@@ -402,7 +408,10 @@ fn key_policy_and_key_argument_must_agree() {
     let text = expand(
         quote!(scope = caller, key = optional),
         quote!(
-            async fn deposit(caller: Caller, tx: &mut Tx<Sqlite>) -> Result<StatusCode, StatusCode> {
+            async fn deposit(
+                caller: Caller,
+                tx: &mut Tx<Sqlite>,
+            ) -> Result<StatusCode, StatusCode> {
                 Ok(StatusCode::CREATED)
             }
         ),

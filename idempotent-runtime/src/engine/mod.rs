@@ -254,7 +254,11 @@ impl Idempotency {
     /// [`IdempotencyLayer::key_optional`](crate::layer::IdempotencyLayer::key_optional))
     /// do with a request that carries no key. Nothing is claimed, stored or replayed, and
     /// the handler runs in the request's own task, as an unprotected handler would.
-    pub(crate) async fn run_unprotected<Fut, R>(&self, config: &HandlerConfig, handler: Fut) -> Response
+    pub(crate) async fn run_unprotected<Fut, R>(
+        &self,
+        config: &HandlerConfig,
+        handler: Fut,
+    ) -> Response
     where
         Fut: Future<Output = R>,
         R: IntoResponse,
