@@ -131,10 +131,13 @@ pub struct IdempotencyLayer<Sc = ScopeSource> {
 #[derive(Debug, Clone, Copy)]
 pub struct NoScope;
 
+/// A function from the request parts to the caller's scope (`None`: no caller).
+type ScopeFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
 /// Where a layer finds a request's scope: a function of the request parts.
 #[derive(Clone)]
 pub struct ScopeSource {
-    scope_of: Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>,
+    scope_of: Arc<ScopeFn>,
     /// What the scope comes from, for the log line when there is none.
     from: &'static str,
 }
