@@ -82,6 +82,11 @@ mod expansion_passes_clippy {
         )
     }
 
+    #[idempotent(scope = caller, key = optional)]
+    async fn optional_key(caller: Caller, key: Option<IdempotencyKey>) -> String {
+        key.map_or_else(|| caller.0, |key| key.derive("optional"))
+    }
+
     #[idempotent(scope = caller)]
     async fn no_body(caller: Caller) -> StatusCode {
         if caller.0.is_empty() {
@@ -112,6 +117,7 @@ mod expansion_passes_clippy {
             .route("/create", post(create))
             .route("/wide/{id}", post(seven_extractors))
             .route("/ping", post(no_body))
+            .route("/optional", post(optional_key))
             .route("/notes", post(transactional))
             .with_state(Idempotency::new(MemoryStore::new()));
     }

@@ -22,6 +22,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "on_server_error",
     "fingerprint",
     "exclude_headers",
+    "key",
     "crate",
 ];
 
@@ -59,6 +60,15 @@ pub(crate) enum OnServerError {
     Store,
 }
 
+/// `key = required | optional`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyPolicy {
+    /// A request without the header is `400` (the default).
+    Required,
+    /// A request without the header runs the handler unprotected (rollout).
+    Optional,
+}
+
 /// `fingerprint = "raw" | "json"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FingerprintMode {
@@ -80,6 +90,9 @@ pub(crate) struct Args {
     pub(crate) fingerprint: Option<FingerprintMode>,
     /// Validated, lower-case header names.
     pub(crate) exclude_headers: Option<Vec<LitStr>>,
+    /// `key = required | optional`, and the value's token (for errors about the
+    /// combination with the handler's arguments).
+    pub(crate) key: Option<(KeyPolicy, Span)>,
     /// `crate = "..."`: the path the runtime crate is reachable under.
     pub(crate) krate: Option<syn::Path>,
     /// `false` when a syntax error cut parsing short: later arguments are unknown, so a
@@ -180,6 +193,7 @@ impl Args {
             "fingerprint" => fingerprint_value(&value).map(|mode| self.fingerprint = Some(mode)),
             "exclude_headers" => exclude_headers_value(&value, errors)
                 .map(|names| self.exclude_headers = Some(names)),
+            "key" => key_value(&value).map(|policy| self.key = Some(policy)),
             "crate" => crate_value(&value).map(|path| self.krate = Some(path)),
             _ => unreachable!("every known argument is handled"),
         };
@@ -208,6 +222,7 @@ fn example(name: &str) -> &'static str {
         "on_server_error" => "on_server_error = release",
         "fingerprint" => "fingerprint = \"raw\"",
         "exclude_headers" => "exclude_headers = [\"x-request-id\"]",
+        "key" => "key = optional",
         _ => "crate = \"idempotent_runtime\"",
     }
 }
@@ -316,6 +331,35 @@ fn on_server_error_value(value: &Expr) -> syn::Result<(OnServerError, Span)> {
     Err(syn::Error::new_spanned(
         value,
         format!("unknown `on_server_error` policy: {EXPECTED}"),
+    ))
+}
+
+fn key_value(value: &Expr) -> syn::Result<(KeyPolicy, Span)> {
+    const EXPECTED: &str = "expected `required` (the default: a request without an \
+                            `Idempotency-Key` header is refused with 400) or `optional` (for a \
+                            rollout: such a request runs the handler unprotected)";
+    if let Some(ident) = plain_ident(value) {
+        return match ident.to_string().as_str() {
+            "required" => Ok((KeyPolicy::Required, ident.span())),
+            "optional" => Ok((KeyPolicy::Optional, ident.span())),
+            other => Err(syn::Error::new(
+                ident.span(),
+                format!("unknown `key` policy `{other}`: {EXPECTED}"),
+            )),
+        };
+    }
+    if let Some(lit) = string_literal(value) {
+        let text = lit.value();
+        let message = if text == "required" || text == "optional" {
+            format!("write `key = {text}` without quotes")
+        } else {
+            format!("unknown `key` policy {text:?}: {EXPECTED}")
+        };
+        return Err(syn::Error::new(lit.span(), message));
+    }
+    Err(syn::Error::new_spanned(
+        value,
+        format!("unknown `key` policy: {EXPECTED}"),
     ))
 }
 
@@ -471,9 +515,14 @@ mod tests {
     fn parses_every_argument() {
         let (args, errors) = parse(quote! {
             scope = caller, ttl = "1h30m", lease = "10s", max_duration = "2m", on_server_error = store,
-            fingerprint = "json", exclude_headers = ["x-request-id", "x-b"], crate = "renamed",
+            fingerprint = "json", exclude_headers = ["x-request-id", "x-b"], key = optional,
+            crate = "renamed",
         });
         assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            args.key.map(|(policy, _)| policy),
+            Some(KeyPolicy::Optional)
+        );
         assert!(args.complete);
         assert_eq!(args.scope.unwrap(), "caller");
         assert_eq!(args.ttl.unwrap().secs, 5_400);
@@ -547,6 +596,53 @@ mod tests {
                 && errors[0].contains("exclude_headers = [\"x-request-id\"]"),
             "{errors:?}"
         );
+    }
+
+    #[test]
+    fn key_policies() {
+        let (args, errors) = parse(quote!(scope = c, key = required));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            args.key.map(|(policy, _)| policy),
+            Some(KeyPolicy::Required)
+        );
+        let (args, errors) = parse(quote!(scope = c));
+        assert!(errors.is_empty() && args.key.is_none());
+        let (args, errors) = parse(quote! {
+            key = sometimes, key = optional, key = "optional", key = "maybe", key = 1,
+        });
+        let expected = [
+            "unknown `key` policy `sometimes`: expected `required`",
+            "duplicate argument `key`",
+            "duplicate argument `key`",
+            "duplicate argument `key`",
+            "duplicate argument `key`",
+        ];
+        assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+        for (error, expected) in errors.iter().zip(expected) {
+            assert!(
+                error.contains(expected),
+                "{error:?} should contain {expected:?}"
+            );
+        }
+        assert!(args.key.is_none(), "a refused value sets nothing");
+        for (tokens, expected) in [
+            (
+                quote!(key = "optional"),
+                "write `key = optional` without quotes",
+            ),
+            (quote!(key = "maybe"), "unknown `key` policy \"maybe\""),
+            (quote!(key = 1), "unknown `key` policy: expected"),
+            (quote!(key), "`key` needs a value: write `key = optional`"),
+            (quote!(keys = optional), "did you mean `key`?"),
+        ] {
+            let (_, errors) = parse(tokens);
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(
+                errors[0].contains(expected),
+                "{errors:?} should contain {expected:?}"
+            );
+        }
     }
 
     #[test]

@@ -19,7 +19,7 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::ItemFn;
 use syn::spanned::Spanned;
 
-use crate::args::{Args, FingerprintMode, OnServerError};
+use crate::args::{Args, FingerprintMode, KeyPolicy, OnServerError};
 use crate::signature::{self, Handler, ParamKind};
 
 /// Clippy's default `too_many_arguments` threshold.
@@ -82,6 +82,12 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
     // extractors in argument order: authentication rejects first (401 before a missing
     // key's 400), and the key is still checked before the body (always in the last
     // argument, never the scope's) is read and before the store is touched.
+    // `Guard<true>` lets a request without a key through (`key = optional`) and hands the
+    // handler `Option<IdempotencyKey>`.
+    let guard = match args.key {
+        Some((KeyPolicy::Optional, _)) => quote!(__idem: #p::Guard<true>),
+        _ => quote!(__idem: #p::Guard),
+    };
     let mut wrapper_params: Vec<TokenStream> = Vec::new();
     for (index, param) in handler.extractors() {
         let ident = arg_name(index);
@@ -92,7 +98,7 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
             wrapper_params.push(quote!(#ident: #ty));
         }
         if index == handler.scope {
-            wrapper_params.push(quote!(__idem: #p::Guard));
+            wrapper_params.push(guard.clone());
         }
     }
     let unhash = match last_extractor {

@@ -84,6 +84,13 @@ use proc_macro::TokenStream;
 /// - `exclude_headers = ["x-request-id"]`: response headers not to record and replay.
 ///   Every other end-to-end header is replayed as sent; `Set-Cookie`, `Date` and hop-by-hop
 ///   headers never are, and `Content-Length` is recomputed.
+/// - `key = required | optional`: `required` (default) answers a request without an
+///   `Idempotency-Key` header with `400`; `optional` (for rolling the header out) runs the
+///   handler unprotected for such a request — nothing is claimed, stored or replayed, and
+///   it is logged at debug with `event = "unprotected"`. A malformed key is `400` either
+///   way, and a valid one is protected as usual. The handler's key argument is then
+///   `key: Option<IdempotencyKey>` (`None` when it ran unprotected). Not for
+///   transactional handlers.
 /// - `crate = "path"`: where the runtime crate is, when it was renamed.
 ///
 /// # Requirements
@@ -92,6 +99,7 @@ use proc_macro::TokenStream;
 /// extractors:
 ///
 /// - `key: IdempotencyKey` receives the claimed key (e.g. to derive downstream keys);
+///   under `key = optional` it is `key: Option<IdempotencyKey>`;
 /// - `tx: &mut Tx<Sqlite>` / `&mut Tx<Postgres>` makes the handler transactional: its
 ///   writes through `tx.conn()` and the stored response commit together, and an `Err`, a
 ///   5xx or a panic rolls both back. Such a handler returns a `Result`.

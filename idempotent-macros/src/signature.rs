@@ -4,7 +4,7 @@
 use quote::ToTokens;
 use syn::{FnArg, GenericParam, Ident, ItemFn, Pat, PatType, Safety, Type};
 
-use crate::args::{self, Args, OnServerError};
+use crate::args::{self, Args, KeyPolicy, OnServerError};
 
 /// Axum implements `Handler` for functions of at most this many arguments.
 const AXUM_MAX_ARGS: usize = 16;
@@ -32,7 +32,8 @@ pub(crate) struct Param<'a> {
 pub(crate) enum ParamKind<'a> {
     /// An Axum extractor: an argument of the wrapper.
     Extractor,
-    /// `IdempotencyKey`: the claimed key, handed over by the engine.
+    /// `IdempotencyKey` (or `Option<IdempotencyKey>` under `key = optional`): the claimed
+    /// key, handed over by the engine.
     Key,
     /// `&mut Tx<DB>`: the transaction the engine opens (the transactional unit of work); holds `Tx<DB>`.
     Tx(&'a Type),
@@ -174,6 +175,8 @@ pub(crate) fn check<'a>(
         ));
     }
 
+    check_key_policy(args, &params, errors);
+
     let scope = match &args.scope {
         Some(scope) => find_scope(func, &params, scope, errors),
         None => {
@@ -216,6 +219,42 @@ pub(crate) fn check<'a>(
         }
     }
     None
+}
+
+/// `key = optional` hands the handler `Option<IdempotencyKey>` (a request without a key
+/// runs unprotected), a required key `IdempotencyKey`; transactional handlers need a key.
+fn check_key_policy(args: &Args, params: &[Param<'_>], errors: &mut Vec<syn::Error>) {
+    let optional = match args.key {
+        Some((KeyPolicy::Optional, span)) => Some(span),
+        _ => None,
+    };
+    for param in params.iter().filter(|p| matches!(p.kind, ParamKind::Key)) {
+        let ty = &param.arg.ty;
+        match (optional.is_some(), is_optional_key(ty)) {
+            (true, false) => errors.push(syn::Error::new_spanned(
+                ty,
+                "with `key = optional` a request without a key runs the handler unprotected, \
+                 with no key to hand over: take `Option<IdempotencyKey>` (`None` when it ran \
+                 unprotected)",
+            )),
+            (false, true) => errors.push(syn::Error::new_spanned(
+                ty,
+                "`Option<IdempotencyKey>` goes with `key = optional`; here every request has a \
+                 key: take `IdempotencyKey`, or add `key = optional` to let requests without \
+                 one run unprotected",
+            )),
+            _ => {}
+        }
+    }
+    if let Some(span) = optional
+        && params.iter().any(|p| matches!(p.kind, ParamKind::Tx(_)))
+    {
+        errors.push(syn::Error::new(
+            span,
+            "`key = optional` is not supported on a transactional handler: its writes commit \
+             with the stored response, which needs a key; remove `key = optional`",
+        ));
+    }
 }
 
 fn check_generics(func: &ItemFn, errors: &mut Vec<syn::Error>) {
@@ -367,7 +406,7 @@ fn binds(pat: &Pat, name: &Ident) -> bool {
 /// Classifies an argument by its type; a transaction taken other than by `&mut` is
 /// refused (pushed onto `errors`) and treated as an extractor.
 fn param_kind<'a>(ty: &'a Type, errors: &mut Vec<syn::Error>) -> ParamKind<'a> {
-    if is_idempotency_key(ty) {
+    if is_idempotency_key(ty) || is_optional_key(ty) {
         return ParamKind::Key;
     }
     match ty {
@@ -419,6 +458,24 @@ pub(crate) fn is_idempotency_key(ty: &Type) -> bool {
         }),
         Type::Group(group) => is_idempotency_key(&group.elem),
         Type::Paren(paren) => is_idempotency_key(&paren.elem),
+        _ => false,
+    }
+}
+
+/// `Option<IdempotencyKey>` under any path (`Option<IdempotencyKey>`,
+/// `std::option::Option<idempotent_runtime::IdempotencyKey>`).
+fn is_optional_key(ty: &Type) -> bool {
+    match ty {
+        Type::Path(path) if path.qself.is_none() => {
+            path.path.segments.last().is_some_and(|segment| {
+                segment.ident == "Option"
+                    && matches!(&segment.arguments, syn::PathArguments::AngleBracketed(args)
+                        if args.args.len() == 1
+                            && matches!(&args.args[0], syn::GenericArgument::Type(inner) if is_idempotency_key(inner)))
+            })
+        }
+        Type::Group(group) => is_optional_key(&group.elem),
+        Type::Paren(paren) => is_optional_key(&paren.elem),
         _ => false,
     }
 }
@@ -490,5 +547,11 @@ mod tests {
         assert!(!is_idempotency_key(&syn::parse_quote!(
             Json<IdempotencyKey>
         )));
+        assert!(is_optional_key(&syn::parse_quote!(Option<IdempotencyKey>)));
+        assert!(is_optional_key(&syn::parse_quote!(
+            std::option::Option<idempotent_runtime::IdempotencyKey>
+        )));
+        assert!(!is_optional_key(&syn::parse_quote!(Option<String>)));
+        assert!(!is_optional_key(&syn::parse_quote!(IdempotencyKey)));
     }
 }

@@ -336,3 +336,89 @@ fn transactional_handler_cannot_store_server_errors() {
     );
     assert!(!text.contains("compile_error"), "{text}");
 }
+
+#[test]
+fn optional_key_hands_the_handler_an_option() {
+    let text = expand(
+        quote!(scope = caller, key = optional),
+        quote! {
+            /// Rolled out gradually: clients without a key still get through.
+            pub async fn create_payment(
+                caller: Caller,
+                key: Option<IdempotencyKey>,
+                State(app): State<AppState>,
+                Json(req): Json<ChargeRequest>,
+            ) -> Result<(StatusCode, Json<Payment>), ApiError> {
+                let downstream = key.map(|key| key.derive("charge"));
+                let payment = app.gateway.charge(&caller, &req, downstream.as_deref()).await?;
+                Ok((StatusCode::CREATED, Json(payment)))
+            }
+        },
+    );
+    insta::assert_snapshot!("optional_key", text);
+    let text = expand(
+        quote!(scope = caller, key = optional),
+        quote! {
+            async fn ping(caller: Caller) -> StatusCode {
+                let _ = caller;
+                StatusCode::NO_CONTENT
+            }
+        },
+    );
+    assert!(
+        text.contains("__idem: ::idempotent_runtime::__private::Guard<true>"),
+        "{text}"
+    );
+    assert!(text.contains("move |_| ping(__arg0)"), "{text}");
+    // `key = required` is the default, spelled out.
+    let text = expand(
+        quote!(scope = caller, key = required),
+        quote!(
+            async fn ping(caller: Caller, key: IdempotencyKey) {}
+        ),
+    );
+    assert!(
+        text.contains("__idem: ::idempotent_runtime::__private::Guard,"),
+        "{text}"
+    );
+    assert!(!text.contains("compile_error"), "{text}");
+}
+
+#[test]
+fn key_policy_and_key_argument_must_agree() {
+    let text = expand(
+        quote!(scope = caller, key = optional),
+        quote!(
+            async fn create(caller: Caller, key: IdempotencyKey) {}
+        ),
+    );
+    assert!(
+        text.contains("take `Option<IdempotencyKey>` (`None` when it ran unprotected)"),
+        "{text}"
+    );
+    let text = expand(
+        quote!(scope = caller),
+        quote!(
+            async fn create(caller: Caller, key: Option<IdempotencyKey>) {}
+        ),
+    );
+    assert!(
+        text.contains("`Option<IdempotencyKey>` goes with `key = optional`"),
+        "{text}"
+    );
+    let text = expand(
+        quote!(scope = caller, key = optional),
+        quote!(
+            async fn deposit(
+                caller: Caller,
+                tx: &mut Tx<Sqlite>,
+            ) -> Result<StatusCode, StatusCode> {
+                Ok(StatusCode::CREATED)
+            }
+        ),
+    );
+    assert!(
+        text.contains("`key = optional` is not supported on a transactional handler"),
+        "{text}"
+    );
+}

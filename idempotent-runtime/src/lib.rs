@@ -116,6 +116,8 @@
 //! - [`fingerprint`]: SHA-256 over method, path, query and raw body (or canonical JSON);
 //! - [`store`]: the [`Store`] trait and its implementations;
 //! - [`engine`]: [`Idempotency`], the claim → execute → record loop;
+//! - [`layer`]: [`IdempotencyLayer`], the same contract as a tower layer, for routes
+//!   protected without the macro;
 //! - [`transaction`]: handlers whose writes commit together with the stored response
 //!   (`tx: &mut Tx<Sqlite>` / `Tx<Postgres>`);
 //! - [`problem`]: RFC 9457 `application/problem+json` error responses;
@@ -141,6 +143,7 @@ pub mod config;
 pub mod engine;
 pub mod fingerprint;
 pub mod key;
+pub mod layer;
 mod lease;
 pub mod macro_support;
 pub mod problem;
@@ -158,6 +161,7 @@ pub use engine::{Idempotency, IdempotencyBuilder};
 pub use fingerprint::{Fingerprint, FingerprintMode};
 pub use idempotent_macros::idempotent;
 pub use key::{IdempotencyKey, KeyError};
+pub use layer::IdempotencyLayer;
 pub use problem::Problem;
 pub use rejection::AsProblem;
 pub use scope::Scope;

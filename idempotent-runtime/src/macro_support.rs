@@ -14,7 +14,7 @@ use http::request::Parts;
 use crate::config::HandlerConfig;
 use crate::engine::Idempotency;
 use crate::fingerprint::{Fingerprint, FingerprintMode};
-use crate::key::{self, IdempotencyKey};
+use crate::key::{self, IdempotencyKey, KeyError};
 use crate::problem::key_problem;
 
 /// The argument the expansion adds right after the scope argument: the parsed
@@ -22,14 +22,16 @@ use crate::problem::key_problem;
 ///
 /// Rejects with `400` problem+json when the key is missing or invalid — after
 /// authentication (an unauthenticated caller gets its `401` first), before the body is
-/// read and before the store is touched.
+/// read and before the store is touched. `Guard<true>` (`key = optional`) lets a request
+/// without the header through, unprotected; a malformed key is still `400`.
 #[derive(Debug, Clone)]
-pub struct Guard {
+pub struct Guard<const KEY_OPTIONAL: bool = false> {
     engine: Idempotency,
-    key: String,
+    /// `None` only for `Guard<true>`, when the request carries no key.
+    key: Option<String>,
 }
 
-impl<S> FromRequestParts<S> for Guard
+impl<S, const KEY_OPTIONAL: bool> FromRequestParts<S> for Guard<KEY_OPTIONAL>
 where
     Idempotency: FromRef<S>,
     S: Send + Sync,
@@ -38,13 +40,23 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let engine = Idempotency::from_ref(state);
-        let key = key::parse_header(&parts.headers, engine.header_name())
-            .map_err(|err| key_problem(&err).into_response())?;
+        let key = match key::parse_header(&parts.headers, engine.header_name()) {
+            Ok(key) => Some(key),
+            Err(KeyError::Missing) if KEY_OPTIONAL => None,
+            Err(err) => return Err(key_problem(&err).into_response()),
+        };
         Ok(Self { engine, key })
     }
 }
 
 impl Guard {
+    /// The key a required guard was extracted with.
+    fn required_key(&self) -> &str {
+        self.key
+            .as_deref()
+            .expect("`Guard<false>` refuses a request without a key at extraction")
+    }
+
     /// Runs the handler through the engine; see [`Idempotency::run`].
     pub async fn run<F, Fut, R>(
         self,
@@ -59,12 +71,10 @@ impl Guard {
         R: IntoResponse + 'static,
     {
         self.engine
-            .run(config, scope, &self.key, fingerprint, handler)
+            .run(config, scope, self.required_key(), fingerprint, handler)
             .await
     }
-}
 
-impl Guard {
     /// Runs a transactional handler through the engine; see
     /// [`Idempotency::run_in_transaction`].
     #[cfg(feature = "sql")]
@@ -83,8 +93,35 @@ impl Guard {
         E: IntoResponse + 'static,
     {
         self.engine
-            .run_in_transaction(config, scope, &self.key, fingerprint, handler)
+            .run_in_transaction(config, scope, self.required_key(), fingerprint, handler)
             .await
+    }
+}
+
+impl Guard<true> {
+    /// `key = optional`: with a key, runs the handler through the engine (see
+    /// [`Idempotency::run`]) and hands it `Some(key)`; without one, runs it unprotected
+    /// with `None` — nothing is claimed, stored or replayed.
+    pub async fn run<F, Fut, R>(
+        self,
+        config: &HandlerConfig,
+        scope: &str,
+        fingerprint: Fingerprint,
+        handler: F,
+    ) -> Response
+    where
+        F: FnOnce(Option<IdempotencyKey>) -> Fut + Send + 'static,
+        Fut: Future<Output = R> + Send + 'static,
+        R: IntoResponse + 'static,
+    {
+        match &self.key {
+            Some(key) => {
+                self.engine
+                    .run(config, scope, key, fingerprint, |key| handler(Some(key)))
+                    .await
+            }
+            None => self.engine.run_unprotected(config, handler(None)).await,
+        }
     }
 }
 
@@ -115,21 +152,9 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (parts, body) = req.into_parts();
-        // `Bytes` honours `DefaultBodyLimit` and answers `413` over it — as problem+json,
-        // like every other answer the library gives itself.
-        let raw = match Bytes::from_request(Request::from_parts(parts.clone(), body), state).await {
-            Ok(raw) => raw,
-            Err(rejection) => {
-                return Err(crate::rejection::problem_from(rejection.into_response()).await);
-            }
-        };
+        let raw = buffer_body(&parts, body).await?;
         let method = parts.method.clone();
-        // Behind `Router::nest` the URI has lost its prefix (and the prefix's path
-        // parameters): fingerprint the URI the client sent.
-        let uri = parts
-            .extensions
-            .get::<axum::extract::OriginalUri>()
-            .map_or(&parts.uri, |original| &original.0);
+        let uri = original_uri(&parts);
         let path = uri.path().to_owned();
         let query = uri.query().map(str::to_owned);
         let rebuilt = Request::from_parts(parts, Body::from(raw.clone()));
@@ -144,6 +169,27 @@ where
             body: raw,
         })
     }
+}
+
+/// Reads a request body whole for its fingerprint, as axum's `Bytes` extractor does: within
+/// the `DefaultBodyLimit` in the request's extensions (2 MiB when none is set), and
+/// refusing a body that a `tower_http` `RequestBodyLimitLayer` cut off. Over the limit is
+/// `413`, any refusal problem+json — like every other answer the library gives itself.
+pub(crate) async fn buffer_body(parts: &Parts, body: Body) -> Result<Bytes, Response> {
+    let request = Request::from_parts(parts.clone(), body);
+    match Bytes::from_request(request, &()).await {
+        Ok(raw) => Ok(raw),
+        Err(rejection) => Err(crate::rejection::problem_from(rejection.into_response()).await),
+    }
+}
+
+/// The URI the client sent. Behind `Router::nest` the request's URI has lost its prefix
+/// (and the prefix's path parameters), which must not drop out of the fingerprint.
+pub(crate) fn original_uri(parts: &Parts) -> &http::Uri {
+    parts
+        .extensions
+        .get::<axum::extract::OriginalUri>()
+        .map_or(&parts.uri, |original| &original.0)
 }
 
 impl<T> Hashed<T> {

@@ -147,6 +147,9 @@ pub mod codes {
     /// The handler ran past its maximum duration and was interrupted (`500`, recorded and
     /// replayed: it may have taken effect, so it never runs again under the key).
     pub const INTERRUPTED: &str = "request_interrupted";
+    /// An [`IdempotencyLayer`](crate::layer::IdempotencyLayer) found no scope for the
+    /// request (`500`): nothing ran, since keys are never shared between callers.
+    pub const SCOPE_MISSING: &str = "idempotency_scope_missing";
     /// A replay of a response whose body was over the store cap: the operation ran and
     /// its status and headers are replayed, the body was not kept.
     pub const RESPONSE_NOT_STORED: &str = "idempotency_response_not_stored";

@@ -16,8 +16,7 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use idempotent_demo::database::{self, Database};
 use idempotent_demo::gateway::Gateway;
-use idempotent_runtime::store::SqliteStore;
-use idempotent_runtime::{Idempotency, ManualClock, Store};
+use idempotent_runtime::{Idempotency, Store};
 use tower::ServiceExt;
 
 use payments::{AppState, router};
@@ -27,21 +26,6 @@ pub(crate) async fn payments_app(dir: &std::path::Path, latency: Duration) -> (R
     let url = format!("sqlite://{}", dir.join("payments.db").display());
     let (db, store) = database::open(&url).await.expect("open demo database");
     payments_app_on(db, store, latency).await
-}
-
-/// The payments demo on an SQLite file in `dir` whose store keeps time by `clock`, so a
-/// test can move past a TTL instead of waiting for it.
-pub(crate) async fn payments_app_on_clock(
-    dir: &std::path::Path,
-    latency: Duration,
-    clock: ManualClock,
-) -> (Router, Gateway) {
-    let path = dir.join("payments.db");
-    let store = SqliteStore::open_with_clock(path.to_str().expect("utf-8 path"), Arc::new(clock))
-        .await
-        .expect("open demo database");
-    let db = Database::Sqlite(store.pool().clone());
-    payments_app_on(db, Arc::new(store), latency).await
 }
 
 async fn payments_app_on(

@@ -287,6 +287,28 @@ impl Idempotency {
         .await
     }
 
+    /// Runs `handler` without idempotency protection: what `key = optional` (and
+    /// [`IdempotencyLayer::key_optional`](crate::layer::IdempotencyLayer::key_optional))
+    /// do with a request that carries no key. Nothing is claimed, stored or replayed, and
+    /// the handler runs in the request's own task, as an unprotected handler would.
+    pub(crate) async fn run_unprotected<Fut, R>(
+        &self,
+        config: &HandlerConfig,
+        handler: Fut,
+    ) -> Response
+    where
+        Fut: Future<Output = R>,
+        R: IntoResponse,
+    {
+        // Every unprotected run passes here: the place to count them.
+        debug!(
+            event = "unprotected",
+            handler = config.name.unwrap_or("unnamed"),
+            "no idempotency key; running the handler unprotected (key = optional)"
+        );
+        handler.await.into_response()
+    }
+
     /// Claims the key and, when claimed, runs `execute` — both in one detached task: a
     /// client that hangs up can cancel neither the claim halfway (leaving a claim that
     /// nothing runs) nor the handler.
