@@ -575,4 +575,43 @@ mod layer_only {
         assert!(again.replayed());
         assert_eq!(again.body, first.body);
     }
+
+    /// Wrapped in `AsProblem`, an extractor's rejection behind the layer is not recorded:
+    /// the key is released, so the corrected request runs under the same key — as with
+    /// the attribute.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn extractor_rejections_through_as_problem_release_the_key_behind_the_layer() {
+        async fn json(
+            idempotent_runtime::AsProblem(Json(value)): idempotent_runtime::AsProblem<
+                Json<serde_json::Value>,
+            >,
+        ) -> String {
+            value.to_string()
+        }
+        let router = Router::new()
+            .route("/things", post(json))
+            .route_layer(account_header(IdempotencyLayer::new(Idempotency::new(
+                MemoryStore::new(),
+            ))));
+        let with_body = |body: &'static str| {
+            let mut request = request(Method::POST, Some("k"), Some("alice"), body);
+            request
+                .headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            request
+        };
+        let refused = send(&router, with_body("{not json")).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            refused.header("content-type"),
+            Some("application/problem+json")
+        );
+        let fixed = send(&router, with_body(r#"{"a":1}"#)).await;
+        assert_eq!(
+            fixed.status,
+            StatusCode::OK,
+            "not 422: nothing was recorded"
+        );
+        assert!(!fixed.replayed());
+    }
 }

@@ -42,6 +42,11 @@ const MAX_DETAIL_BYTES: usize = 16 * 1024;
 ///
 /// Works for body extractors (`Json`, `Form`, `Bytes`, …) and for request-head
 /// extractors (`Query`, `Path`, `TypedHeader`, …), anywhere in a handler's arguments.
+///
+/// Behind an [`IdempotencyLayer`](crate::IdempotencyLayer) (where the handler's
+/// extractors run after the key was claimed) a rejection answered through `AsProblem` is
+/// not recorded: the key is released, so the corrected request can reuse it — as with
+/// the attribute, which extracts before it claims.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AsProblem<T>(pub T);
 
@@ -81,6 +86,13 @@ where
     }
 }
 
+/// Marks a response as an extractor's rejection (a response extension): the request was
+/// refused before the handler ran, so the engine releases the key instead of recording
+/// the answer. Only matters behind an [`IdempotencyLayer`](crate::IdempotencyLayer),
+/// where extractors run after the claim; the attribute extracts before claiming.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ExtractorRejection;
+
 /// `rejection` as problem+json (see [`AsProblem`]); for other glue that answers an
 /// extractor's rejection, e.g. `Hashed`'s own body read.
 pub(crate) async fn problem_from(rejection: Response) -> Response {
@@ -89,6 +101,8 @@ pub(crate) async fn problem_from(rejection: Response) -> Response {
         .get(header::CONTENT_TYPE)
         .is_some_and(|value| value.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
     if is_problem {
+        let mut rejection = rejection;
+        rejection.extensions_mut().insert(ExtractorRejection);
         return rejection;
     }
     let (parts, body) = rejection.into_parts();
@@ -118,6 +132,7 @@ pub(crate) async fn problem_from(rejection: Response) -> Response {
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response.extensions_mut().insert(ExtractorRejection);
     response
 }
 

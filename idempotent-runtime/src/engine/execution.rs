@@ -68,6 +68,8 @@ enum GiveUp {
     ServerError(http::StatusCode),
     /// A transactional handler returned `Err`.
     HandlerError(http::StatusCode),
+    /// An extractor refused the request before the handler ran (behind the layer).
+    Rejected(http::StatusCode),
     /// The handler panicked.
     Panic,
     /// A transactional handler ran past its maximum duration (its writes rolled back).
@@ -255,6 +257,13 @@ impl Execution {
         if release_server_errors && status.is_server_error() {
             return Outcome::GiveUp(GiveUp::ServerError(status), response);
         }
+        if response
+            .extensions()
+            .get::<crate::rejection::ExtractorRejection>()
+            .is_some()
+        {
+            return Outcome::GiveUp(GiveUp::Rejected(status), response);
+        }
         let (parts, body) = response.into_parts();
         let cap = self.engine.inner.max_stored_body;
         let mut stored = StoredResponse {
@@ -332,6 +341,12 @@ impl Execution {
                 reason = "handler_error",
                 status = status.as_u16(),
                 "handler returned an error; its writes rolled back"
+            ),
+            GiveUp::Rejected(status) => info!(
+                event = "released",
+                reason = "rejected",
+                status = status.as_u16(),
+                "an extractor refused the request before the handler ran; releasing the claim"
             ),
             GiveUp::Panic => error!(
                 event = "released",
