@@ -145,7 +145,7 @@ fn bare_key(rng: &mut Rng) -> Vec<u8> {
 /// Keys at the length limit, counted after unquoting (escapes make the wire form longer).
 fn boundary_key(rng: &mut Rng) -> Vec<u8> {
     let len = rng.between(MAX_KEY_LEN - 1, MAX_KEY_LEN + 1);
-    let fill = *rng.pick(&[b'k', b'"', b'\\', b' ']);
+    let fill = *rng.pick(b"k\"\\ ");
     let mut key: String = (0..len)
         .map(|i| char::from(if i % 7 == 0 { fill } else { b'k' }))
         .collect();
