@@ -1,0 +1,66 @@
+//! The chaos check of `examples/chaos`, short: three payments demo processes on one
+//! Postgres, a fault proxy in front of each, retrying clients; every answered payment
+//! ran its handler exactly once and none ran twice, counted from the gateway's call log.
+//! The full run is `cargo run --release --example chaos` (see the README).
+//!
+//! Needs `IDEMPOTENT_TEST_POSTGRES_URL`; the run creates and drops its own database.
+#![cfg(feature = "postgres")]
+
+use std::process::Command;
+use std::time::Duration;
+
+#[path = "../examples/chaos/client.rs"]
+mod client;
+#[path = "../examples/chaos/proxy.rs"]
+mod proxy;
+#[path = "../examples/chaos/run.rs"]
+mod run;
+
+const DEMO: &str = env!("CARGO_BIN_EXE_payments-demo");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn faults_between_clients_and_instances_never_run_a_payment_twice() {
+    let Ok(admin_url) = std::env::var("IDEMPOTENT_TEST_POSTGRES_URL") else {
+        eprintln!("skipped: IDEMPOTENT_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let attempt_timeout = Duration::from_millis(800);
+    let config = run::ChaosConfig {
+        admin_url,
+        instances: 3,
+        payments: 30,
+        concurrency: 10,
+        gateway_latency: Duration::from_millis(50),
+        rates: proxy::FaultRates {
+            dropped: 12,
+            cut_in_flight: 12,
+            answer_lost: 12,
+            stalled: 6,
+            stall: attempt_timeout + Duration::from_millis(300),
+        },
+        policy: client::RetryPolicy {
+            attempt_timeout,
+            max_attempts: 10,
+            base_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(500),
+            max_retry_after: Duration::from_secs(1),
+        },
+        time_limit: Duration::from_secs(15),
+        log_dir: std::env::temp_dir().join("idempotent-chaos-test"),
+    };
+    let report = run::run(config, &|| Command::new(DEMO))
+        .await
+        .expect("the chaos run completes");
+    println!("{report}");
+    assert!(report.passed(), "{report}");
+    let faults = report.dropped + report.cut_in_flight + report.answer_lost + report.stalled;
+    assert!(faults > 0, "no fault was injected: {report}");
+    assert_eq!(report.executions.len(), 30);
+    // The retries got through: with ten attempts each, every payment has its answer.
+    let answered = report
+        .outcomes
+        .iter()
+        .filter(|o| o.status.is_some())
+        .count();
+    assert_eq!(answered, 30, "{report}");
+}
