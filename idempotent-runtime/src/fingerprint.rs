@@ -378,7 +378,6 @@ impl Parser<'_> {
     }
 }
 
-/// Writes the canonical form of the tree; iterative, like the parser.
 /// An object key's text between the quotes (valid JSON string content), with its
 /// escapes decoded into the UTF-8 bytes of the characters they stand for. A lone
 /// surrogate (`"\ud800"`) is not a character; it decodes to the three bytes UTF-8 would
@@ -446,6 +445,7 @@ fn push_code_point(out: &mut Vec<u8>, code: u32) {
     }
 }
 
+/// Writes the canonical form of the tree; iterative, like the parser.
 fn emit(src: &[u8], mut arena: Vec<Node>, root: usize) -> Vec<u8> {
     enum Step {
         Value(usize),
