@@ -20,9 +20,7 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
-
-use crate::store::{FencingToken, StoreError, StoredResponse};
+pub use crate::store::{TxDatabase, TxStore};
 
 /// The transaction an `#[idempotent]` handler writes through. Run statements on
 /// [`conn`](Self::conn):
@@ -62,45 +60,6 @@ impl<DB: TxDatabase> Tx<DB> {
     pub(crate) fn into_inner(self) -> sqlx::Transaction<'static, DB> {
         self.inner
     }
-}
-
-/// A database transactional handlers can write to: any `sqlx` database. The engine only
-/// needs its name, for the error a misconfigured handler gets.
-pub trait TxDatabase: sqlx::Database {
-    /// The database's display name (`SQLite`, `PostgreSQL`, …).
-    const DATABASE_NAME: &'static str;
-}
-
-impl<DB: sqlx::Database> TxDatabase for DB {
-    const DATABASE_NAME: &'static str = DB::NAME;
-}
-
-/// A store's transactional side on database `DB`: what runs a transactional handler's
-/// unit of work. A store offers it through [`Store::transactions`](crate::Store::transactions)
-/// (wrapped in a [`TxSupport`](crate::store::TxSupport)); the engine resolves it once per
-/// request and calls [`begin`](Self::begin), runs the handler, then
-/// [`complete_in`](Self::complete_in) on the same connection.
-///
-/// The handle carries everything the completion needs (pool, table, statements): the
-/// engine never goes back to the store to find it.
-#[async_trait]
-pub trait TxStore<DB: TxDatabase>: Send + Sync + std::fmt::Debug {
-    /// Begins the handler's transaction on the store's database (SQLite: `BEGIN
-    /// IMMEDIATE`, so a handler that reads before it writes never fails to upgrade its
-    /// snapshot).
-    async fn begin(&self) -> Result<sqlx::Transaction<'static, DB>, StoreError>;
-
-    /// Marks the claim completed with `response` inside the handler's transaction
-    /// (`conn`), fenced by `token`. `Ok(false)`: the token no longer owns the record;
-    /// the engine rolls back.
-    async fn complete_in(
-        &self,
-        conn: &mut DB::Connection,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<bool, StoreError>;
 }
 
 /// How long a transactional handler may wait for its connection before the request is

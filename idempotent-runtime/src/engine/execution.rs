@@ -13,12 +13,16 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::response::{IntoResponse, Response};
+#[cfg(feature = "sql")]
+use axum::response::IntoResponse;
+use axum::response::Response;
 use futures_util::FutureExt;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, debug, error, info, warn};
 
-use super::answers::{internal_error, store_unavailable};
+use super::answers::internal_error;
+#[cfg(feature = "sql")]
+use super::answers::store_unavailable;
 use super::capture::{BodyRead, read_capped};
 use super::{Idempotency, NEVER_REPLAYED, bounded};
 use crate::config::{HandlerConfig, OnServerError};
@@ -66,14 +70,17 @@ impl Captured {
 enum GiveUp {
     /// The handler answered 5xx under `OnServerError::Release`.
     ServerError(http::StatusCode),
+    #[cfg(feature = "sql")]
     /// A transactional handler returned `Err`.
     HandlerError(http::StatusCode),
     /// An extractor refused the request before the handler ran (behind the layer).
     Rejected(http::StatusCode),
     /// The handler panicked.
     Panic,
+    #[cfg(feature = "sql")]
     /// A transactional handler ran past its maximum duration (its writes rolled back).
     TimedOut(Duration),
+    #[cfg(feature = "sql")]
     /// The store (or the handler's transaction) failed: the answer is `503`.
     Store {
         /// What the engine was doing.
@@ -336,6 +343,7 @@ impl Execution {
                 status = status.as_u16(),
                 "handler answered a server error; releasing the claim"
             ),
+            #[cfg(feature = "sql")]
             GiveUp::HandlerError(status) => info!(
                 event = "released",
                 reason = "handler_error",
@@ -353,12 +361,14 @@ impl Execution {
                 reason = "panic",
                 "handler panicked; releasing the claim"
             ),
+            #[cfg(feature = "sql")]
             GiveUp::TimedOut(max) => error!(
                 event = "released",
                 reason = "max_duration",
                 max_duration_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX),
                 "transactional handler ran past its maximum duration; rolled back"
             ),
+            #[cfg(feature = "sql")]
             GiveUp::Store { doing, error } => error!(
                 event = "store_error",
                 error, "{doing} failed; releasing the claim"

@@ -44,6 +44,8 @@ pub use redis::{RedisStore, RedisStoreBuilder};
 pub use sqlite::SqliteStore;
 pub use takeover::Takeover;
 pub use tx_support::TxSupport;
+#[cfg(feature = "sql")]
+pub use tx_support::{TxDatabase, TxStore};
 
 /// The token a claim receives. `complete`, `release` and `renew` only act while the
 /// record still carries this token, so an owner whose lease was taken over can neither

@@ -4,8 +4,14 @@
 use std::any::Any;
 use std::sync::Arc;
 
+#[cfg(feature = "sql")]
+use async_trait::async_trait;
+
+#[cfg(feature = "sql")]
+use super::{FencingToken, StoreError, StoredResponse};
+
 /// What a [`Store`](super::Store) offers transactional handlers (`Tx<DB>`): a
-/// [`TxStore<DB>`](crate::transaction::TxStore) for the one database it keeps its
+/// [`TxStore<DB>`](TxStore) for the one database it keeps its
 /// records in, behind a type-erased handle. The engine asks for the database a handler
 /// names with [`for_database`](Self::for_database), once per request, and uses the
 /// handle it gets both to begin the handler's transaction and to record the response in
@@ -30,9 +36,7 @@ impl TxSupport {
 #[cfg(feature = "sql")]
 impl TxSupport {
     /// Transactional support on database `DB` through `store`.
-    pub fn new<DB: crate::transaction::TxDatabase>(
-        store: Arc<dyn crate::transaction::TxStore<DB>>,
-    ) -> Self {
+    pub fn new<DB: TxDatabase>(store: Arc<dyn TxStore<DB>>) -> Self {
         Self {
             database: DB::DATABASE_NAME,
             handle: Arc::new(store),
@@ -41,12 +45,8 @@ impl TxSupport {
 
     /// The handle for database `DB`; `None` when the store's records live in another
     /// database.
-    pub fn for_database<DB: crate::transaction::TxDatabase>(
-        &self,
-    ) -> Option<Arc<dyn crate::transaction::TxStore<DB>>> {
-        self.handle
-            .downcast_ref::<Arc<dyn crate::transaction::TxStore<DB>>>()
-            .cloned()
+    pub fn for_database<DB: TxDatabase>(&self) -> Option<Arc<dyn TxStore<DB>>> {
+        self.handle.downcast_ref::<Arc<dyn TxStore<DB>>>().cloned()
     }
 }
 
@@ -56,4 +56,46 @@ impl std::fmt::Debug for TxSupport {
             .field("database", &self.database)
             .finish_non_exhaustive()
     }
+}
+
+/// A database transactional handlers can write to: any `sqlx` database. The engine only
+/// needs its name, for the error a misconfigured handler gets.
+#[cfg(feature = "sql")]
+pub trait TxDatabase: sqlx::Database {
+    /// The database's display name (`SQLite`, `PostgreSQL`, …).
+    const DATABASE_NAME: &'static str;
+}
+
+#[cfg(feature = "sql")]
+impl<DB: sqlx::Database> TxDatabase for DB {
+    const DATABASE_NAME: &'static str = DB::NAME;
+}
+
+/// A store's transactional side on database `DB`: what runs a transactional handler's
+/// unit of work. A store offers it through [`Store::transactions`](crate::Store::transactions)
+/// (wrapped in a [`TxSupport`]); the engine resolves it once per
+/// request and calls [`begin`](Self::begin), runs the handler, then
+/// [`complete_in`](Self::complete_in) on the same connection.
+///
+/// The handle carries everything the completion needs (pool, table, statements): the
+/// engine never goes back to the store to find it.
+#[cfg(feature = "sql")]
+#[async_trait]
+pub trait TxStore<DB: TxDatabase>: Send + Sync + std::fmt::Debug {
+    /// Begins the handler's transaction on the store's database (SQLite: `BEGIN
+    /// IMMEDIATE`, so a handler that reads before it writes never fails to upgrade its
+    /// snapshot).
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, DB>, StoreError>;
+
+    /// Marks the claim completed with `response` inside the handler's transaction
+    /// (`conn`), fenced by `token`. `Ok(false)`: the token no longer owns the record;
+    /// the engine rolls back.
+    async fn complete_in(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError>;
 }

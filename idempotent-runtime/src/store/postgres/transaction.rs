@@ -8,9 +8,9 @@ use sqlx::{PgConnection, PgPool, Postgres};
 
 use super::describe_options;
 use super::schema::Statements;
+use crate::store::TxStore;
 use crate::store::sql::bind_completion;
 use crate::store::{FencingToken, StoreError, StoredResponse, TxSupport};
-use crate::transaction::TxStore;
 
 /// The [`TxSupport`] a [`PostgresStore`](super::PostgresStore) offers.
 pub(super) fn support(pool: PgPool, sql: Arc<Statements>) -> TxSupport {

@@ -7,9 +7,9 @@ use async_trait::async_trait;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 
 use super::COMPLETE;
+use crate::store::TxStore;
 use crate::store::sql::bind_completion;
 use crate::store::{FencingToken, StoreError, StoredResponse, TxSupport};
-use crate::transaction::TxStore;
 
 /// The [`TxSupport`] a [`SqliteStore`](super::SqliteStore) offers.
 pub(super) fn support(pool: SqlitePool) -> TxSupport {
