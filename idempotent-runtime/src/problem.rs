@@ -141,6 +141,10 @@ pub mod codes {
     /// A transactional handler runs on an engine whose store is of another database
     /// (`500`); nothing was run.
     pub const TRANSACTION_UNSUPPORTED: &str = "transaction_unsupported";
+    /// A transactional handler's transaction failed in the database (`500`): a failed
+    /// statement left it aborted (Postgres), or COMMIT refused it (a deferred constraint,
+    /// a serialization failure). Rolled back, the key released.
+    pub const TRANSACTION_ABORTED: &str = "transaction_aborted";
     /// The handler's scope argument yielded an empty scope (`500`): nothing ran, since
     /// an empty scope would share one key space between callers.
     pub const SCOPE_EMPTY: &str = "idempotency_scope_empty";

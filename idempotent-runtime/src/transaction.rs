@@ -57,6 +57,45 @@ impl<DB: TxDatabase> Tx<DB> {
         &mut self.inner
     }
 
+    /// A savepoint inside the transaction, for a handler that must recover from a failed
+    /// statement: run the statement that may fail on the savepoint, then
+    /// [`rollback`](sqlx::Transaction::rollback) it (only its writes are undone, and the
+    /// transaction stays usable) or [`commit`](sqlx::Transaction::commit) it (release the
+    /// savepoint). Without one, a failed statement leaves a Postgres transaction aborted:
+    /// the request is then answered `500 transaction_aborted` and nothing is written,
+    /// whatever the handler returns. (SQLite keeps a transaction usable after a failed
+    /// statement; the savepoint works there too.)
+    ///
+    /// ```
+    /// # #[cfg(feature = "postgres")]
+    /// # mod example {
+    /// use idempotent_runtime::{Postgres, Tx};
+    ///
+    /// /// Inserts the payer unless it exists; the transaction stays usable either way.
+    /// async fn ensure_payer(tx: &mut Tx<Postgres>, id: &str) -> Result<bool, sqlx::Error> {
+    ///     let mut savepoint = tx.savepoint().await?;
+    ///     let inserted = sqlx::query("INSERT INTO payers (id) VALUES ($1)")
+    ///         .bind(id)
+    ///         .execute(&mut *savepoint)
+    ///         .await;
+    ///     match inserted {
+    ///         Ok(_) => {
+    ///             savepoint.commit().await?;
+    ///             Ok(true)
+    ///         }
+    ///         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+    ///             savepoint.rollback().await?;
+    ///             Ok(false)
+    ///         }
+    ///         Err(e) => Err(e),
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub async fn savepoint(&mut self) -> Result<sqlx::Transaction<'_, DB>, sqlx::Error> {
+        sqlx::Connection::begin(&mut *self.inner).await
+    }
+
     pub(crate) fn into_inner(self) -> sqlx::Transaction<'static, DB> {
         self.inner
     }

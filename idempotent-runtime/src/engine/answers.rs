@@ -89,6 +89,17 @@ pub(super) fn transaction_unsupported(database: &str) -> Response {
 }
 
 #[cfg(feature = "sql")]
+pub(super) fn transaction_aborted() -> Response {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        codes::TRANSACTION_ABORTED,
+        "Transaction aborted",
+        "The handler's database transaction failed (a statement failed and was not recovered with a savepoint, or the database refused the commit); nothing was written. It is safe to retry with the same key.",
+    )
+    .into_response()
+}
+
+#[cfg(feature = "sql")]
 pub(super) fn lease_lost() -> Response {
     Problem::new(
         StatusCode::CONFLICT,

@@ -80,6 +80,17 @@ enum GiveUp {
     #[cfg(feature = "sql")]
     /// A transactional handler ran past its maximum duration (its writes rolled back).
     TimedOut(Duration),
+    /// The handler's transaction failed in the database (a failed statement left it
+    /// aborted, or COMMIT refused it): `500 transaction_aborted`, not a store outage.
+    #[cfg(feature = "sql")]
+    Aborted {
+        /// What the engine was doing.
+        doing: &'static str,
+        /// The database's error code, where it gave one.
+        sqlstate: Option<String>,
+        /// The database's message.
+        error: String,
+    },
     #[cfg(feature = "sql")]
     /// The store (or the handler's transaction) failed: the answer is `503`.
     Store {
@@ -88,6 +99,25 @@ enum GiveUp {
         /// The error.
         error: String,
     },
+}
+
+/// Why a handler's transaction could not complete: an error the database answered with
+/// (it has an SQLSTATE) is the transaction's own failure — a statement of the handler
+/// failed and left it aborted, or COMMIT refused it — not a store outage; anything else
+/// (a lost connection, a pool timeout) is.
+#[cfg(feature = "sql")]
+fn transaction_failure(doing: &'static str, err: &sqlx::Error) -> GiveUp {
+    match err {
+        sqlx::Error::Database(db) => GiveUp::Aborted {
+            doing,
+            sqlstate: db.code().map(|code| code.into_owned()),
+            error: db.message().to_owned(),
+        },
+        _ => GiveUp::Store {
+            doing,
+            error: err.to_string(),
+        },
+    }
 }
 
 /// The answer to a panicking handler.
@@ -220,7 +250,7 @@ impl Execution {
                 &captured.stored,
             )
             .await;
-        let error = match completed {
+        let failure = match completed {
             Ok(true) => match tx.into_inner().commit().await {
                 Ok(()) => {
                     info!(
@@ -231,10 +261,9 @@ impl Execution {
                     self.observe_duration();
                     return captured.into_response();
                 }
-                Err(err) => GiveUp::Store {
-                    doing: "committing",
-                    error: err.to_string(),
-                },
+                // A deferred constraint, a serialization failure: the database refused
+                // the transaction at COMMIT. Nothing was written.
+                Err(err) => transaction_failure("committing", &err),
             },
             Ok(false) => {
                 let _ = tx.into_inner().rollback().await;
@@ -246,13 +275,24 @@ impl Execution {
             }
             Err(err) => {
                 let _ = tx.into_inner().rollback().await;
-                GiveUp::Store {
-                    doing: "recording the response",
-                    error: err.to_string(),
+                match &err {
+                    // Typically Postgres' 25P02: a statement of the handler failed and
+                    // the transaction is aborted, so the completion cannot run in it.
+                    crate::StoreError::Database(db) => {
+                        transaction_failure("recording the response", db)
+                    }
+                    _ => GiveUp::Store {
+                        doing: "recording the response",
+                        error: err.to_string(),
+                    },
                 }
             }
         };
-        self.give_up(error, store_unavailable()).await
+        let answer = match &failure {
+            GiveUp::Aborted { .. } => super::answers::transaction_aborted(),
+            _ => store_unavailable(),
+        };
+        self.give_up(failure, answer).await
     }
 
     /// What the handler's response means for the claim: a 5xx (when
@@ -367,6 +407,18 @@ impl Execution {
                 reason = "max_duration",
                 max_duration_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX),
                 "transactional handler ran past its maximum duration; rolled back"
+            ),
+            #[cfg(feature = "sql")]
+            GiveUp::Aborted {
+                doing,
+                sqlstate,
+                error,
+            } => error!(
+                event = "released",
+                reason = "transaction_aborted",
+                sqlstate = sqlstate.as_deref().unwrap_or("none"),
+                error,
+                "{doing} failed: the database refused the handler's transaction; rolled back"
             ),
             #[cfg(feature = "sql")]
             GiveUp::Store { doing, error } => error!(
