@@ -105,6 +105,7 @@ mkdir -p "$data_dir" "$results_dir"
 stamp="$(date +%Y%m%d-%H%M%S)"
 results="$results_dir/$stamp.tsv"
 server_log="$results_dir/$stamp-server.log"
+wrk_log="$results_dir/$stamp-wrk.log"
 printf 'variant\trep\tfresh_rps\tfresh_p99_ms\tfresh_bad\treplay_rps\treplay_p99_ms\treplay_bad\treplay_execs\tdupe_execs\tdupe_codes\tfresh_writes\treplay_writes\n' > "$results"
 
 server_pid=""
@@ -152,11 +153,27 @@ store_port_for() {
     esac
 }
 
-# Data segments the server process has sent to the store's port, summed over its open
-# connections: one per request it writes (a statement or a command, with its parameters),
-# so the delta over a run divided by its requests is the round trips per request.
-store_writes() {
-    local pid="$1" store_port="$2"
+# Round trips to the store so far, counted so that a run's delta divided by its requests
+# gives round trips per request:
+# - Postgres: data segments the server process sent to the store's port, summed over its
+#   open connections. sqlx writes each statement (with its parameters) at once and flushes
+#   its on-release ping (a Sync) separately, so this counts statements plus pings.
+# - Redis: script calls (EVALSHA, EVAL and their read-only forms, from INFO commandstats;
+#   needs redis-cli): every RedisStore operation is one script call in one round trip.
+#   Counting at the server is needed because the client multiplexes one connection and
+#   batches concurrent commands into one write. It counts every client of that Redis, so
+#   other traffic on it inflates the figure.
+store_round_trips() {
+    local variant="$1" pid="$2" store_port="$3"
+    case "$variant" in
+        *-redis)
+            if command -v redis-cli >/dev/null; then
+                redis-cli -u "$IDEMPOTENT_BENCH_REDIS_URL" info commandstats 2>/dev/null \
+                    | awk -F'[:=,]' '/^cmdstat_(evalsha|eval|evalsha_ro|eval_ro)[:]/ { n += $3 }
+                        END { print n + 0 }'
+            fi
+            return ;;
+    esac
     ss -tinpH state established "( dport = :$store_port )" 2>/dev/null | awk -v pid="pid=$pid," '
         index($0, pid) { mine = 1 }
         mine && match($0, /data_segs_out:[0-9]+/) {
@@ -221,8 +238,23 @@ stop_server() {
 
 run_wrk() {
     local script="$1"; shift
+    echo "=== $script $*" >> "$wrk_log"
     taskset -c "$client_cpu" timeout 120 wrk -t1 -c"$connections" -d"$duration" --timeout 5s \
-        --latency -s "$here/wrk/$script" "$base/orders" -- "$@"
+        --latency -s "$here/wrk/$script" "$base/orders" -- "$@" | tee -a "$wrk_log"
+}
+
+# Waits until the handler counter stops moving: requests a run left in the server's queue
+# (a stopped wrk leaves up to $connections behind; detached handlers finish anyway) are
+# done before the next run starts and counts. Bounded at 10 s.
+wait_idle() {
+    local before after
+    before="$(stats_field "$1")"
+    for _ in $(seq 1 40); do
+        sleep 0.25
+        after="$(stats_field "$1")"
+        [ "$after" = "$before" ] && return 0
+        before="$after"
+    done
 }
 
 declare -A skipped=()
@@ -249,48 +281,55 @@ measure() {
     cookie="$(curl -s --max-time 5 -D - -o /dev/null -X POST "$base/session" \
         | sed -n 's/^[Ss]et-[Cc]ookie: \(session=[^;]*\).*/\1/p' | tr -d '\r')"
 
-    local prefix="r$rep-$$-$variant" store_port writes_before=0 writes_after=0
+    local prefix="r$rep-$$-$variant" store_port writes_before="" writes_after=""
     store_port="$(store_port_for "$variant")"
 
-    [ -n "$store_port" ] && writes_before="$(store_writes "$server_pid" "$store_port")"
-    local fresh
+    local fresh orders_before
+    orders_before="$(stats_field orders)"
+    [ -n "$store_port" ] && writes_before="$(store_round_trips "$variant" "$server_pid" "$store_port")"
     fresh="$(run_wrk fresh.lua "$prefix" "$body" "$cookie" | parse_wrk)"
     read -r fresh_rps fresh_p99 fresh_bad fresh_total <<< "$fresh"
+    wait_idle orders
+    # Per fresh request: every one of them runs the handler once, including those wrk
+    # left running when it stopped, whose store calls are counted too.
     local fresh_writes="-"
-    if [ -n "$store_port" ]; then
-        writes_after="$(store_writes "$server_pid" "$store_port")"
-        fresh_writes="$(awk -v d=$((writes_after - writes_before)) -v n="$fresh_total" \
+    if [ -n "$writes_before" ]; then
+        writes_after="$(store_round_trips "$variant" "$server_pid" "$store_port")"
+        fresh_writes="$(awk -v d=$((writes_after - writes_before)) \
+            -v n=$(( $(stats_field orders) - orders_before )) \
             'BEGIN { printf "%.2f", n ? d / n : 0 }')"
     fi
 
     # Keys the fresh run surely completed: its first ones (only the last $connections
     # can still be running when wrk stops).
-    local keys=$(( fresh_total - 2 * connections ))
+    local keys=$(( fresh_total - 2 * connections - 1 ))
     [ "$keys" -gt "$replay_keys" ] && keys="$replay_keys"
     [ "$keys" -lt 1 ] && keys=1
     local execs_before
     execs_before="$(stats_field orders)"
-    [ -n "$store_port" ] && writes_before="$(store_writes "$server_pid" "$store_port")"
+    [ -n "$store_port" ] && writes_before="$(store_round_trips "$variant" "$server_pid" "$store_port")"
     local replay
     replay="$(run_wrk replay.lua "$prefix" "$body" "$cookie" "$keys" | parse_wrk)"
     read -r replay_rps replay_p99 replay_bad replay_total <<< "$replay"
     local replay_writes="-"
-    if [ -n "$store_port" ]; then
-        writes_after="$(store_writes "$server_pid" "$store_port")"
+    if [ -n "$writes_before" ]; then
+        writes_after="$(store_round_trips "$variant" "$server_pid" "$store_port")"
         replay_writes="$(awk -v d=$((writes_after - writes_before)) -v n="$replay_total" \
             'BEGIN { printf "%.2f", n ? d / n : 0 }')"
     fi
     local replay_execs=$(( $(stats_field orders) - execs_before ))
 
     # 50 concurrent duplicates of one key against the 100 ms handler.
+    wait_idle orders
     local slow_before urls=() codes dupe_execs
     slow_before="$(stats_field slow_orders)"
     for _ in $(seq 1 50); do urls+=(-o /dev/null "$base/orders/slow"); done
-    codes="$(taskset -c "$client_cpu" curl -s --max-time 30 -Z --parallel-immediate \
+    codes="$(taskset -c "$client_cpu" curl -s --no-progress-meter --max-time 30 -Z --parallel-immediate \
         --parallel-max 50 -H 'Content-Type: application/json' -H 'Authorization: Bearer bench' \
         -H "Idempotency-Key: $prefix-dupe" ${cookie:+-H "Cookie: $cookie"} \
-        --data-binary "@$body" -w '%{http_code}\n' "${urls[@]}" \
+        --data-binary "@$body" -w '%{http_code}\n' "${urls[@]}" 2>/dev/null \
         | sort | uniq -c | awk '{ printf "%s%s×%s", sep, $2, $1; sep = " " }')"
+    wait_idle slow_orders
     dupe_execs=$(( $(stats_field slow_orders) - slow_before ))
 
     stop_server
@@ -309,7 +348,7 @@ for rep in $(seq 1 "$reps"); do
         measure "$variant" "$rep"
     done
 done
-log "raw results: $results; load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+log "raw results: $results (wrk output: $wrk_log); load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # --- table -------------------------------------------------------------------------------
 # The median of column $2 over variant $1's rows.
@@ -334,7 +373,7 @@ bare_fresh="$(median bare 3)"; bare_replay="$(median bare 6)"; bare_p99="$(media
 echo
 echo "wrk -t1 -c$connections -d$duration, medians of $reps repetition(s); server on CPU $server_cpu, wrk on CPU $client_cpu"
 echo
-echo "| variant | fresh key req/s (× bare) | replay req/s (× bare) | fresh p99 (× bare) | replay p99 | execs per 50 concurrent dupes | fresh × peer | replay × peer | store writes per request (fresh / replay) |"
+echo "| variant | fresh key req/s (× bare) | replay req/s (× bare) | fresh p99 (× bare) | replay p99 | execs per 50 concurrent dupes | fresh × peer | replay × peer | store round trips per request (fresh / replay) |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for variant in "${selected[@]}"; do
     if [ -n "${skipped[$variant]:-}" ]; then
@@ -356,10 +395,10 @@ done
 
 # Anything that makes a row suspect: error answers in the load runs, or handler runs
 # during the replay run (a replay that was not one).
-notes="$(awk -F'\t' 'NR > 1 && ($5 > 0 || $8 > 0 || $9 > 0) {
+notes="$(awk -F'\t' 'NR > 1 && ($5 > 0 || $8 > 0 || ($9 > 0 && $1 != "bare")) {
     printf "- %s #%s: %d bad answers in the fresh run, %d in the replay run, %d handler runs during the replay run\n", $1, $2, $5, $8, $9 }' "$results")"
 if [ -n "$notes" ]; then
     echo
-    echo "Suspect runs (bad answers: non-2xx or socket errors; handler runs during replays):"
+    echo "Suspect runs (bad answers: non-2xx or socket errors, see the wrk log; handler runs during replays):"
     echo "$notes"
 fi

@@ -32,7 +32,8 @@ struct Args {
     data_dir: PathBuf,
 }
 
-const USAGE: &str = "usage: idempotent-http-bench --variant NAME [--addr 127.0.0.1:38080] [--data-dir DIR]";
+const USAGE: &str =
+    "usage: idempotent-http-bench --variant NAME [--addr 127.0.0.1:38080] [--data-dir DIR]";
 
 fn parse_args() -> Result<Args, String> {
     let mut variant = None;

@@ -56,7 +56,10 @@ pub async fn open(kind: StoreKind, data_dir: &Path) -> Result<Arc<dyn Store>, Un
 
 /// The store's own defaults (`SqliteStore::open`: WAL, `synchronous = NORMAL`, a pool of
 /// 8), or the same with `synchronous = FULL`.
-async fn open_sqlite(kind: StoreKind, data_dir: &Path) -> Result<SqliteStore, Box<dyn std::error::Error>> {
+async fn open_sqlite(
+    kind: StoreKind,
+    data_dir: &Path,
+) -> Result<SqliteStore, Box<dyn std::error::Error>> {
     let name = match kind {
         StoreKind::SqliteFull => "idempotent-full.db",
         _ => "idempotent-normal.db",
@@ -84,7 +87,9 @@ async fn open_sqlite(kind: StoreKind, data_dir: &Path) -> Result<SqliteStore, Bo
 
 /// `PRAGMA synchronous` as a pooled connection reports it (1 NORMAL, 2 FULL).
 async fn synchronous(pool: &SqlitePool) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("PRAGMA synchronous").fetch_one(pool).await
+    sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(pool)
+        .await
 }
 
 /// Removes an SQLite database file and its WAL companions, if present.

@@ -1,5 +1,7 @@
 -- Replays: cycles through keys the fresh run (fresh.lua, same prefix) completed,
--- <prefix>-1 .. <prefix>-<count>, with the same body, so every request is a replay.
+-- <prefix>-2 .. <prefix>-<count + 1>, with the same body, so every request is a replay.
+-- Not <prefix>-1: wrk calls request() once before the run to inspect the request, so
+-- the fresh run never sent its first key.
 -- Arguments after `--`: <key prefix> <body file> <Cookie header or ""> <count>
 local counter = 0
 local prefix, count
@@ -20,6 +22,6 @@ end
 
 function request()
   counter = counter % count + 1
-  wrk.headers["Idempotency-Key"] = prefix .. "-" .. counter
+  wrk.headers["Idempotency-Key"] = prefix .. "-" .. (counter + 1)
   return wrk.format()
 end
