@@ -138,7 +138,7 @@ peer_for() {
 
 # The port of the store server a variant talks to over TCP (empty: none).
 store_port_for() {
-    local url
+    local url default
     case "$1" in
         *-postgres) url="$IDEMPOTENT_BENCH_POSTGRES_URL"; default=5432 ;;
         *-redis) url="$IDEMPOTENT_BENCH_REDIS_URL"; default=6379 ;;
@@ -377,7 +377,7 @@ echo "| variant | fresh key req/s (× bare) | replay req/s (× bare) | fresh p99
 echo "|---|---|---|---|---|---|---|---|---|"
 for variant in "${selected[@]}"; do
     if [ -n "${skipped[$variant]:-}" ]; then
-        echo "| $variant | skipped: ${skipped[$variant]#*: } | | | | | | | |"
+        echo "| $variant | skipped: ${skipped[$variant]#"skipped: $variant: "} | | | | | | | |"
         continue
     fi
     fresh="$(median "$variant" 3)"; replay="$(median "$variant" 6)"
