@@ -1155,3 +1155,73 @@ async fn a_handler_past_its_maximum_duration_is_recorded_as_interrupted() {
     assert_eq!(problem_code(&body), "request_interrupted");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// SQLite transactional handlers do not starve the store's pool: sixteen slow
+/// transactional requests at once (more than the pool's eight connections) beside plain
+/// requests on the same store — no `503` anywhere, every deposit applied exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_sqlite_transactions_leave_the_pool_to_plain_requests() {
+    use idempotent_runtime::store::SqliteStore;
+    use idempotent_runtime::{Sqlite, Tx};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("pool.db").to_str().unwrap())
+        .await
+        .unwrap();
+    let pool = store.pool().clone();
+    sqlx::query("CREATE TABLE deposits (id TEXT PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let engine = Idempotency::new(store);
+    let mut tasks = Vec::new();
+    for n in 0..16 {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            engine
+                .run_in_transaction::<Sqlite, _, _, _, _>(
+                    &CONFIG,
+                    "alice",
+                    &format!("deposit-{n}"),
+                    fingerprint(1),
+                    move |_key, mut tx: Tx<Sqlite>| async move {
+                        let insert = sqlx::query("INSERT INTO deposits (id) VALUES ($1)")
+                            .bind(format!("d{n}"))
+                            .execute(tx.conn())
+                            .await;
+                        tokio::time::sleep(Duration::from_millis(400)).await;
+                        let result = insert
+                            .map(|_| StatusCode::CREATED)
+                            .map_err(|_| StatusCode::CONFLICT);
+                        (result, tx)
+                    },
+                )
+                .await
+                .status()
+        }));
+    }
+    for n in 0..16 {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10 * n)).await;
+            engine
+                .run(
+                    &CONFIG,
+                    "bob",
+                    &format!("plain-{n}"),
+                    fingerprint(2),
+                    |_| async { StatusCode::CREATED },
+                )
+                .await
+                .status()
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), StatusCode::CREATED);
+    }
+    let deposits: i64 = sqlx::query_scalar("SELECT count(*) FROM deposits")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(deposits, 16);
+}

@@ -176,7 +176,20 @@ impl Execution {
         use crate::transaction::{BEGIN_TIMEOUT, Tx};
 
         let heartbeat = self.start_heartbeat();
-        let transaction = match tokio::time::timeout(BEGIN_TIMEOUT, tx_store.begin()).await {
+        let begin = async {
+            // The store's bound on open transactions: wait for a permit holding nothing.
+            let permit = match tx_store.concurrency() {
+                Some(bound) => Some(bound.acquire_owned().await.map_err(|_| {
+                    crate::StoreError::backend(std::io::Error::other("the store is closed"))
+                })?),
+                None => None,
+            };
+            tx_store
+                .begin()
+                .await
+                .map(|transaction| (transaction, permit))
+        };
+        let (transaction, _permit) = match tokio::time::timeout(BEGIN_TIMEOUT, begin).await {
             Ok(Ok(transaction)) => transaction,
             failed => {
                 let error = match failed {

@@ -98,4 +98,12 @@ pub trait TxStore<DB: TxDatabase>: Send + Sync + std::fmt::Debug {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError>;
+
+    /// How many transactions of this store may be open at once, if it must be bounded:
+    /// the engine waits for a permit — holding no connection — before
+    /// [`begin`](Self::begin), and keeps it until the transaction ends. `None` (the
+    /// default): unbounded.
+    fn concurrency(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        None
+    }
 }

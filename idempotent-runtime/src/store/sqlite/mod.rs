@@ -39,6 +39,7 @@ use crate::clock::{Clock, SystemClock, millis};
 
 mod claim;
 mod transaction;
+mod writers;
 
 /// The embedded migrations, in order; the files live in `migrations/sqlite/`.
 const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
@@ -70,6 +71,8 @@ pub struct SqliteStore {
     pool: SqlitePool,
     clock: Arc<dyn Clock>,
     transactions: TxSupport,
+    /// The store's own writes in flight; transactional handlers let them go first.
+    writes: Arc<writers::StoreWrites>,
 }
 
 impl SqliteStore {
@@ -178,11 +181,13 @@ impl SqliteStore {
     }
 
     fn with_parts(pool: SqlitePool, clock: Arc<dyn Clock>) -> Self {
-        let transactions = transaction::support(pool.clone());
+        let writes = Arc::new(writers::StoreWrites::default());
+        let transactions = transaction::support(pool.clone(), writes.clone());
         Self {
             pool,
             clock,
             transactions,
+            writes,
         }
     }
 
@@ -250,6 +255,7 @@ fn is_url(url_or_path: &str) -> bool {
 #[async_trait]
 impl Store for SqliteStore {
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let _write = self.writes.enter();
         sql::claim_with_retries(claim, || self.claim_once(claim)).await
     }
 
@@ -260,6 +266,7 @@ impl Store for SqliteStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<bool, StoreError> {
+        let _write = self.writes.enter();
         let lease_expires_at = self.clock.now_millis().saturating_add(millis(lease));
         let done = sqlx::query(RENEW)
             .bind(scope)
@@ -278,6 +285,7 @@ impl Store for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
+        let _write = self.writes.enter();
         let done = sql::bind_completion(COMPLETE, scope, key, token, response)?
             .execute(&self.pool)
             .await?;
@@ -290,6 +298,7 @@ impl Store for SqliteStore {
         key: &str,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
+        let _write = self.writes.enter();
         let done = sqlx::query(RELEASE)
             .bind(scope)
             .bind(key)

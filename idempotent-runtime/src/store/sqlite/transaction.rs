@@ -5,21 +5,37 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+use tokio::sync::Semaphore;
 
 use super::COMPLETE;
+use super::writers::StoreWrites;
 use crate::store::TxStore;
 use crate::store::sql::bind_completion;
 use crate::store::{FencingToken, StoreError, StoredResponse, TxSupport};
 
 /// The [`TxSupport`] a [`SqliteStore`](super::SqliteStore) offers.
-pub(super) fn support(pool: SqlitePool) -> TxSupport {
-    TxSupport::new::<Sqlite>(Arc::new(SqliteTxStore { pool }))
+pub(super) fn support(pool: SqlitePool, writes: Arc<StoreWrites>) -> TxSupport {
+    TxSupport::new::<Sqlite>(Arc::new(SqliteTxStore {
+        pool,
+        one_at_a_time: Arc::new(Semaphore::new(1)),
+        writes,
+    }))
 }
 
 /// The store's pool; the records live in its `idempotency_records` table.
 #[derive(Debug)]
 struct SqliteTxStore {
     pool: SqlitePool,
+    /// SQLite has one writer, and `BEGIN IMMEDIATE` waits for the write lock holding a
+    /// pooled connection: transactional requests queued there would take every
+    /// connection, and every claim, renewal and completion of the app — plain routes
+    /// included — would time out with `503`. One transaction at a time per store (the
+    /// others wait for this permit, holding nothing) leaves the rest of the pool to the
+    /// store's own short writes.
+    one_at_a_time: Arc<Semaphore>,
+    /// The store's own writes in flight: a transaction lets them take the write lock
+    /// first (see [`StoreWrites`]).
+    writes: Arc<StoreWrites>,
 }
 
 #[async_trait]
@@ -29,7 +45,12 @@ impl TxStore<Sqlite> for SqliteTxStore {
     /// and its first write fails with `SQLITE_BUSY_SNAPSHOT` — without waiting — if any
     /// other connection (another request, this request's own heartbeat) committed since.
     async fn begin(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
+        self.writes.let_them_go_first().await;
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    fn concurrency(&self) -> Option<Arc<Semaphore>> {
+        Some(self.one_at_a_time.clone())
     }
 
     async fn complete_in(
