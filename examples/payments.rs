@@ -253,9 +253,17 @@ pub async fn main() -> ExitCode {
 
 /// Opens the database, wires the engine and serves until Ctrl-C.
 pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
-    // SQLite for `sqlite://…` (the default), Postgres for `postgres://…`; the gateway
-    // keeps its charges in the same database.
-    let (db, store) = database::open(&args.database_url).await?;
+    // The store by URL scheme: SQLite for `sqlite://…` (the default), Postgres for
+    // `postgres://…`, MySQL/MariaDB for `mysql://…` — the gateway keeps its charges in
+    // the same database — or Redis for `redis://…`, with the gateway's charges in
+    // `--gateway-database-url` (an SQLite file by default).
+    if database::is_key_value_store(&args.database_url) {
+        tracing::info!(
+            gateway_database = %database::redact_url(&args.gateway_database_url),
+            "the store keeps only idempotency records; the gateway's charges go here"
+        );
+    }
+    let (db, store) = database::open_store(&args.database_url, &args.gateway_database_url).await?;
     let idempotency = Idempotency::builder_shared(store)
         .default_lease(args.lease)
         .default_ttl(args.ttl)

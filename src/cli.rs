@@ -14,9 +14,21 @@ pub struct DemoArgs {
     #[arg(long, env = "ADDR", default_value = "127.0.0.1:3000")]
     pub addr: SocketAddr,
 
-    /// `sqlite://file.db` (created if missing) or `postgres://user@host/db`.
+    /// Where the idempotency records live, by URL scheme: `sqlite://file.db` (created if
+    /// missing), `postgres://user@host/db`, `mysql://user@host/db` (MySQL 8 or MariaDB
+    /// 10.6+) or `redis://host:6379/` (`?key_prefix=…` sets the key prefix).
     #[arg(long, env = "DATABASE_URL", default_value = "sqlite://payments.db")]
     pub database_url: String,
+
+    /// With a `redis://` store only: the SQL database the payments demo's gateway keeps
+    /// its charges in (Redis holds only idempotency records). Every process of the demo
+    /// should name the same one.
+    #[arg(
+        long,
+        env = "GATEWAY_DATABASE_URL",
+        default_value = "sqlite://payments-gateway.db"
+    )]
+    pub gateway_database_url: String,
 
     /// Where `database_url` came from: a flag, `DATABASE_URL` or the default. Worth
     /// logging, because sqlx users often have `DATABASE_URL` exported for another project.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use serde::Serialize;
-use sqlx::Row;
+use sqlx::{AssertSqlSafe, Row};
 
 use crate::database::Database;
 use crate::on_pool;
@@ -40,6 +40,37 @@ CREATE TABLE IF NOT EXISTS demo_gateway_calls (
     called_at BIGINT NOT NULL
 )
 ";
+
+/// [`SCHEMA`] for MySQL, which indexes no `TEXT` without a length (and has no
+/// `CREATE INDEX IF NOT EXISTS` before MariaDB).
+#[cfg(feature = "mysql")]
+const SCHEMA_MYSQL: &str = "
+CREATE TABLE IF NOT EXISTS demo_charges (
+    id VARCHAR(64) PRIMARY KEY,
+    account VARCHAR(255) NOT NULL,
+    amount BIGINT NOT NULL,
+    currency VARCHAR(16) NOT NULL,
+    status VARCHAR(16) NOT NULL,
+    downstream_key VARCHAR(255) NOT NULL UNIQUE,
+    created_at BIGINT NOT NULL,
+    INDEX demo_charges_account (account, created_at)
+);
+CREATE TABLE IF NOT EXISTS demo_gateway_calls (
+    downstream_key VARCHAR(255) NOT NULL,
+    amount BIGINT NOT NULL,
+    called_at BIGINT NOT NULL
+)
+";
+
+/// Records a charge unless its downstream key has one (then nothing is written).
+const INSERT_CHARGE: &str =
+    "INSERT INTO demo_charges (id, account, amount, currency, status, downstream_key, created_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (downstream_key) DO NOTHING";
+
+/// [`INSERT_CHARGE`] for MySQL (`IGNORE` skips the duplicate downstream key).
+#[cfg(feature = "mysql")]
+const INSERT_CHARGE_MYSQL: &str = "INSERT IGNORE INTO demo_charges (id, account, amount, currency, status, downstream_key, created_at)
+     VALUES (?, ?, ?, ?, ?, ?, ?)";
 
 /// A charge as the gateway recorded it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -82,7 +113,12 @@ pub struct Gateway {
 impl Gateway {
     /// A gateway keeping its ledger in `db` (table created if missing).
     pub async fn new(db: Database, latency: Duration) -> Result<Self, sqlx::Error> {
-        db.execute_script(SCHEMA).await?;
+        let schema = match &db {
+            #[cfg(feature = "mysql")]
+            Database::MySql(_) => SCHEMA_MYSQL,
+            _ => SCHEMA,
+        };
+        db.execute_script(schema).await?;
         Ok(Self { db, latency })
     }
 
@@ -111,16 +147,22 @@ impl Gateway {
         // Every call that reaches the ledger is logged, deduplicated or not, so tests can
         // tell "charged once" from "asked to charge many times, deduplicated downstream".
         const LOG_CALL: &str = "INSERT INTO demo_gateway_calls (downstream_key, amount, called_at) VALUES ($1, $2, $3)";
-        on_pool!(&self.db, |pool| sqlx::query(LOG_CALL)
-            .bind(downstream_key)
-            .bind(amount)
-            .bind(now)
-            .execute(pool)
-            .await
-            .map(|done| done.rows_affected()))?;
-        const INSERT: &str = "INSERT INTO demo_charges (id, account, amount, currency, status, downstream_key, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (downstream_key) DO NOTHING";
-        let inserted = on_pool!(&self.db, |pool| sqlx::query(INSERT)
+        let log_call = self.db.dialect(LOG_CALL);
+        on_pool!(&self.db, |pool| sqlx::query(AssertSqlSafe(
+            log_call.as_str()
+        ))
+        .bind(downstream_key)
+        .bind(amount)
+        .bind(now)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()))?;
+        let insert = match &self.db {
+            #[cfg(feature = "mysql")]
+            Database::MySql(_) => INSERT_CHARGE_MYSQL,
+            _ => INSERT_CHARGE,
+        };
+        let inserted = on_pool!(&self.db, |pool| sqlx::query(insert)
             .bind(&id)
             .bind(account)
             .bind(amount)
@@ -182,10 +224,10 @@ impl Gateway {
     }
 
     async fn find(&self, condition: &'static str, value: &str) -> Result<Vec<Charge>, sqlx::Error> {
-        let sql = format!(
+        let sql = self.db.dialect(&format!(
             "SELECT id, account, amount, currency, status, downstream_key FROM demo_charges \
              WHERE {condition} ORDER BY created_at, id"
-        );
+        ));
         on_pool!(&self.db, |pool| {
             let rows = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
                 .bind(value)

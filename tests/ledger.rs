@@ -1,6 +1,9 @@
-//! The ledger example (`examples/ledger.rs`, SQLite) and its Postgres twin
-//! (`support/ledger_postgres.rs`): deposits and their stored responses commit together; a
-//! crash between the write and the commit leaves nothing.
+//! The ledger example (`examples/ledger.rs`, SQLite) and its Postgres and MySQL twins
+//! (`support/ledger_postgres.rs`, `support/ledger_mysql.rs`): deposits and their stored
+//! responses commit together; a crash between the write and the commit leaves nothing.
+//!
+//! The Postgres and MySQL tests need `IDEMPOTENT_TEST_POSTGRES_URL` /
+//! `IDEMPOTENT_TEST_MYSQL_URL`; without them they are reported ignored.
 
 mod support;
 
@@ -17,6 +20,11 @@ mod ledger;
 #[path = "support/ledger_postgres.rs"]
 mod ledger_postgres;
 
+#[cfg(feature = "mysql")]
+#[allow(dead_code, unreachable_pub)]
+#[path = "support/ledger_mysql.rs"]
+mod ledger_mysql;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,20 +33,22 @@ use axum::body::Body;
 use http::{Request, StatusCode};
 use idempotent_demo::database::{self, Database};
 use idempotent_runtime::Idempotency;
-use process::Instance;
-#[cfg(feature = "postgres")]
-use process::TestDatabase;
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if, run};
+use process::{Instance, Server, TestBackend};
 use support::send;
 
 const LEDGER: &str = env!("CARGO_BIN_EXE_ledger-demo");
 
-/// The ledger on the database at `url`, in-process: the example on SQLite, its twin on
-/// Postgres; and the database, to look behind the API.
+/// The ledger on the database at `url`, in-process: the example on SQLite, its twins on
+/// Postgres and MySQL; and the database, to look behind the API.
 async fn ledger_app(url: &str) -> (Router, Database) {
     let (db, store) = database::open(url).await.expect("open ledger database");
-    db.execute_script(ledger::SCHEMA)
-        .await
-        .expect("ledger schema");
+    let schema = match &db {
+        #[cfg(feature = "mysql")]
+        Database::MySql(_) => ledger_mysql::SCHEMA,
+        _ => ledger::SCHEMA,
+    };
+    db.execute_script(schema).await.expect("ledger schema");
     let idempotency = Idempotency::builder_shared(store).build();
     let app = match &db {
         Database::Sqlite(pool) => ledger::router(ledger::AppState {
@@ -47,6 +57,11 @@ async fn ledger_app(url: &str) -> (Router, Database) {
         }),
         #[cfg(feature = "postgres")]
         Database::Postgres(pool) => ledger_postgres::router(ledger_postgres::AppState {
+            idempotency,
+            db: pool.clone(),
+        }),
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => ledger_mysql::router(ledger_mysql::AppState {
             idempotency,
             db: pool.clone(),
         }),
@@ -205,47 +220,42 @@ fn sqlite_url(dir: &tempfile::TempDir) -> String {
     format!("sqlite://{}", dir.path().join("ledger.db").display())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_deposits_commit_with_their_response() {
-    let dir = tempfile::tempdir().unwrap();
-    deposits_commit_with_their_response(&sqlite_url(&dir)).await;
-}
+type Test = fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_fifty_duplicates_write_one_row() {
-    let dir = tempfile::tempdir().unwrap();
-    fifty_duplicates_write_one_row(&sqlite_url(&dir)).await;
-}
+/// Each ledger test, by name.
+const TESTS: [(&str, Test); 3] = [
+    ("deposits_commit_with_their_response", |url| {
+        Box::pin(async move { deposits_commit_with_their_response(&url).await })
+    }),
+    ("fifty_duplicates_write_one_row", |url| {
+        Box::pin(async move { fifty_duplicates_write_one_row(&url).await })
+    }),
+    ("crash_between_write_and_commit", |url| {
+        Box::pin(async move { crash_between_write_and_commit(&url).await })
+    }),
+];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_crash_between_write_and_commit() {
-    let dir = tempfile::tempdir().unwrap();
-    crash_between_write_and_commit(&sqlite_url(&dir)).await;
-}
-
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_deposits_commit_with_their_response() {
-    let Some(db) = TestDatabase::create("ledger_commit").await else {
-        return;
-    };
-    deposits_commit_with_their_response(&db.url).await;
-}
-
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_fifty_duplicates_write_one_row() {
-    let Some(db) = TestDatabase::create("ledger_dup").await else {
-        return;
-    };
-    fifty_duplicates_write_one_row(&db.url).await;
-}
-
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_crash_between_write_and_commit() {
-    let Some(db) = TestDatabase::create("ledger_crash").await else {
-        return;
-    };
-    crash_between_write_and_commit(&db.url).await;
+fn main() {
+    let mut trials: Vec<Trial> = TESTS
+        .into_iter()
+        .map(|(name, test)| {
+            async_trial(format!("sqlite::{name}"), move || async move {
+                let dir = tempfile::tempdir().unwrap();
+                test(sqlite_url(&dir)).await;
+            })
+        })
+        .collect();
+    for server in [Server::Postgres, Server::MySql] {
+        let on_server = TESTS
+            .into_iter()
+            .map(|(name, test)| {
+                async_trial(format!("{}::{name}", server.name()), move || async move {
+                    let backend = TestBackend::create(server, "ledger").await;
+                    test(backend.url.clone()).await;
+                })
+            })
+            .collect();
+        trials.extend(ignored_if(server.unavailable(), on_server));
+    }
+    run(trials)
 }

@@ -1,15 +1,20 @@
-//! Several OS processes of the payments demo on different ports, one Postgres: the
-//! retry that matters lands on another instance than the original.
+//! Several OS processes of the payments demo on different ports sharing one store —
+//! Postgres, MySQL/MariaDB or Redis, chosen by the demo's URL: the retry that matters
+//! lands on another instance than the original.
 //!
-//! Needs `IDEMPOTENT_TEST_POSTGRES_URL`; each test creates and drops its own database.
-#![cfg(feature = "postgres")]
+//! Each server's tests need its URL (`IDEMPOTENT_TEST_POSTGRES_URL`,
+//! `IDEMPOTENT_TEST_MYSQL_URL`, `IDEMPOTENT_TEST_REDIS_URL`); without it they are
+//! reported ignored (the reason printed once). Each test creates and removes its own
+//! database (or Redis key prefix).
 
 #[path = "support/process.rs"]
 mod process;
 
+use std::future::Future;
 use std::time::Duration;
 
-use process::{Instance, TestDatabase};
+use idempotent_runtime::testing::{async_trial, ignored_if, run};
+use process::{Instance, Server, TestBackend};
 use reqwest::StatusCode;
 
 const DEMO: &str = env!("CARGO_BIN_EXE_payments-demo");
@@ -27,26 +32,81 @@ async fn post(client: &reqwest::Client, instance: &Instance, key: &str) -> reqwe
         .expect("request")
 }
 
-async fn charges(db: &TestDatabase) -> i64 {
-    let pool = db.pool().await;
-    // Gateway calls, not charges: the gateway deduplicates by downstream key, so only
-    // its call log shows a handler that ran twice.
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM demo_gateway_calls")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
-    count
+/// The demo on `backend` with `flags`.
+async fn start(backend: &TestBackend, flags: &[&str]) -> Instance {
+    let mut all: Vec<&str> = backend.flags.iter().map(String::as_str).collect();
+    all.extend_from_slice(flags);
+    Instance::start(DEMO, &backend.url, &all).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fifty_duplicates_over_three_instances_charge_once() {
-    let Some(db) = TestDatabase::create("fifty").await else {
-        return;
-    };
+fn main() {
+    let mut trials = Vec::new();
+    for server in [Server::Postgres, Server::MySql, Server::Redis] {
+        let on = |name: &str, test: fn(Server) -> std::pin::Pin<Box<dyn Future<Output = ()>>>| {
+            async_trial(format!("{}::{name}", server.name()), move || test(server))
+        };
+        trials.extend(ignored_if(
+            server.unavailable(),
+            vec![
+                on("fifty_duplicates_over_three_instances_charge_once", |s| {
+                    Box::pin(fifty_duplicates_over_three_instances_charge_once(s))
+                }),
+                on("a_retry_on_another_instance_replays", |s| {
+                    Box::pin(a_retry_on_another_instance_replays(s))
+                }),
+                on(
+                    "killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges",
+                    |s| {
+                        Box::pin(
+                            killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges(s),
+                        )
+                    },
+                ),
+            ],
+        ));
+    }
+    for (url, shown, secret) in [
+        (
+            "postgres://app:hunter2@127.0.0.1:1/payments",
+            "postgres://app:***@127.0.0.1:1/payments",
+            "hunter2",
+        ),
+        (
+            "mysql://app:hunter2@127.0.0.1:1/payments",
+            "mysql://app:***@127.0.0.1:1/payments",
+            "hunter2",
+        ),
+    ] {
+        let scheme = url.split(':').next().unwrap_or_default().to_owned();
+        let server = if scheme == "mysql" {
+            Server::MySql
+        } else {
+            Server::Postgres
+        };
+        // Needs no server, only the store compiled in.
+        let not_built = server
+            .unavailable()
+            .filter(|reason| reason.starts_with("built"));
+        trials.extend(ignored_if(
+            not_built,
+            vec![async_trial(
+                format!("{scheme}::unreachable_server_at_start_names_the_url_without_the_password"),
+                move || {
+                    unreachable_server_at_start_names_the_url_without_the_password(
+                        url, shown, secret,
+                    )
+                },
+            )],
+        ));
+    }
+    run(trials)
+}
+
+async fn fifty_duplicates_over_three_instances_charge_once(server: Server) {
+    let backend = TestBackend::create(server, "fifty").await;
     let mut instances = Vec::new();
     for _ in 0..3 {
-        instances.push(Instance::start(DEMO, &db.url, &["--gateway-latency-ms", "300"]).await);
+        instances.push(start(&backend, &["--gateway-latency-ms", "300"]).await);
     }
     let instances = std::sync::Arc::new(instances);
     let client = reqwest::Client::new();
@@ -77,16 +137,13 @@ async fn fifty_duplicates_over_three_instances_charge_once() {
         }
     }
     assert_eq!(originals, 1, "exactly one answer is not a replay");
-    assert_eq!(charges(&db).await, 1, "exactly one gateway call");
+    assert_eq!(backend.gateway_calls().await, 1, "exactly one gateway call");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_on_another_instance_replays() {
-    let Some(db) = TestDatabase::create("replay").await else {
-        return;
-    };
-    let a = Instance::start(DEMO, &db.url, &["--gateway-latency-ms", "0"]).await;
-    let b = Instance::start(DEMO, &db.url, &["--gateway-latency-ms", "0"]).await;
+async fn a_retry_on_another_instance_replays(server: Server) {
+    let backend = TestBackend::create(server, "replay").await;
+    let a = start(&backend, &["--gateway-latency-ms", "0"]).await;
+    let b = start(&backend, &["--gateway-latency-ms", "0"]).await;
     let client = reqwest::Client::new();
     let first = post(&client, &a, "order-1").await;
     assert_eq!(first.status(), StatusCode::CREATED);
@@ -97,18 +154,15 @@ async fn a_retry_on_another_instance_replays() {
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.headers()["location"], location);
     assert_eq!(retry.bytes().await.unwrap(), first_body);
-    assert_eq!(charges(&db).await, 1);
+    assert_eq!(backend.gateway_calls().await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges() {
-    let Some(db) = TestDatabase::create("kill").await else {
-        return;
-    };
+async fn killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges(server: Server) {
+    let backend = TestBackend::create(server, "kill").await;
     let flags = ["--gateway-latency-ms", "1500", "--lease", "3s"];
-    let mut a = Instance::start(DEMO, &db.url, &flags).await;
-    let b = Instance::start(DEMO, &db.url, &flags).await;
-    let c = Instance::start(DEMO, &db.url, &flags).await;
+    let mut a = start(&backend, &flags).await;
+    let b = start(&backend, &flags).await;
+    let c = start(&backend, &flags).await;
     let client = reqwest::Client::new();
 
     let in_flight = {
@@ -124,11 +178,7 @@ async fn killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges() {
                 .await
         })
     };
-    let pool = db.pool().await;
-    process::wait_until("the original is claimed", || {
-        process::claimed(&pool, "crash-1")
-    })
-    .await;
+    process::wait_until("the original is claimed", || backend.claimed("crash-1")).await;
     a.kill(); // kill -9 while the gateway call (1.5 s) is in flight
     assert!(
         in_flight.await.unwrap().is_err(),
@@ -168,26 +218,21 @@ async fn killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges() {
     );
     let replay = post(&client, &c, "crash-1").await;
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
-    assert_eq!(charges(&db).await, 1, "exactly one charge");
+    assert_eq!(backend.gateway_calls().await, 1, "exactly one charge");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_postgres_at_start_names_the_url_without_the_password() {
+async fn unreachable_server_at_start_names_the_url_without_the_password(
+    url: &'static str,
+    shown: &'static str,
+    secret: &'static str,
+) {
     let output = std::process::Command::new(DEMO)
-        .args([
-            "--addr",
-            "127.0.0.1:0",
-            "--database-url",
-            "postgres://app:hunter2@127.0.0.1:1/payments",
-        ])
+        .args(["--addr", "127.0.0.1:0", "--database-url", url])
         .env("RUST_LOG", "off")
         .output()
         .expect("run demo");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("postgres://app:***@127.0.0.1:1/payments"),
-        "stderr: {stderr}"
-    );
-    assert!(!stderr.contains("hunter2"), "password leaked: {stderr}");
+    assert!(stderr.contains(shown), "stderr: {stderr}");
+    assert!(!stderr.contains(secret), "password leaked: {stderr}");
 }

@@ -4,7 +4,8 @@
 //!
 //! Cutting the proxy closes every open connection and refuses new ones, which is what an
 //! app sees of a Postgres restart, without disturbing the tests that share the server.
-#![cfg(feature = "postgres")]
+//!
+//! Needs `IDEMPOTENT_TEST_POSTGRES_URL`; without it the test is reported ignored.
 
 #[path = "support/process.rs"]
 mod process;
@@ -12,7 +13,8 @@ mod process;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use process::{Instance, TestDatabase};
+use idempotent_runtime::testing::{async_trial, ignored_if, run};
+use process::{Instance, Server, TestDatabase};
 use reqwest::StatusCode;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -133,11 +135,18 @@ async fn post(
     (status, body, replayed)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+fn main() {
+    run(ignored_if(
+        Server::Postgres.unavailable(),
+        vec![async_trial(
+            "database_outage_is_503_then_recovers_without_double_execution",
+            database_outage_is_503_then_recovers_without_double_execution,
+        )],
+    ))
+}
+
 async fn database_outage_is_503_then_recovers_without_double_execution() {
-    let Some(db) = TestDatabase::create("outage").await else {
-        return;
-    };
+    let db = TestDatabase::create("outage").await;
     let mut proxy = Proxy::start(upstream_of(&db.url)).await;
     let proxied_url = via_port(&db.url, proxy.port);
     let demo = Instance::start(

@@ -132,6 +132,8 @@
 //! |---|---|---|
 //! | `sqlite` | yes | `store::SqliteStore` (one host, embedded), `Tx<Sqlite>` |
 //! | `postgres` | no | `store::PostgresStore` (many instances, one database), `Tx<Postgres>` |
+//! | `redis` | no | `store::RedisStore` (many instances, one Redis/Valkey; see its durability notes) |
+//! | `mysql` | no | `store::MySqlStore` (many instances, one MySQL 8 / MariaDB 10.6+ database), `Tx<MySql>` |
 //!
 //! [`store::MemoryStore`] (one process; tests and demos) is always there. Build without
 //! SQLite with `default-features = false, features = ["postgres"]`.
@@ -165,9 +167,12 @@ pub use layer::IdempotencyLayer;
 pub use problem::Problem;
 pub use rejection::AsProblem;
 pub use scope::Scope;
+#[cfg(feature = "mysql")]
+pub use sqlx::MySql;
 #[cfg(feature = "postgres")]
 pub use sqlx::Postgres;
-/// The `sqlx` database types transactional handlers name: `Tx<Sqlite>`, `Tx<Postgres>`.
+/// The `sqlx` database types transactional handlers name: `Tx<Sqlite>`, `Tx<Postgres>`,
+/// `Tx<MySql>`.
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
 pub use store::{

@@ -1,9 +1,9 @@
 //! The ledger example as a binary target, so crash tests can start (and lose) it through
 //! `CARGO_BIN_EXE_ledger-demo`. The example file itself is compiled in; a `postgres://`
-//! URL runs its Postgres twin (`tests/support/ledger_postgres.rs`), so the crash tests
-//! cover both databases.
+//! or `mysql://` URL runs its twin for that database (`tests/support/ledger_*.rs`), so
+//! the crash tests cover every SQL database.
 
-#[allow(dead_code, unreachable_pub)] // items the Postgres twin and the tests reuse
+#[allow(dead_code, unreachable_pub)] // items the twins and the tests reuse
 #[path = "../../examples/ledger.rs"]
 mod ledger;
 
@@ -11,6 +11,11 @@ mod ledger;
 #[allow(dead_code, unreachable_pub)]
 #[path = "../../tests/support/ledger_postgres.rs"]
 mod ledger_postgres;
+
+#[cfg(feature = "mysql")]
+#[allow(dead_code, unreachable_pub)]
+#[path = "../../tests/support/ledger_mysql.rs"]
+mod ledger_mysql;
 
 use idempotent_demo::serve;
 
@@ -20,6 +25,10 @@ async fn main() -> std::process::ExitCode {
     #[cfg(feature = "postgres")]
     if args.database_url.starts_with("postgres:") || args.database_url.starts_with("postgresql:") {
         return serve::exit_code(ledger_postgres::run(args).await);
+    }
+    #[cfg(feature = "mysql")]
+    if args.database_url.starts_with("mysql:") {
+        return serve::exit_code(ledger_mysql::run(args).await);
     }
     serve::exit_code(ledger::run(args).await)
 }

@@ -10,9 +10,9 @@
 //! ```
 //!
 //! Implementations: [`MemoryStore`] (one process, tests and demos), `SqliteStore` (one
-//! host, the embedded default), `PostgresStore` (many instances), `RedisStore` (many
-//! instances on Redis/Valkey; weaker durability, see its module docs). All pass one
-//! conformance suite.
+//! host, the embedded default), `PostgresStore` and `MySqlStore` (many instances, one
+//! shared database), `RedisStore` (many instances on Redis/Valkey; weaker durability, see
+//! its module docs). All pass one conformance suite.
 
 use std::time::Duration;
 
@@ -22,6 +22,8 @@ use bytes::Bytes;
 use crate::fingerprint::Fingerprint;
 
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
@@ -35,6 +37,8 @@ mod takeover;
 mod tx_support;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use record::{decode_headers, encode_headers};

@@ -18,7 +18,8 @@ use idempotent_runtime::{
 use idempotent_runtime::testing::conformance::Harness;
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 
-/// Ledger statements on one database; the same SQL (`$N` placeholders) on each.
+/// Ledger statements on one database; the same SQL (`$N` placeholders, rewritten for
+/// MySQL) on each.
 #[async_trait::async_trait]
 pub(crate) trait Ledger: TxDatabase {
     async fn insert(tx: &mut Tx<Self>, account: &str) -> Result<(), sqlx::Error>;
@@ -76,6 +77,39 @@ impl Ledger for sqlx::Postgres {
             sqlx::query_scalar(sql).fetch_one(conn).await
         } else {
             let done = sqlx::query(sql).execute(conn).await?;
+            Ok(i64::try_from(done.rows_affected()).expect("a test-sized count"))
+        }
+    }
+}
+
+/// MySQL's placeholders are `?`: the shared statements' `$N`, rewritten.
+#[cfg(feature = "mysql")]
+fn mysql_dialect(sql: &str) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(sql.replace("$1", "?"))
+}
+
+#[cfg(feature = "mysql")]
+#[async_trait::async_trait]
+impl Ledger for sqlx::MySql {
+    async fn insert(tx: &mut Tx<Self>, account: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(mysql_dialect(INSERT))
+            .bind(account.to_owned())
+            .execute(tx.conn())
+            .await
+            .map(drop)
+    }
+
+    async fn count(tx: &mut Tx<Self>) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(mysql_dialect(COUNT))
+            .fetch_one(tx.conn())
+            .await
+    }
+
+    async fn run(conn: &mut Self::Connection, sql: &'static str) -> Result<i64, sqlx::Error> {
+        if sql.starts_with("SELECT") {
+            sqlx::query_scalar(mysql_dialect(sql)).fetch_one(conn).await
+        } else {
+            let done = sqlx::query(mysql_dialect(sql)).execute(conn).await?;
             Ok(i64::try_from(done.rows_affected()).expect("a test-sized count"))
         }
     }

@@ -21,6 +21,9 @@ mod completion;
 mod migrations;
 mod redact;
 
+#[cfg(feature = "mysql")]
+pub(crate) use completion::CompletionColumns;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use completion::bind_completion;
 #[cfg(test)]
 pub(crate) use migrations::assert_embedded_migrations_match;

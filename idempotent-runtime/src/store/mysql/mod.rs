@@ -1,0 +1,446 @@
+//! [`MySqlStore`]: the store for many instances sharing one MySQL 8 or MariaDB 10.6+
+//! database.
+//!
+//! Like `PostgresStore`, every instance of the app talks to the same
+//! `idempotency_records` table, so a retry that lands on another instance still finds the
+//! first attempt's claim or recorded response.
+//!
+//! # One clock: the database's
+//!
+//! Every expiry and lease decision and every timestamp written uses the server's
+//! `UTC_TIMESTAMP(6)`; TTL and lease travel as microseconds and the server computes
+//! `UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND`. MySQL evaluates it once per statement,
+//! so a statement's decision and the times it writes agree. UTC and `DATETIME(6)`, not
+//! `NOW()` and `TIMESTAMP`: independent of the session's time zone (an app's pool may set
+//! its own), no daylight-saving fold, no year-2038 limit.
+//!
+//! # The claim: atomic single statements, no transaction
+//!
+//! `try_claim` is not one `INSERT … ON DUPLICATE KEY UPDATE`, and not a transaction with
+//! `SELECT … FOR UPDATE`; it runs the SQLite store's sequence of atomic statements on the
+//! database clock:
+//!
+//! 1. `INSERT` the in-progress record (`sql/claim_new.sql`). A fresh key: claimed, one
+//!    round trip. A duplicate-key error: a record exists.
+//! 2. Read it (`sql/claim_read.sql`), a consistent non-locking read, and classify it by
+//!    the shared takeover rule: replay, in progress (`Retry-After` from the lease left)
+//!    or mismatch — answered without writing or locking anything.
+//! 3. Only if the rule allows a takeover: an `UPDATE … WHERE <that reason still holds>`
+//!    (`sql/take_over_*.sql`). InnoDB evaluates an `UPDATE`'s condition on the newest
+//!    committed row under its exclusive lock, so of 64 racing retries exactly one matches;
+//!    the others match nothing and claim again (and then find the winner's record).
+//!
+//! Why not the alternatives: `INSERT … ON DUPLICATE KEY UPDATE` locks (and with a
+//! conditional `SET`, writes) the row even when it refuses the claim, so every replay and
+//! `409` would be a write queued on that row, and its affected-rows count cannot tell a
+//! fresh insert from a refused one under sqlx's `CLIENT_FOUND_ROWS`; the reason of a
+//! takeover would be lost too. A `SELECT … FOR UPDATE` of a key that does not exist yet
+//! takes a gap lock that does not exclude other gap locks: two first requests both lock
+//! the gap, both insert, and deadlock — on every race for a fresh key.
+//!
+//! Under REPEATABLE READ a failed duplicate insert still takes a shared lock on the
+//! existing row for the statement, so racing claims and releases can deadlock; InnoDB
+//! then rolls one statement back (error 1213), and that claim, like one that waited out
+//! `innodb_lock_wait_timeout` (1205), simply runs again — contention, answered `409` if it
+//! persists, never an error.
+//!
+//! `renew`, `complete` and `release` are single statements fenced by
+//! `token = ? AND state = 'in_progress'`, by primary key. `purge_expired` reads a batch
+//! of expired keys without locking, then deletes those rows by primary key, re-checking
+//! their expiry: no range of the expiry index is ever locked, so sweepers on many
+//! instances never make claims wait.
+//!
+//! # Keys: exact and of any length
+//!
+//! Scopes have no length limit and a key may be 255 characters: two `utf8mb4` columns
+//! that long exceed what an InnoDB index holds. The primary key is therefore
+//! `scope_key_sha256`, SHA-256 over the scope's byte length, the scope and the key
+//! (length-prefixed, so scope `a:b` + key `c` differs from `a` + `b:c`). `scope` and `key`
+//! are stored as `BLOB`s beside it and every statement compares them too, byte for byte:
+//! case and trailing spaces matter, as in every store.
+//!
+//! # Migrations
+//!
+//! The schema (`migrations/mysql/`) is embedded in the binary and applied on connect,
+//! recorded in `_idempotent_migrations` (not sqlx's `_sqlx_migrations`, so the store can
+//! share a database with an app's own sqlx migrations). The store holds a named lock
+//! (`GET_LOCK`, keyed by the database name) while it applies them, so instances starting
+//! at once apply them one after the other; the DDL uses `IF NOT EXISTS` as well. (Not
+//! sqlx's own migration lock: it asks for `GET_LOCK(name, -1)`, which MariaDB answers at
+//! once without taking the lock.)
+//!
+//! # Durability
+//!
+//! A claim or completion is acknowledged once InnoDB committed it. It survives a server
+//! crash with `innodb_flush_log_at_trx_commit = 1` (the default); with `2` or `0` the last
+//! second of commits may be lost on an OS crash or power failure, and a retry of a lost
+//! completion runs the handler again. With binary-log replication, `sync_binlog = 1` (the
+//! default) keeps the binary log in step with InnoDB; asynchronous replicas may lag, so a
+//! failover to one can lose acknowledged claims and completions (semi-synchronous
+//! replication or Galera/Group Replication avoids that). Point every instance at the
+//! primary: a claim read from a lagging replica could run a duplicate.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sha2::{Digest, Sha256};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row};
+
+use super::sql::{self, CompletionColumns, EmbeddedMigration};
+use super::{
+    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, TxSupport,
+};
+
+mod claim;
+mod transaction;
+
+/// The embedded migrations, in version order; the files live in `migrations/mysql/`.
+const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
+    version: 1,
+    description: "idempotency records",
+    sql: include_str!("../../../migrations/mysql/0001_idempotency_records.sql"),
+}];
+
+const RENEW: &str = include_str!("sql/renew.sql");
+const COMPLETE: &str = include_str!("sql/complete.sql");
+const RELEASE: &str = include_str!("sql/release.sql");
+const PURGE_FIND: &str = include_str!("sql/purge_find.sql");
+const PURGE_DELETE: &str = include_str!("sql/purge_delete.sql");
+
+/// How many records one purge `DELETE` names (its `IN` list).
+const PURGE_CHUNK: usize = 500;
+
+/// How long a request waits for a pooled connection before it is answered `503`: while
+/// the database is unreachable, requests fail fast instead of hanging for sqlx's default
+/// 30 seconds.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long `connect` waits for the first connection before giving up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TTLs and leases are clamped to this (1000 years) so `UTC_TIMESTAMP(6) + INTERVAL`
+/// stays inside what `DATETIME` can represent (up to year 9999).
+const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
+
+/// A [`Store`] on MySQL 8 or MariaDB 10.6+: the store for many instances of an app
+/// sharing one database (see the module docs for how each operation is atomic).
+///
+/// - **The database's clock.** Every expiry and lease decision and every timestamp uses
+///   the server's `UTC_TIMESTAMP(6)`; instances' clocks may drift without effect.
+/// - **Round trips.** A fresh request costs two (claim, complete); a replay, an
+///   in-progress duplicate or a mismatch two (the insert that found the record, the
+///   read), and writes nothing; a takeover three.
+/// - **Migrations on connect**, embedded in the binary, serialised across instances by
+///   a named lock (`GET_LOCK`), recorded in `_idempotent_migrations`.
+/// - **Transactional handlers** (`Tx<MySql>`): the handler's writes and the completion
+///   commit in one InnoDB transaction.
+///
+/// Cheap to clone (the pool is reference counted).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idempotent_runtime::StoreError> {
+/// use idempotent_runtime::store::MySqlStore;
+///
+/// // Its own pool, the table in the URL's database:
+/// let store = MySqlStore::connect("mysql://app:secret@db:3306/payments").await?;
+/// // Or sharing the app's pool:
+/// let store = MySqlStore::from_pool(store.pool().clone()).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    transactions: TxSupport,
+}
+
+impl std::fmt::Debug for MySqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlStore")
+            .field("location", &describe_options(&self.pool.connect_options()))
+            .field("pool_size", &self.pool.size())
+            .finish()
+    }
+}
+
+impl MySqlStore {
+    /// The table that records which of the embedded migrations were applied.
+    pub const MIGRATIONS_TABLE: &str = "_idempotent_migrations";
+
+    /// Connects to `url` (`mysql://user:password@host:port/database?…`) with a pool of
+    /// its own and applies the embedded migrations; the table lives in the URL's
+    /// database, which must exist.
+    ///
+    /// Fails with [`StoreError::Open`] — naming the URL with its password redacted — when
+    /// the URL is invalid or the server cannot be reached within 10 seconds, and with
+    /// [`StoreError::Migrate`] when the migrations fail.
+    ///
+    /// The pool uses sqlx's defaults (which include the session time zone `+00:00`; the
+    /// store does not depend on it) except that connections are not pinged before each
+    /// use (that would add a round trip to every operation) and a request waits at most
+    /// 5 seconds for a connection. Build the pool yourself and use
+    /// [`from_pool`](Self::from_pool) to choose otherwise.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let open_error = |reason: String| StoreError::Open {
+            location: sql::redact_url(url),
+            reason,
+        };
+        let options = MySqlConnectOptions::from_str(url).map_err(|e| open_error(e.to_string()))?;
+        // A direct connection first: it fails fast with the real reason (the pool would
+        // retry a refused connection until its acquire timeout), and runs the migrations.
+        let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, options.connect())
+            .await
+            .map_err(|_| {
+                open_error(format!(
+                    "no connection within {}s",
+                    CONNECT_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|e| open_error(e.to_string()))?;
+        migrate(&mut conn, sql::redact_url(url)).await?;
+        // Closing only says goodbye politely; the migrations are already committed.
+        let _ = conn.close().await;
+
+        let pool = MySqlPoolOptions::new()
+            .test_before_acquire(false)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await
+            .map_err(|e| open_error(e.to_string()))?;
+        Ok(Self::with_pool(pool))
+    }
+
+    /// Uses an existing pool, e.g. the app's own, and applies the embedded migrations
+    /// through it; the table lives in the pool's database.
+    ///
+    /// Migrations run on a connection that is closed afterwards rather than returned to
+    /// the pool, so nothing they leave behind (a named lock of a failed run) leaks into
+    /// the app's connections.
+    pub async fn from_pool(pool: MySqlPool) -> Result<Self, StoreError> {
+        let location = describe_options(&pool.connect_options());
+        let mut conn = pool.acquire().await.map_err(|e| StoreError::Open {
+            location: location.clone(),
+            reason: e.to_string(),
+        })?;
+        conn.close_on_drop();
+        migrate(&mut conn, location).await?;
+        drop(conn);
+        Ok(Self::with_pool(pool))
+    }
+
+    fn with_pool(pool: MySqlPool) -> Self {
+        let transactions = transaction::support(pool.clone());
+        Self { pool, transactions }
+    }
+
+    /// The connection pool, to share with the app (its own queries, or the
+    /// transactional unit of work).
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+}
+
+/// How long a start waits for another instance's migrations to finish.
+const MIGRATIONS_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Applies the embedded migrations on `conn` under the store's own named lock (see
+/// `sql/migrations_lock.sql` for why not sqlx's); `location` names the database in
+/// errors.
+///
+/// Boxed with an explicit `Send` bound and through `Migrator::run_direct` (public,
+/// doc-hidden), as in the Postgres store: `Migrator::run`'s `Acquire<'a>` bound makes
+/// every future awaiting it fail to prove `Send`.
+fn migrate(
+    conn: &mut MySqlConnection,
+    location: String,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + '_>> {
+    Box::pin(async move {
+        let held: Option<i64> = sqlx::query_scalar(include_str!("sql/migrations_lock.sql"))
+            .bind(MIGRATIONS_LOCK_TIMEOUT.as_secs() as i64)
+            .fetch_one(&mut *conn)
+            .await?;
+        if held != Some(1) {
+            return Err(StoreError::Open {
+                location,
+                reason: format!(
+                    "another instance held the migrations lock for {}s",
+                    MIGRATIONS_LOCK_TIMEOUT.as_secs()
+                ),
+            });
+        }
+        let mut migrator = sql::migrator(MIGRATIONS, MySqlStore::MIGRATIONS_TABLE);
+        migrator.set_locking(false);
+        let applied = migrator.run_direct(None, &mut *conn, false).await;
+        let released = sqlx::query(include_str!("sql/migrations_unlock.sql"))
+            .execute(&mut *conn)
+            .await;
+        applied?;
+        released?;
+        Ok(())
+    })
+}
+
+/// The record's primary key: SHA-256 over the scope's byte length (8 bytes,
+/// big-endian), the scope and the key — length-prefixed, so no two `(scope, key)` pairs
+/// share an input.
+fn scope_key_sha256(scope: &str, key: &str) -> Vec<u8> {
+    let mut hasher = Sha256::new();
+    hasher.update((scope.len() as u64).to_be_bytes());
+    hasher.update(scope.as_bytes());
+    hasher.update(key.as_bytes());
+    hasher.finalize().to_vec()
+}
+
+/// A `Duration` as whole microseconds, clamped (see [`MAX_INTERVAL_MICROS`]).
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros())
+        .unwrap_or(i64::MAX)
+        .min(MAX_INTERVAL_MICROS)
+}
+
+/// A statement of the record `(scope, key)` fenced by `token`: the parameters `renew`,
+/// `complete` and `release` end with.
+fn bind_record_token<'q>(
+    query: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    query
+        .bind(scope_key_sha256(scope, key))
+        .bind(scope.to_owned())
+        .bind(key.to_owned())
+        .bind(token.0)
+}
+
+/// The completion statement with its parameters, on the pool or in a handler's
+/// transaction.
+fn completion<'q>(
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+    response: &'q StoredResponse,
+) -> Result<sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>, StoreError> {
+    let columns = CompletionColumns::of(response)?;
+    let query = sqlx::query(COMPLETE)
+        .bind(columns.status)
+        .bind(columns.headers)
+        .bind(columns.body);
+    Ok(bind_record_token(query, scope, key, token))
+}
+
+#[async_trait]
+impl Store for MySqlStore {
+    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        sql::claim_with_retries(claim, || self.claim_once(claim)).await
+    }
+
+    async fn renew(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let query = sqlx::query(RENEW).bind(micros(lease)).bind(micros(lease));
+        // Rows *matched* (sqlx connects with CLIENT_FOUND_ROWS): a renew that happens to
+        // write the same lease end still counts as owning the record.
+        let done = bind_record_token(query, scope, key, token)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        let done = completion(scope, key, token, response)?
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        let done = bind_record_token(sqlx::query(RELEASE), scope, key, token)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let ids: Vec<Vec<u8>> = sqlx::query(PURGE_FIND)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let mut deleted = 0;
+        for chunk in ids.chunks(PURGE_CHUNK) {
+            let placeholders = vec!["?"; chunk.len()].join(", ");
+            let statement = AssertSqlSafe(PURGE_DELETE.replace("{ids}", &placeholders));
+            let mut query = sqlx::query(statement);
+            for id in chunk {
+                query = query.bind(id.as_slice());
+            }
+            deleted += query.execute(&self.pool).await?.rows_affected();
+        }
+        Ok(deleted)
+    }
+
+    fn transactions(&self) -> Option<TxSupport> {
+        Some(self.transactions.clone())
+    }
+}
+
+/// Where a pool connects, for error messages: `mysql://user@host:port/db`. Connect
+/// options never reveal the password, so there is nothing to redact.
+fn describe_options(options: &MySqlConnectOptions) -> String {
+    let host = match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    format!(
+        "mysql://{}@{}/{}",
+        options.get_username(),
+        host,
+        options.get_database().unwrap_or("")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embeds_every_migration_file() {
+        sql::assert_embedded_migrations_match("mysql", MIGRATIONS);
+    }
+
+    #[test]
+    fn clamps_intervals() {
+        assert_eq!(micros(Duration::from_millis(1500)), 1_500_000);
+        assert_eq!(micros(Duration::MAX), MAX_INTERVAL_MICROS);
+    }
+
+    #[test]
+    fn record_ids_are_length_prefixed() {
+        assert_ne!(scope_key_sha256("a:b", "c"), scope_key_sha256("a", "b:c"));
+        assert_ne!(scope_key_sha256("a:", "bc"), scope_key_sha256("a", ":bc"));
+        assert_ne!(scope_key_sha256("key", "k"), scope_key_sha256("Key", "k"));
+        assert_eq!(scope_key_sha256("s", "k").len(), 32);
+    }
+}
