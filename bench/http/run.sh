@@ -11,7 +11,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 
-ALL_VARIANTS="bare,idempotent-memory,axum-idempotent,idempotent-sqlite-normal,rustango-sqlite-normal,idempotent-sqlite-full,rustango-sqlite-full,idempotent-postgres,rustango-postgres,idempotent-redis"
+ALL_VARIANTS="bare,idempotent-memory,axum-idempotent,idempotent-sqlite-normal,rustango-sqlite-normal,idempotent-sqlite-full,rustango-sqlite-full,idempotent-postgres,rustango-postgres,idempotent-mysql,idempotent-redis"
 
 usage() {
     cat <<EOF
@@ -27,6 +27,7 @@ usage: bench/http/run.sh [-v VARIANTS] [-r REPS] [-d DURATION] [-c CONNECTIONS] 
 Environment (each flag has one too: BENCH_VARIANTS, BENCH_REPS, BENCH_DURATION,
 BENCH_CONNECTIONS):
   IDEMPOTENT_BENCH_POSTGRES_URL  default postgres://postgres@127.0.0.1:5432/test
+  IDEMPOTENT_BENCH_MYSQL_URL     default mysql://root@127.0.0.1:3306/test
   IDEMPOTENT_BENCH_REDIS_URL     default redis://127.0.0.1:6379/
   BENCH_PORT (38080), BENCH_SERVER_CPU (0), BENCH_CLIENT_CPU (1)
   BENCH_REPLAY_KEYS (1000): how many completed keys the replay run cycles through
@@ -57,6 +58,7 @@ server_cpu="${BENCH_SERVER_CPU:-0}"
 client_cpu="${BENCH_CLIENT_CPU:-1}"
 replay_keys="${BENCH_REPLAY_KEYS:-1000}"
 export IDEMPOTENT_BENCH_POSTGRES_URL="${IDEMPOTENT_BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export IDEMPOTENT_BENCH_MYSQL_URL="${IDEMPOTENT_BENCH_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
 export IDEMPOTENT_BENCH_REDIS_URL="${IDEMPOTENT_BENCH_REDIS_URL:-redis://127.0.0.1:6379/}"
 base="http://127.0.0.1:$port"
 body="$here/wrk/order.json"
@@ -141,6 +143,7 @@ store_port_for() {
     local url default
     case "$1" in
         *-postgres) url="$IDEMPOTENT_BENCH_POSTGRES_URL"; default=5432 ;;
+        *-mysql) url="$IDEMPOTENT_BENCH_MYSQL_URL"; default=3306 ;;
         *-redis) url="$IDEMPOTENT_BENCH_REDIS_URL"; default=6379 ;;
         *) echo ""; return ;;
     esac
@@ -158,6 +161,9 @@ store_port_for() {
 # - Postgres: data segments the server process sent to the store's port, summed over its
 #   open connections. sqlx writes each statement (with its parameters) at once and flushes
 #   its on-release ping (a Sync) separately, so this counts statements plus pings.
+# - MySQL: the same count on its port. sqlx sends each prepared statement's execution
+#   (COM_STMT_EXECUTE) in one write and pings (COM_PING) on release, so again statements
+#   plus pings (plus a COM_STMT_PREPARE the first time a connection runs a statement).
 # - Redis: script calls (EVALSHA, EVAL and their read-only forms, from INFO commandstats;
 #   needs redis-cli): every RedisStore operation is one script call in one round trip.
 #   Counting at the server is needed because the client multiplexes one connection and

@@ -1,14 +1,17 @@
 //! Opens each of our stores empty: a fresh SQLite file, a fresh Postgres schema, a fresh
-//! Redis key prefix. A store whose server cannot be reached is [`Unreachable`].
+//! MySQL database, a fresh Redis key prefix. A store whose server cannot be reached is
+//! [`Unreachable`].
 
 use std::path::Path;
+use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idempotent_runtime::store::{MemoryStore, PostgresStore, RedisStore, SqliteStore};
+use idempotent_runtime::store::{MemoryStore, MySqlStore, PostgresStore, RedisStore, SqliteStore};
 use idempotent_runtime::{Store, SystemClock};
-use sqlx::Connection;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection};
 
 use crate::variant::StoreKind;
 
@@ -18,6 +21,13 @@ pub const POSTGRES_SCHEMA: &str = "idempotent_bench";
 
 /// Default `IDEMPOTENT_BENCH_POSTGRES_URL`.
 pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// The MySQL database the benchmark's `idempotency_records` table lives in, beside the
+/// URL's own database; dropped and created again each time a server starts.
+pub const MYSQL_DATABASE: &str = "idempotent_bench";
+
+/// Default `IDEMPOTENT_BENCH_MYSQL_URL`.
+pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
 
 /// Default `IDEMPOTENT_BENCH_REDIS_URL`.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
@@ -39,6 +49,11 @@ pub async fn open(kind: StoreKind, data_dir: &Path) -> Result<Arc<dyn Store>, Un
         StoreKind::Postgres => {
             let url = env_or("IDEMPOTENT_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL);
             let store = open_postgres(&url).await.map_err(Unreachable)?;
+            Ok(Arc::new(store))
+        }
+        StoreKind::MySql => {
+            let url = env_or("IDEMPOTENT_BENCH_MYSQL_URL", DEFAULT_MYSQL_URL);
+            let store = open_mysql(&url).await.map_err(Unreachable)?;
             Ok(Arc::new(store))
         }
         StoreKind::Redis => {
@@ -121,6 +136,57 @@ async fn open_postgres(url: &str) -> Result<PostgresStore, String> {
     PostgresStore::connect_in_schema(url, POSTGRES_SCHEMA)
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Drops [`MYSQL_DATABASE`] (the previous run's records) and creates it empty, then
+/// opens the store in it with the pool `MySqlStore::connect` builds (sqlx's defaults, no
+/// ping before each use, 5 s acquire timeout), which applies the migrations. The URL's
+/// own database is only connected to; its user needs `CREATE` and `DROP` on
+/// [`MYSQL_DATABASE`].
+async fn open_mysql(url: &str) -> Result<MySqlStore, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("mysql: {e}");
+    let options = MySqlConnectOptions::from_str(url).map_err(|e| fail(&e))?;
+    // Bounded: a filtered port would otherwise hang the start until the driver gives up.
+    let mut conn = tokio::time::timeout(Duration::from_secs(10), options.connect())
+        .await
+        .map_err(|_| fail(&"no connection within 10 s"))?
+        .map_err(|e| fail(&e))?;
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {MYSQL_DATABASE}"),
+        format!("CREATE DATABASE {MYSQL_DATABASE}"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&mut conn)
+            .await
+            .map_err(|e| fail(&format!("{statement}: {e}")))?;
+    }
+    log_mysql_durability(&mut conn)
+        .await
+        .map_err(|e| fail(&e))?;
+    conn.close().await.map_err(|e| fail(&e))?;
+    let pool = MySqlPoolOptions::new()
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options.database(MYSQL_DATABASE))
+        .await
+        .map_err(|e| fail(&e))?;
+    MySqlStore::from_pool(pool).await.map_err(|e| e.to_string())
+}
+
+/// Logs the server's version and the settings that decide what a commit survives, so
+/// each run's server log records them.
+async fn log_mysql_durability(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
+    let (version, flush, sync_binlog, log_bin): (String, i64, i64, i64) = sqlx::query_as(
+        "SELECT VERSION(), CAST(@@innodb_flush_log_at_trx_commit AS SIGNED), \
+         CAST(@@sync_binlog AS SIGNED), CAST(@@log_bin AS SIGNED)",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    eprintln!(
+        "mysql: {version} innodb_flush_log_at_trx_commit = {flush} sync_binlog = {sync_binlog} \
+         log_bin = {log_bin}"
+    );
+    Ok(())
 }
 
 /// A key prefix no earlier run used, so the store starts empty; its keys expire with the

@@ -9,6 +9,7 @@ pub enum StoreKind {
     SqliteNormal,
     SqliteFull,
     Postgres,
+    MySql,
     Redis,
 }
 
@@ -25,12 +26,13 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant this server serves, by its command-line name.
-    pub const ALL: [Variant; 7] = [
+    pub const ALL: [Variant; 8] = [
         Variant::Bare,
         Variant::Idempotent(StoreKind::Memory),
         Variant::Idempotent(StoreKind::SqliteNormal),
         Variant::Idempotent(StoreKind::SqliteFull),
         Variant::Idempotent(StoreKind::Postgres),
+        Variant::Idempotent(StoreKind::MySql),
         Variant::Idempotent(StoreKind::Redis),
         Variant::AxumIdempotent,
     ];
@@ -43,6 +45,7 @@ impl Variant {
             Variant::Idempotent(StoreKind::SqliteNormal) => "idempotent-sqlite-normal",
             Variant::Idempotent(StoreKind::SqliteFull) => "idempotent-sqlite-full",
             Variant::Idempotent(StoreKind::Postgres) => "idempotent-postgres",
+            Variant::Idempotent(StoreKind::MySql) => "idempotent-mysql",
             Variant::Idempotent(StoreKind::Redis) => "idempotent-redis",
             Variant::AxumIdempotent => "axum-idempotent",
         }
