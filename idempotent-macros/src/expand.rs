@@ -63,7 +63,16 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
     };
     let p = quote!(#krate::__private);
     let func = handler.func;
-    let attrs = &func.attrs;
+    // `#[tracing::instrument]` (after `#[idempotent]`) goes on the inner function, which
+    // keeps the user's parameter names: `skip(caller)` and the recorded fields name
+    // them, and the span covers exactly the handler's work. Every other attribute stays
+    // on the wrapper (docs, lints, `#[cfg]`, …).
+    let (inner_attrs, attrs): (Vec<_>, Vec<_>) = func.attrs.iter().partition(|attr| {
+        attr.path()
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "instrument")
+    });
     let vis = &func.vis;
     let name = &func.sig.ident;
     // The user's own `async fn` tokens (see the braces below).
@@ -177,6 +186,7 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
         .then(|| quote!(#[allow(clippy::too_many_arguments)]));
 
     let body = quote! {
+        #(#inner_attrs)*
         async fn #name(#(#inner_params),*) #output #block
         const __CONFIG: #p::HandlerConfig = #config;
         #unhash

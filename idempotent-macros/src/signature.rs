@@ -112,6 +112,7 @@ pub(crate) fn check<'a>(
         ));
     }
     check_generics(func, errors);
+    check_no_self(func, errors);
     if let Some(variadic) = &sig.variadic {
         errors.push(syn::Error::new_spanned(
             variadic.dots,
@@ -128,6 +129,15 @@ pub(crate) fn check<'a>(
                  Move it out of the `impl` block and reach shared data through `State`",
             )),
             FnArg::Typed(arg) => {
+                if let Some(attr) = arg.attrs.first() {
+                    errors.push(syn::Error::new_spanned(
+                        attr,
+                        "attributes on the arguments of an `#[idempotent]` handler are not \
+                         supported: the wrapper extracts every argument, so a `#[cfg]` would \
+                         remove it from your function but not from the wrapper. Put the \
+                         `#[cfg]` on the whole handler (and its route) instead",
+                    ));
+                }
                 if let Some(span_of_impl) = impl_trait_in(&arg.ty) {
                     errors.push(syn::Error::new(
                         span_of_impl,
@@ -172,6 +182,21 @@ pub(crate) fn check<'a>(
             "a transactional handler always rolls back and releases on a 5xx (its writes must \
              not commit with a failure); remove `on_server_error = store`, or drop the \
              `&mut Tx` argument to store 5xx answers",
+        ));
+    }
+
+    // Rust 2024: an `impl Trait` in the return type captures every lifetime in scope,
+    // the `&mut Tx` borrow included, so the result could not be handed back with the
+    // transaction. Say so on the `impl`, with the fix the compiler would only hint at.
+    if params.iter().any(|p| matches!(p.kind, ParamKind::Tx(_)))
+        && let syn::ReturnType::Type(_, output) = &sig.output
+        && let Some(span) = capturing_impl_trait_in(output)
+    {
+        errors.push(syn::Error::new(
+            span,
+            "in a transactional handler, an `impl Trait` return type captures the `&mut Tx` \
+             borrow (Rust 2024), so the engine could not commit the transaction after it: \
+             write `impl IntoResponse + use<>` (it borrows nothing), or name the type",
         ));
     }
 
@@ -253,6 +278,51 @@ fn check_key_policy(args: &Args, params: &[Param<'_>], errors: &mut Vec<syn::Err
             span,
             "`key = optional` is not supported on a transactional handler: its writes commit \
              with the stored response, which needs a key; remove `key = optional`",
+        ));
+    }
+}
+
+/// `Self` in a handler inside an `impl` block: the body moves into a nested function,
+/// where `Self` does not name the outer type (E0401); say so on the first `Self`.
+fn check_no_self(func: &ItemFn, errors: &mut Vec<syn::Error>) {
+    use proc_macro2::{Delimiter, TokenTree};
+    // The first `Self` outside a nested `impl`/`trait` block (where it is fine).
+    fn first_self(tokens: proc_macro2::TokenStream) -> Option<proc_macro2::Span> {
+        let mut in_item_header = false;
+        for tree in tokens {
+            match tree {
+                TokenTree::Ident(ident) if ident == "impl" || ident == "trait" => {
+                    in_item_header = true;
+                }
+                TokenTree::Group(group)
+                    if in_item_header && group.delimiter() == Delimiter::Brace =>
+                {
+                    in_item_header = false;
+                }
+                TokenTree::Ident(ident) if ident == "Self" && !in_item_header => {
+                    return Some(ident.span());
+                }
+                TokenTree::Group(group) if !in_item_header => {
+                    if let Some(span) = first_self(group.stream()) {
+                        return Some(span);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+    use quote::ToTokens;
+    let sig = &func.sig;
+    let found = first_self(sig.inputs.to_token_stream())
+        .or_else(|| first_self(sig.output.to_token_stream()))
+        .or_else(|| first_self(func.block.to_token_stream()));
+    if let Some(span) = found {
+        errors.push(syn::Error::new(
+            span,
+            "`Self` cannot be used in an `#[idempotent]` handler: the macro moves the body into \
+             a nested function, where `Self` does not name the `impl` block's type. Write the \
+             type's name instead",
         ));
     }
 }
@@ -482,8 +552,25 @@ fn is_optional_key(ty: &Type) -> bool {
 
 /// The span of an `impl Trait` anywhere inside `ty`.
 fn impl_trait_in(ty: &Type) -> Option<proc_macro2::Span> {
+    impl_trait_where(ty, &|_| true)
+}
+
+/// The first `impl Trait` in `ty` whose bounds have no `use<…>` (precise capturing).
+fn capturing_impl_trait_in(ty: &Type) -> Option<proc_macro2::Span> {
+    impl_trait_where(ty, &|it| {
+        !quote::ToTokens::to_token_stream(&it.bounds)
+            .into_iter()
+            .any(|tree| matches!(tree, proc_macro2::TokenTree::Ident(ident) if ident == "use"))
+    })
+}
+
+fn impl_trait_where(
+    ty: &Type,
+    wanted: &dyn Fn(&syn::TypeImplTrait) -> bool,
+) -> Option<proc_macro2::Span> {
+    let impl_trait_in = |ty: &Type| impl_trait_where(ty, wanted);
     match ty {
-        Type::ImplTrait(it) => Some(it.impl_token.span),
+        Type::ImplTrait(it) => wanted(it).then_some(it.impl_token.span),
         Type::Array(a) => impl_trait_in(&a.elem),
         Type::Group(g) => impl_trait_in(&g.elem),
         Type::Paren(p) => impl_trait_in(&p.elem),
