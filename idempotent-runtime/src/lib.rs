@@ -134,6 +134,10 @@
 //! | `postgres` | no | `store::PostgresStore` (many instances, one database), `Tx<Postgres>` |
 //! | `redis` | no | `store::RedisStore` (many instances, one Redis/Valkey; see its durability notes) |
 //! | `mysql` | no | `store::MySqlStore` (many instances, one MySQL 8 / MariaDB 10.6+ database), `Tx<MySql>` |
+//! | `testing` | no | `testing::conformance`: the store conformance suite, for a `Store` of your own |
+//!
+//! `Sqlite`, `Postgres` and `MySql` are re-exported from `sqlx` so transactional handlers
+//! can name `Tx<Sqlite>` without a direct `sqlx` dependency.
 //!
 //! [`store::MemoryStore`] (one process; tests and demos) is always there. Build without
 //! SQLite with `default-features = false, features = ["postgres"]`.
@@ -171,8 +175,6 @@ pub use scope::Scope;
 pub use sqlx::MySql;
 #[cfg(feature = "postgres")]
 pub use sqlx::Postgres;
-/// The `sqlx` database types transactional handlers name: `Tx<Sqlite>`, `Tx<Postgres>`,
-/// `Tx<MySql>`.
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
 pub use store::{
