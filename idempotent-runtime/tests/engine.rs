@@ -534,13 +534,23 @@ async fn unreachable_store_is_503_and_the_handler_never_runs() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
-/// The memory store, watched: it counts lease renewals, and `complete` fails the first
-/// `complete_failures` times.
+/// The memory store, watched: it counts lease renewals, `complete` fails the first
+/// `complete_failures` times, and renewals and completions hang while `stalled` is set
+/// (a database that stopped answering, then came back).
 #[derive(Debug, Default)]
 struct ObservedStore {
     inner: MemoryStore,
     complete_failures: AtomicU32,
     renewals: AtomicU32,
+    stalled: std::sync::atomic::AtomicBool,
+}
+
+impl ObservedStore {
+    async fn wait_while_stalled(&self) {
+        while self.stalled.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
 
 #[async_trait]
@@ -556,6 +566,7 @@ impl Store for ObservedStore {
         l: Duration,
     ) -> Result<bool, StoreError> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
+        self.wait_while_stalled().await;
         self.inner.renew(s, k, t, l).await
     }
     async fn complete(
@@ -565,6 +576,7 @@ impl Store for ObservedStore {
         t: FencingToken,
         r: &StoredResponse,
     ) -> Result<bool, StoreError> {
+        self.wait_while_stalled().await;
         if self
             .complete_failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -834,61 +846,12 @@ async fn retry_after_follows_the_handlers_usual_duration() {
     task.await.unwrap();
 }
 
-/// The memory store, whose renewals and completions hang while `stalled` is set (a
-/// database that stopped answering, then came back).
-#[derive(Debug, Default)]
-struct StallingStore {
-    inner: MemoryStore,
-    stalled: std::sync::atomic::AtomicBool,
-}
-
-impl StallingStore {
-    async fn wait_while_stalled(&self) {
-        while self.stalled.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-}
-
-#[async_trait]
-impl Store for StallingStore {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.inner.try_claim(claim).await
-    }
-    async fn renew(
-        &self,
-        s: &str,
-        k: &str,
-        t: FencingToken,
-        l: Duration,
-    ) -> Result<bool, StoreError> {
-        self.wait_while_stalled().await;
-        self.inner.renew(s, k, t, l).await
-    }
-    async fn complete(
-        &self,
-        s: &str,
-        k: &str,
-        t: FencingToken,
-        r: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        self.wait_while_stalled().await;
-        self.inner.complete(s, k, t, r).await
-    }
-    async fn release(&self, s: &str, k: &str, t: FencingToken) -> Result<bool, StoreError> {
-        self.inner.release(s, k, t).await
-    }
-    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        self.inner.purge_expired(limit).await
-    }
-}
-
 /// Renewals stall for longer than the lease, then the store recovers and a retry comes
 /// at once: the retry may take the key over, so the original must learn that it lost its
 /// lease before its side effect — one execution, not two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handler_learns_it_lost_its_lease_before_its_side_effect() {
-    let store = Arc::new(StallingStore::default());
+    let store = Arc::new(ObservedStore::default());
     let engine = Idempotency::builder_shared(store.clone()).build();
     let config = HandlerConfig::new().lease(Duration::from_millis(300));
     let side_effects = Arc::new(AtomicUsize::new(0));
