@@ -45,10 +45,12 @@ impl SqliteStore {
                 .execute(&self.pool)
                 .await?;
             // No row inserted: a racing claim created the record since the read.
-            return Ok((inserted.rows_affected() == 1).then_some(ClaimOutcome::Claimed {
-                token: claim.token,
-                takeover: None,
-            }));
+            return Ok(
+                (inserted.rows_affected() == 1).then_some(ClaimOutcome::Claimed {
+                    token: claim.token,
+                    takeover: None,
+                }),
+            );
         };
         let found = FoundRow {
             state: row.try_get("state")?,
