@@ -1,4 +1,5 @@
-//! The MySQL claim: insert a new key, or say why not, or take the record over for the
+//! The MySQL claim: read the record first (a replay, `409` or `422` is that one
+//! non-locking read), then insert a new key or take the record over for the
 //! reason the takeover rule gives — each write one atomic statement on the database
 //! clock (see the module docs for why not `ON DUPLICATE KEY UPDATE` or `FOR UPDATE`).
 
@@ -52,29 +53,8 @@ impl MySqlStore {
         claim: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
         let id = scope_key_sha256(claim.scope, claim.key);
-        let inserted = sqlx::query(CLAIM_NEW)
-            .bind(id.as_slice())
-            .bind(claim.scope)
-            .bind(claim.key)
-            .bind(&claim.fingerprint.digest[..])
-            .bind(claim.fingerprint.version)
-            .bind(claim.token.0)
-            .bind(micros(claim.lease))
-            .bind(micros(claim.ttl))
-            .execute(&self.pool)
-            .await;
-        match inserted.map_err(failure) {
-            Ok(_) => {
-                return Ok(Some(ClaimOutcome::Claimed {
-                    token: claim.token,
-                    takeover: None,
-                }));
-            }
-            Err(Failure::Duplicate) => {}
-            Err(Failure::Contention) => return Ok(None),
-            Err(Failure::Other(error)) => return Err(error),
-        }
-
+        // Read first: a replay, a `409` or a `422` is answered by this one non-locking
+        // read, with no write and no row lock; only a new key or a takeover writes.
         let row = sqlx::query(CLAIM_READ)
             .bind(&claim.fingerprint.digest[..])
             .bind(claim.fingerprint.version)
@@ -84,7 +64,26 @@ impl MySqlStore {
             .fetch_optional(&self.pool)
             .await?;
         let Some(row) = row else {
-            return Ok(None); // released or purged since the insert
+            let inserted = sqlx::query(CLAIM_NEW)
+                .bind(id.as_slice())
+                .bind(claim.scope)
+                .bind(claim.key)
+                .bind(&claim.fingerprint.digest[..])
+                .bind(claim.fingerprint.version)
+                .bind(claim.token.0)
+                .bind(micros(claim.lease))
+                .bind(micros(claim.ttl))
+                .execute(&self.pool)
+                .await;
+            return match inserted.map_err(failure) {
+                Ok(_) => Ok(Some(ClaimOutcome::Claimed {
+                    token: claim.token,
+                    takeover: None,
+                })),
+                // Inserted by someone else since the read (or a lock conflict): read again.
+                Err(Failure::Duplicate | Failure::Contention) => Ok(None),
+                Err(Failure::Other(error)) => Err(error),
+            };
         };
         let status: Option<i16> = row.try_get("status")?;
         let found = FoundRow {
@@ -92,7 +91,11 @@ impl MySqlStore {
             ttl_ran_out: row.try_get("ttl_ran_out")?,
             lease_ran_out: row.try_get("lease_ran_out")?,
             same_fingerprint: row.try_get("same_fingerprint")?,
-            lease_remaining_ms: row.try_get("lease_remaining_ms")?,
+            // The read's clock is its statement's start, which can precede the commit
+            // of a claim it sees: never report more than a whole lease.
+            lease_remaining_ms: row
+                .try_get::<Option<i64>, _>("lease_remaining_ms")?
+                .map(|ms| ms.min(i64::try_from(claim.lease.as_millis()).unwrap_or(i64::MAX))),
             status: status.map(i64::from),
             headers: row.try_get("headers")?,
             body: row.try_get("body")?,

@@ -20,11 +20,12 @@
 //! `SELECT … FOR UPDATE`; it runs the SQLite store's sequence of atomic statements on the
 //! database clock:
 //!
-//! 1. `INSERT` the in-progress record (`sql/claim_new.sql`). A fresh key: claimed, one
-//!    round trip. A duplicate-key error: a record exists.
-//! 2. Read it (`sql/claim_read.sql`), a consistent non-locking read, and classify it by
-//!    the shared takeover rule: replay, in progress (`Retry-After` from the lease left)
-//!    or mismatch — answered without writing or locking anything.
+//! 1. Read the record (`sql/claim_read.sql`), a consistent non-locking read, and classify
+//!    it by the shared takeover rule: replay, in progress (`Retry-After` from the lease
+//!    left) or mismatch — answered by this one round trip, without writing or locking
+//!    anything.
+//! 2. No record: `INSERT` the in-progress record (`sql/claim_new.sql`) — claimed. A
+//!    duplicate-key error means another claim inserted it since the read: read again.
 //! 3. Only if the rule allows a takeover: an `UPDATE … WHERE <that reason still holds>`
 //!    (`sql/take_over_*.sql`). InnoDB evaluates an `UPDATE`'s condition on the newest
 //!    committed row under its exclusive lock, so of 64 racing retries exactly one matches;
@@ -38,8 +39,9 @@
 //! takes a gap lock that does not exclude other gap locks: two first requests both lock
 //! the gap, both insert, and deadlock — on every race for a fresh key.
 //!
-//! Under REPEATABLE READ a failed duplicate insert still takes a shared lock on the
-//! existing row for the statement, so racing claims and releases can deadlock; InnoDB
+//! Under REPEATABLE READ a failed duplicate insert (two first requests racing) still
+//! takes a shared lock on the existing row for the statement, so racing claims and
+//! releases can deadlock; InnoDB
 //! then rolls one statement back (error 1213), and that claim, like one that waited out
 //! `innodb_lock_wait_timeout` (1205), simply runs again — contention, answered `409` if it
 //! persists, never an error.
