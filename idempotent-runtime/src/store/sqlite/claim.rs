@@ -1,12 +1,15 @@
-//! The SQLite claim: insert a new key, or say why not, or take the record over for the
-//! reason the takeover rule gives — each write one atomic statement.
+//! The SQLite claim: read the record first, and only when there is none (or the takeover
+//! rule lets the claim replace it) write — each write one atomic statement.
 //!
-//! A fresh key costs one statement; a replay, `409` or `422` two (the insert that did
-//! nothing, the read); a takeover three. The read only *explains* a refusal: the
-//! takeover itself is an `UPDATE` whose `WHERE` is that reason's condition, checked on
-//! the record as it is at that moment. A record that changed in between (released,
-//! purged, completed, taken over by someone else) fails that condition, and the claim
-//! runs again from the start.
+//! A replay, `409` or `422` is one plain read: no write transaction, so it never queues
+//! behind SQLite's one writer (in WAL mode a reader sees the last committed state and
+//! waits for nobody). A fresh key costs the read that finds nothing plus the insert; a
+//! takeover the read plus the fenced `UPDATE`. The read only *decides whether to write*:
+//! the insert is `ON CONFLICT DO NOTHING` and a takeover's `WHERE` is its reason's
+//! condition, both checked by the writer on the record as it is at that moment. A record
+//! that appeared or changed since the read (claimed by a racing request, released,
+//! purged, completed, taken over) makes that write affect no row, and the claim runs
+//! again from the start — so exactly one of any number of racing claims wins.
 
 use sqlx::Row;
 use sqlx::sqlite::SqliteArguments;
@@ -29,15 +32,6 @@ impl SqliteStore {
         claim: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
         let now = self.clock.now_millis();
-        let inserted = claim_query(CLAIM_NEW, claim, now)
-            .execute(&self.pool)
-            .await?;
-        if inserted.rows_affected() == 1 {
-            return Ok(Some(ClaimOutcome::Claimed {
-                token: claim.token,
-                takeover: None,
-            }));
-        }
         let Some(row) = sqlx::query(CLAIM_READ)
             .bind(claim.scope)
             .bind(claim.key)
@@ -47,7 +41,16 @@ impl SqliteStore {
             .fetch_optional(&self.pool)
             .await?
         else {
-            return Ok(None); // released or purged since the insert
+            let inserted = claim_query(CLAIM_NEW, claim, now)
+                .execute(&self.pool)
+                .await?;
+            // No row inserted: a racing claim created the record since the read.
+            return Ok(
+                (inserted.rows_affected() == 1).then_some(ClaimOutcome::Claimed {
+                    token: claim.token,
+                    takeover: None,
+                }),
+            );
         };
         let found = FoundRow {
             state: row.try_get("state")?,

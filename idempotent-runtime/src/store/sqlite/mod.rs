@@ -14,11 +14,12 @@
 //! - Times are INTEGER milliseconds from the store's [`Clock`] (the system clock unless
 //!   one is injected), never SQLite's `now`, so every decision of one store uses one
 //!   clock.
-//! - Every write is a single statement that decides atomically. A claim of a new key is
-//!   one `INSERT … ON CONFLICT DO NOTHING`; when a record is there, a read says why, and
-//!   if the takeover rule allows it, an `UPDATE … WHERE <that reason still holds>` takes
-//!   it over — so the claim knows, and reports, whether it took over an expired record
-//!   or a lost lease (see `claim.rs`).
+//! - A claim reads first: a replay, `409` or `422` is answered from that plain read and
+//!   never takes SQLite's one write lock. Every write is a single statement that decides
+//!   atomically: a new key is one `INSERT … ON CONFLICT DO NOTHING`; a record the
+//!   takeover rule lets the claim replace is taken by an `UPDATE … WHERE <that reason
+//!   still holds>` — so the claim knows, and reports, whether it took over an expired
+//!   record or a lost lease (see `claim.rs`).
 
 use std::path::Path;
 use std::str::FromStr;

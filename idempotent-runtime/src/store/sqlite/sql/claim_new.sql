@@ -1,5 +1,5 @@
--- A claim of a key with no record: inserts the in-progress record, or does nothing when
--- a record exists (then `claim_read.sql` says why, and a takeover statement may follow).
+-- A claim of a key `claim_read.sql` found no record of: inserts the in-progress record,
+-- or does nothing when a racing claim created one since (then the claim runs again).
 -- ?1 scope, ?2 key, ?3 fingerprint, ?4 fingerprint version, ?5 token,
 -- ?6 lease expires at, ?7 now, ?8 expires at (milliseconds from the store's clock).
 INSERT INTO idempotency_records

@@ -1,5 +1,8 @@
--- The record that refused `claim_new.sql`, judged at ?3 (now) as the takeover rule needs
--- it. ?1 scope, ?2 key, ?3 now, ?4 fingerprint, ?5 fingerprint version.
+-- The claim's first statement, a plain read: the record of ?1 scope, ?2 key, judged at
+-- ?3 (now) as the takeover rule needs it. No row: `claim_new.sql` inserts; a record that
+-- refuses the claim (replay, in progress, mismatch) is answered from this read alone;
+-- one the rule lets the claim replace goes to a takeover statement.
+-- ?4 fingerprint, ?5 fingerprint version.
 SELECT state,
        expires_at <= ?3 AS ttl_ran_out,
        coalesce(lease_expires_at <= ?3, 0) AS lease_ran_out,
