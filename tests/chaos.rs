@@ -3,8 +3,8 @@
 //! ran its handler exactly once and none ran twice, counted from the gateway's call log.
 //! The full run is `cargo run --release --example chaos` (see the README).
 //!
-//! Needs `IDEMPOTENT_TEST_POSTGRES_URL`; the run creates and drops its own database.
-#![cfg(feature = "postgres")]
+//! Needs `IDEMPOTENT_TEST_POSTGRES_URL` (reported ignored without it); the run creates
+//! and drops its own database.
 
 use std::process::Command;
 use std::time::Duration;
@@ -16,14 +16,28 @@ mod proxy;
 #[path = "../examples/chaos/run.rs"]
 mod run;
 
+use idempotent_runtime::testing::{async_trial, ignored_if, run as run_trials};
+
 const DEMO: &str = env!("CARGO_BIN_EXE_payments-demo");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn faults_between_clients_and_instances_never_run_a_payment_twice() {
-    let Ok(admin_url) = std::env::var("IDEMPOTENT_TEST_POSTGRES_URL") else {
-        eprintln!("skipped: IDEMPOTENT_TEST_POSTGRES_URL is not set");
-        return;
+const URL_VAR: &str = "IDEMPOTENT_TEST_POSTGRES_URL";
+
+fn main() {
+    let unavailable = match std::env::var(URL_VAR) {
+        Ok(url) if !url.is_empty() => None,
+        _ => Some(format!(
+            "{URL_VAR} is not set (e.g. postgres://postgres@127.0.0.1:5432/test)"
+        )),
     };
+    let trials = vec![async_trial(
+        "faults_between_clients_and_instances_never_run_a_payment_twice",
+        faults_between_clients_and_instances_never_run_a_payment_twice,
+    )];
+    run_trials(ignored_if(unavailable, trials))
+}
+
+async fn faults_between_clients_and_instances_never_run_a_payment_twice() {
+    let admin_url = std::env::var(URL_VAR).expect("checked in main");
     let attempt_timeout = Duration::from_millis(800);
     let config = run::ChaosConfig {
         admin_url,
