@@ -166,36 +166,12 @@ async fn open_redis(url: &str) -> Result<RedisStore, DatabaseError> {
     Ok(builder.connect(parsed.as_str()).await?)
 }
 
-/// `url` fit for a log line: a password in the user-info or in the query (`password`,
-/// `sslpassword`, …) replaced by `***`. A URL that does not parse is not shown at all,
-/// since it might hold a password where none is expected.
+/// `url` fit for a log line (the runtime's redaction: passwords in the user-info and the
+/// query replaced by `***`); a URL that does not parse is not shown at all, since it might
+/// hold a password where none is expected.
 pub fn redact_url(url: &str) -> String {
-    let Ok(mut parsed) = url::Url::parse(url) else {
-        return "<unparseable database URL>".to_owned();
-    };
-    let mut redacted = false;
-    if parsed.password().is_some() {
-        // Only fails for URLs that cannot have a user-info, which then have no password.
-        redacted = parsed.set_password(Some("***")).is_ok();
-    }
-    let secret = |name: &str| name.to_ascii_lowercase().contains("password");
-    if parsed.query_pairs().any(|(name, _)| secret(&name)) {
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(name, value)| {
-                let value = if secret(&name) { "***".into() } else { value };
-                (name.into_owned(), value.into_owned())
-            })
-            .collect();
-        parsed.query_pairs_mut().clear().extend_pairs(pairs);
-        redacted = true;
-    }
-    // Re-serialising may normalise an untouched URL; show it as given when nothing changed.
-    if redacted {
-        parsed.into()
-    } else {
-        url.to_owned()
-    }
+    idempotent_runtime::store::redacted_url(url)
+        .unwrap_or_else(|| "<unparseable database URL>".to_owned())
 }
 
 impl Database {

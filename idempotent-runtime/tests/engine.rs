@@ -543,12 +543,25 @@ struct ObservedStore {
     complete_failures: AtomicU32,
     renewals: AtomicU32,
     stalled: std::sync::atomic::AtomicBool,
+    unstalled: Notify,
 }
 
 impl ObservedStore {
+    fn set_stalled(&self, stalled: bool) {
+        self.stalled.store(stalled, Ordering::SeqCst);
+        if !stalled {
+            self.unstalled.notify_waiters();
+        }
+    }
+
     async fn wait_while_stalled(&self) {
-        while self.stalled.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        loop {
+            // Registered before the check, so an unstall in between is not missed.
+            let unstalled = self.unstalled.notified();
+            if !self.stalled.load(Ordering::SeqCst) {
+                return;
+            }
+            unstalled.await;
         }
     }
 }
@@ -882,9 +895,14 @@ async fn a_handler_learns_it_lost_its_lease_before_its_side_effect() {
         })
     };
     started.notified().await;
-    store.stalled.store(true, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    store.stalled.store(false, Ordering::SeqCst);
+    store.set_stalled(true);
+    // No renewal gets through: once a whole lease has passed, the original is told it
+    // lost its key and answers. Only then does the store come back.
+    let original = tokio::time::timeout(Duration::from_secs(5), original)
+        .await
+        .expect("the original learns it lost its lease within a few leases")
+        .unwrap();
+    store.set_stalled(false);
 
     let retry = engine
         .run(&config, "alice", "k", fingerprint(1), handler)
@@ -895,7 +913,7 @@ async fn a_handler_learns_it_lost_its_lease_before_its_side_effect() {
         "the retry took over and ran"
     );
     assert_eq!(
-        original.await.unwrap().status(),
+        original.status(),
         StatusCode::SERVICE_UNAVAILABLE,
         "the original stopped before its side effect"
     );

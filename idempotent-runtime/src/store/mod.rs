@@ -27,6 +27,8 @@ mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+#[cfg(any(feature = "sql", feature = "redis"))]
+mod redact;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "sql")]
@@ -42,6 +44,8 @@ pub use mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use record::{decode_headers, encode_headers};
+#[cfg(any(feature = "sql", feature = "redis"))]
+pub use redact::redacted_url;
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "sqlite")]

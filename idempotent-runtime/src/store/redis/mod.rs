@@ -556,35 +556,10 @@ fn evicting_policy(reply: &[String]) -> Option<&str> {
     }
 }
 
-/// `url` with its password replaced by `***`, in the user-info part and in `password=` /
-/// `pass=` query parameters. An unparseable URL is not echoed at all: it may hold a
-/// password where no parser can find it.
+/// `url` for messages (see [`redacted_url`](super::redacted_url)); an unparseable URL is
+/// not echoed at all.
 fn redact_url(url: &str) -> String {
-    let Ok(mut parsed) = url::Url::parse(url) else {
-        return "<invalid URL>".to_owned();
-    };
-    if parsed.password().is_some() {
-        let _ = parsed.set_password(Some("***"));
-    }
-    if parsed.query_pairs().any(|(name, _)| is_secret_param(&name)) {
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(name, value)| {
-                let value = if is_secret_param(&name) {
-                    "***".to_owned()
-                } else {
-                    value.into_owned()
-                };
-                (name.into_owned(), value)
-            })
-            .collect();
-        parsed.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    parsed.into()
-}
-
-fn is_secret_param(name: &str) -> bool {
-    name.eq_ignore_ascii_case("password") || name.eq_ignore_ascii_case("pass")
+    super::redacted_url(url).unwrap_or_else(|| "<invalid URL>".to_owned())
 }
 
 /// The password forms in `url` (raw and percent-decoded), to scrub from error messages.
@@ -600,7 +575,7 @@ fn url_secrets(url: &str) -> Vec<String> {
         }
     }
     for (name, value) in parsed.query_pairs() {
-        if is_secret_param(&name) {
+        if super::redact::is_secret_param(&name) {
             secrets.push(value.into_owned());
         }
     }

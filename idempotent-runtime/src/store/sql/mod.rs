@@ -19,8 +19,8 @@ use super::{
 
 mod completion;
 mod migrations;
-mod redact;
 
+pub(crate) use super::redact::redact_url;
 #[cfg(feature = "mysql")]
 pub(crate) use completion::CompletionColumns;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -28,7 +28,6 @@ pub(crate) use completion::bind_completion;
 #[cfg(test)]
 pub(crate) use migrations::assert_embedded_migrations_match;
 pub(crate) use migrations::{EmbeddedMigration, migrator};
-pub(crate) use redact::redact_url;
 
 /// How often a claim runs again when the record changed between the statement that
 /// tried to claim and the read that says why it did not (released, purged, completed

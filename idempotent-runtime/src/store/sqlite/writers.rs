@@ -65,12 +65,12 @@ mod tests {
     async fn waits_for_writes_in_flight_then_goes() {
         let writes = Arc::new(StoreWrites::default());
         let write = writes.enter();
-        let waiter = tokio::spawn({
+        let mut waiter = tokio::spawn({
             let writes = writes.clone();
             async move { writes.let_them_go_first().await }
         });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!waiter.is_finished(), "a write is in flight");
+        let early = tokio::time::timeout(Duration::from_millis(20), &mut waiter).await;
+        assert!(early.is_err(), "a write is in flight");
         drop(write);
         tokio::time::timeout(Duration::from_secs(1), waiter)
             .await

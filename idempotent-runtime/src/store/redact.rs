@@ -1,25 +1,33 @@
-//! Database URLs in messages, with their passwords removed.
+//! Store URLs in messages, with their passwords removed: one redaction for every store
+//! (and for apps that log the URL they were given).
 
-/// `url` with every password replaced by `***`: the user-info password
-/// (`postgres://user:***@host/db`) and any `password` query parameter
-/// (`?password=***`, as libpq and sqlx accept it). A string that does not parse as a URL
-/// is not shown at all: it may still hold a password.
-pub(crate) fn redact_url(raw: &str) -> String {
-    let Ok(mut url) = url::Url::parse(raw) else {
-        return "<a database URL that does not parse>".to_owned();
-    };
+/// `url` fit for a log line or an error message, its secrets replaced by `***`: the
+/// user-info password (`postgres://user:***@host/db`) and every secret query parameter
+/// (`?password=***`, `sslpassword`, Redis' `pass`). A URL without secrets is returned as
+/// given. `None` when it does not parse as a URL: it may still hold a password where no
+/// parser can find it, so callers show a placeholder instead.
+///
+/// ```
+/// use idempotent_runtime::store::redacted_url;
+///
+/// assert_eq!(
+///     redacted_url("postgres://app:s3cret@db/pay?sslmode=require").as_deref(),
+///     Some("postgres://app:***@db/pay?sslmode=require"),
+/// );
+/// assert_eq!(redacted_url("not a url"), None);
+/// ```
+pub fn redacted_url(raw: &str) -> Option<String> {
+    let mut url = url::Url::parse(raw).ok()?;
+    let mut redacted = false;
     if url.password().is_some() {
         // Only fails for URLs that cannot have credentials, which this one has.
-        let _ = url.set_password(Some("***"));
+        redacted = url.set_password(Some("***")).is_ok();
     }
-    let has_password_param = url
-        .query_pairs()
-        .any(|(name, _)| name.eq_ignore_ascii_case("password"));
-    if has_password_param {
+    if url.query_pairs().any(|(name, _)| is_secret_param(&name)) {
         let pairs: Vec<(String, String)> = url
             .query_pairs()
             .map(|(name, value)| {
-                let value = if name.eq_ignore_ascii_case("password") {
+                let value = if is_secret_param(&name) {
                     "***".into()
                 } else {
                     value.into_owned()
@@ -28,11 +36,26 @@ pub(crate) fn redact_url(raw: &str) -> String {
             })
             .collect();
         url.query_pairs_mut().clear().extend_pairs(pairs);
+        redacted = true;
     }
-    url.into()
+    // Re-serialising may normalise an untouched URL: show it as given when nothing changed.
+    Some(if redacted { url.into() } else { raw.to_owned() })
 }
 
-#[cfg(test)]
+/// Whether a query parameter of a store URL holds a secret.
+pub(crate) fn is_secret_param(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    name.contains("password") || name == "pass"
+}
+
+/// A database URL for messages (see [`redacted_url`]), with a placeholder for one that
+/// does not parse.
+#[cfg(feature = "sql")]
+pub(crate) fn redact_url(raw: &str) -> String {
+    redacted_url(raw).unwrap_or_else(|| "<a database URL that does not parse>".to_owned())
+}
+
+#[cfg(all(test, feature = "sql"))]
 mod tests {
     use super::redact_url;
 
