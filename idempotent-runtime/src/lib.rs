@@ -115,7 +115,8 @@
 //! - [`scope`]: the [`Scope`] of a key, the authenticated caller;
 //! - [`fingerprint`]: SHA-256 over method, path, query and raw body (or canonical JSON);
 //! - [`store`]: the [`Store`] trait and its implementations;
-//! - [`engine`]: [`Idempotency`], the claim → execute → record loop;
+//! - [`engine`]: [`Idempotency`], the claim → execute → record loop, and the operator
+//!   tools [`Idempotency::inspect`] and [`Idempotency::forget`];
 //! - [`layer`]: [`IdempotencyLayer`], the same contract as a tower layer, for routes
 //!   protected without the macro;
 //! - [`transaction`]: handlers whose writes commit together with the stored response
@@ -178,8 +179,8 @@ pub use sqlx::Postgres;
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
 pub use store::{
-    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, Takeover,
-    TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordState, Store,
+    StoreError, StoredResponse, Takeover, TxSupport,
 };
 #[cfg(feature = "sql")]
 pub use transaction::Tx;

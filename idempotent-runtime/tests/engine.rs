@@ -11,8 +11,8 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
 use idempotent_runtime::store::MemoryStore;
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency,
-    OnServerError, Store, StoreError, StoredResponse,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
+    Idempotency, OnServerError, RecordInfo, RecordState, Store, StoreError, StoredResponse,
 };
 use tokio::sync::Notify;
 
@@ -516,6 +516,12 @@ impl Store for UnreachableStore {
     async fn purge_expired(&self, _: u32) -> Result<u64, StoreError> {
         Err(unreachable())
     }
+    async fn inspect(&self, _: &str, _: &str) -> Result<Option<RecordInfo>, StoreError> {
+        Err(unreachable())
+    }
+    async fn forget(&self, _: &str, _: &str, _: bool) -> Result<ForgetOutcome, StoreError> {
+        Err(unreachable())
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -604,6 +610,12 @@ impl Store for ObservedStore {
     }
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         self.inner.purge_expired(limit).await
+    }
+    async fn inspect(&self, s: &str, k: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.inner.inspect(s, k).await
+    }
+    async fn forget(&self, s: &str, k: &str, force: bool) -> Result<ForgetOutcome, StoreError> {
+        self.inner.forget(s, k, force).await
     }
 }
 
@@ -746,6 +758,12 @@ impl Store for SilentStore {
         std::future::pending().await
     }
     async fn purge_expired(&self, _: u32) -> Result<u64, StoreError> {
+        std::future::pending().await
+    }
+    async fn inspect(&self, _: &str, _: &str) -> Result<Option<RecordInfo>, StoreError> {
+        std::future::pending().await
+    }
+    async fn forget(&self, _: &str, _: &str, _: bool) -> Result<ForgetOutcome, StoreError> {
         std::future::pending().await
     }
 }
@@ -1205,4 +1223,92 @@ async fn slow_sqlite_transactions_leave_the_pool_to_plain_requests() {
         .await
         .unwrap();
     assert_eq!(deposits, 16);
+}
+
+/// Operators inspect a recorded key and forget it through the engine: the next request
+/// with the key runs the handler again. A running claim is refused unless forced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_inspect_and_forget_through_the_engine() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    assert_eq!(engine.inspect("alice", "k").await.unwrap(), None);
+    let first = engine
+        .run(&CONFIG, "alice", "k", fingerprint(1), created(&runs))
+        .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let info = engine
+        .inspect("alice", "k")
+        .await
+        .unwrap()
+        .expect("recorded");
+    assert_eq!(info.state, RecordState::Completed { status: 201 });
+    assert_eq!(info.fingerprint, fingerprint(1));
+    assert_eq!(
+        engine.forget("alice", "k", false).await.unwrap(),
+        ForgetOutcome::Forgotten(info)
+    );
+    assert_eq!(engine.inspect("alice", "k").await.unwrap(), None);
+    let again = engine
+        .run(&CONFIG, "alice", "k", fingerprint(1), created(&runs))
+        .await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert!(again.headers().get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "ran as new");
+
+    // A claim held by a running request (made directly on the store here).
+    let token = FencingToken::random();
+    let claim = ClaimRequest {
+        scope: "alice",
+        key: "running",
+        fingerprint: &fingerprint(1),
+        ttl: Duration::from_secs(60),
+        lease: Duration::from_secs(30),
+        token,
+    };
+    engine.store().try_claim(&claim).await.unwrap();
+    assert!(matches!(
+        engine.forget("alice", "running", false).await.unwrap(),
+        ForgetOutcome::Refused { lease_left } if lease_left <= Duration::from_secs(30)
+    ));
+    assert!(
+        engine
+            .inspect("alice", "running")
+            .await
+            .unwrap()
+            .expect("still running")
+            .holder_alive()
+    );
+    assert!(matches!(
+        engine.forget("alice", "running", true).await.unwrap(),
+        ForgetOutcome::Forgotten(_)
+    ));
+    let response = StoredResponse {
+        status: 200,
+        headers: Vec::new(),
+        body: None,
+    };
+    assert!(
+        !engine
+            .store()
+            .complete("alice", "running", token, &response)
+            .await
+            .unwrap(),
+        "the forgotten holder is fenced off"
+    );
+}
+
+/// The operator tools are bounded by the store timeout like every other store call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_tools_time_out_on_a_silent_store() {
+    let engine = Idempotency::builder(SilentStore)
+        .store_timeout(Duration::from_millis(100))
+        .build();
+    assert!(matches!(
+        engine.inspect("alice", "k").await,
+        Err(StoreError::Timeout(_))
+    ));
+    assert!(matches!(
+        engine.forget("alice", "k", true).await,
+        Err(StoreError::Timeout(_))
+    ));
 }

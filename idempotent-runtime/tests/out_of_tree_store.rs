@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use idempotent_runtime::store::MemoryStore;
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, ManualClock, Store, StoreError, StoredResponse,
-    TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, ManualClock, RecordInfo, Store,
+    StoreError, StoredResponse, TxSupport,
 };
 
 /// Counts the operations it forwards to `inner`.
@@ -72,6 +72,21 @@ impl<S: Store> Store for CountingStore<S> {
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         self.count();
         self.inner.purge_expired(limit).await
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.count();
+        self.inner.inspect(scope, key).await
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError> {
+        self.count();
+        self.inner.forget(scope, key, force).await
     }
 
     fn transactions(&self) -> Option<TxSupport> {

@@ -286,6 +286,7 @@ async fn records_are_one_hash_under_the_prefix_with_a_hash_tag_over_scope_and_ke
     assert_eq!(
         names,
         [
+            "created_at",
             "expires_at",
             "fp",
             "fpv",
@@ -303,6 +304,7 @@ async fn records_are_one_hash_under_the_prefix_with_a_hash_tag_over_scope_and_ke
         ms("expires_at") - ms("lease_expires_at"),
         3_600_000 - 30_000
     );
+    assert_eq!(ms("expires_at") - ms("created_at"), 3_600_000);
 
     let response = StoredResponse {
         status: 202,

@@ -15,6 +15,7 @@ use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
 mod answers;
 mod capture;
 mod execution;
+mod operator;
 mod retry_after;
 
 pub(crate) use answers::store_unavailable;

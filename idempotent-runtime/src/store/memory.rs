@@ -18,10 +18,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::operator::{lease_left_from_millis, system_time_from_millis};
 use super::takeover::{Found, takeover};
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse,
-    retry_after_from_millis,
+    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordState, Store,
+    StoreError, StoredResponse, retry_after_from_millis,
 };
 use crate::clock::{Clock, SystemClock, millis};
 use crate::fingerprint::Fingerprint;
@@ -191,6 +192,8 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 struct Record {
     fingerprint: Fingerprint,
     token: FencingToken,
+    /// When the claim that wrote it was made; only operators read it.
+    created_at: i64,
     expires_at: i64,
     state: State,
 }
@@ -200,6 +203,25 @@ impl Record {
     fn is_live(&self, now: i64) -> bool {
         self.expires_at > now
             || matches!(self.state, State::InProgress { lease_expires_at } if lease_expires_at > now)
+    }
+
+    /// What an operator sees of it at `now`.
+    fn info(&self, now: i64) -> RecordInfo {
+        let state = match &self.state {
+            State::InProgress { lease_expires_at } => RecordState::InProgress {
+                lease_expires_at: system_time_from_millis(*lease_expires_at),
+                holder_alive: *lease_expires_at > now,
+            },
+            State::Completed(response) => RecordState::Completed {
+                status: response.status,
+            },
+        };
+        RecordInfo::new(
+            state,
+            self.fingerprint,
+            system_time_from_millis(self.created_at),
+            system_time_from_millis(self.expires_at),
+        )
     }
 }
 
@@ -298,6 +320,7 @@ impl Store for MemoryStore {
         let record = Record {
             fingerprint: *claim.fingerprint,
             token: claim.token,
+            created_at: now,
             expires_at: now.saturating_add(millis(claim.ttl)),
             state: State::InProgress {
                 lease_expires_at: now.saturating_add(millis(claim.lease)),
@@ -392,6 +415,45 @@ impl Store for MemoryStore {
             });
         }
         Ok((limit as usize - left) as u64)
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        let now = self.clock.now_millis();
+        let id = self.shards.lookup(scope, key);
+        let records = self.shards.lock(id.hash);
+        Ok(records
+            .get(&id as &dyn IdParts)
+            .filter(|r| r.is_live(now))
+            .map(|r| r.info(now)))
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError> {
+        let now = self.clock.now_millis();
+        let id = self.shards.lookup(scope, key);
+        let mut records = self.shards.lock(id.hash);
+        let Some(record) = records.get(&id as &dyn IdParts) else {
+            return Ok(ForgetOutcome::NotFound);
+        };
+        if !record.is_live(now) {
+            records.remove(&id as &dyn IdParts);
+            return Ok(ForgetOutcome::NotFound);
+        }
+        if let State::InProgress { lease_expires_at } = record.state
+            && lease_expires_at > now
+            && !force
+        {
+            return Ok(ForgetOutcome::Refused {
+                lease_left: lease_left_from_millis(lease_expires_at - now),
+            });
+        }
+        let info = record.info(now);
+        records.remove(&id as &dyn IdParts);
+        Ok(ForgetOutcome::Forgotten(info))
     }
 }
 

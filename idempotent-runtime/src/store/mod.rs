@@ -9,6 +9,9 @@
 //!                   └───┴─release(token)──▶ (gone: the next request claims anew)
 //! ```
 //!
+//! Operators look at and delete single records with [`Store::inspect`] and
+//! [`Store::forget`] (or the engine's `Idempotency::inspect` / `Idempotency::forget`).
+//!
 //! Implementations: [`MemoryStore`] (one process, tests and demos), `SqliteStore` (one
 //! host, the embedded default), `PostgresStore` and `MySqlStore` (many instances, one
 //! shared database), `RedisStore` (many instances on Redis/Valkey; weaker durability, see
@@ -24,6 +27,7 @@ use crate::fingerprint::Fingerprint;
 mod memory;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod operator;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
@@ -41,6 +45,7 @@ mod tx_support;
 pub use memory::MemoryStore;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
+pub use operator::{ForgetOutcome, RecordInfo, RecordState};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use record::{decode_headers, encode_headers};
@@ -207,6 +212,44 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Deletes up to `limit` records whose TTL ran out; returns how many.
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError>;
+
+    /// Operator tool: the live record of `(scope, key)`, or `None` when there is none.
+    ///
+    /// One atomic read judged at one instant of the store's own clock (the one its claims
+    /// use). A record is live exactly when a claim would not take it over as
+    /// [`Takeover::Expired`]: within its TTL, or in progress with a lease not run out. An
+    /// expired record is `None` even if it is still stored. For an in-progress record,
+    /// [`RecordState::InProgress`]'s `holder_alive` says whether its lease is still held
+    /// (`now < lease_expires_at`). Times are converted to [`SystemTime`](std::time::SystemTime)
+    /// from whatever the store keeps.
+    ///
+    /// A store outside this crate must implement it with the same meaning (the
+    /// conformance suite checks it); a decorator forwards it.
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError>;
+
+    /// Operator tool: deletes the record of `(scope, key)` so the next request with that
+    /// key runs as new (e.g. to unblock a key whose stored response is wrong, or whose
+    /// holder is known to be dead).
+    ///
+    /// One atomic operation at one instant of the store's own clock:
+    ///
+    /// - completed, or in progress with a lease that ran out: deleted,
+    ///   [`ForgetOutcome::Forgotten`] with the record as it was;
+    /// - in progress with a live lease: [`ForgetOutcome::Refused`] with the lease time
+    ///   left, nothing changed — unless `force`, which deletes it too (`Forgotten`);
+    /// - no live record: [`ForgetOutcome::NotFound`] (an expired record still stored is
+    ///   deleted as well).
+    ///
+    /// Fencing is unchanged: once its record is forgotten, a claim's token owns nothing,
+    /// so its `renew`, `complete` and `release` return `false`, also after another claim
+    /// of the key. A store outside this crate must implement it with the same meaning
+    /// (the conformance suite checks it); a decorator forwards it.
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError>;
 
     /// What transactional handlers (`Tx<DB>`) need from this store, if it supports them:
     /// a handle per database that begins the handler's transaction and records the

@@ -57,6 +57,10 @@
 //! - A token acts (`renew`/`complete`/`release`) only while it owns an *in-progress*
 //!   record; a lease that ran out without a takeover is still owned. After completion the
 //!   token owns nothing: a second `complete` returns `false` and changes nothing.
+//! - `inspect` reports only a live record (an expired one is `None`), with its holder
+//!   alive exactly while its lease is held; `forget` deletes a completed record or one
+//!   whose lease ran out, refuses a held lease unless forced, fences the forgotten
+//!   claim's token, and makes the next claim of the key a new one (no takeover).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -66,8 +70,17 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::Trial;
+
+mod operator;
+
 use crate::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse, Takeover,
+};
+pub use operator::{
+    check_concurrent_forgets_delete_once, check_forced_forget_fences_the_owner,
+    check_forget_after_the_lease_ran_out, check_forget_completed_lets_the_key_run_as_new,
+    check_forget_is_scoped, check_forget_of_nothing, check_forget_refuses_a_live_claim,
+    check_inspect_reports_each_state,
 };
 
 /// A backend under test.
@@ -132,6 +145,14 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_body_none_and_empty_round_trip,
         check_purge_expired,
         check_complete_twice,
+        check_inspect_reports_each_state,
+        check_forget_completed_lets_the_key_run_as_new,
+        check_forget_refuses_a_live_claim,
+        check_forced_forget_fences_the_owner,
+        check_forget_after_the_lease_ran_out,
+        check_forget_of_nothing,
+        check_forget_is_scoped,
+        check_concurrent_forgets_delete_once,
     ];
     let trials = checks
         .into_iter()

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use idempotent_runtime::transaction::{TxDatabase, TxStore};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency, Store,
-    StoreError, StoredResponse, Takeover, Tx, TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
+    Idempotency, RecordInfo, Store, StoreError, StoredResponse, Takeover, Tx, TxSupport,
 };
 
 use idempotent_runtime::testing::conformance::Harness;
@@ -415,6 +415,19 @@ impl<H: Harness> Store for TakenOverOnFirstClaim<H> {
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         self.inner.purge_expired(limit).await
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.inner.inspect(scope, key).await
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError> {
+        self.inner.forget(scope, key, force).await
     }
 
     fn transactions(&self) -> Option<TxSupport> {

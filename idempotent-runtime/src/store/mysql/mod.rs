@@ -50,7 +50,9 @@
 //! `token = ? AND state = 'in_progress'`, by primary key. `purge_expired` reads a batch
 //! of expired keys without locking, then deletes those rows by primary key, re-checking
 //! their expiry: no range of the expiry index is ever locked, so sweepers on many
-//! instances never make claims wait.
+//! instances never make claims wait. The operator tools: `inspect` is one consistent
+//! read; `forget` is that read, then a `DELETE` by primary key fenced by the token and
+//! state it read (run again if the record changed between).
 //!
 //! # Keys: exact and of any length
 //!
@@ -92,10 +94,12 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row};
 
 use super::sql::{self, CompletionColumns, EmbeddedMigration};
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
+    StoredResponse, TxSupport,
 };
 
 mod claim;
+mod operator;
 mod transaction;
 
 /// The embedded migrations, in version order; the files live in `migrations/mysql/`.
@@ -401,6 +405,19 @@ impl Store for MySqlStore {
             deleted += query.execute(&self.pool).await?.rows_affected();
         }
         Ok(deleted)
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.inspect_record(scope, key).await
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError> {
+        self.forget_record(scope, key, force).await
     }
 
     fn transactions(&self) -> Option<TxSupport> {

@@ -36,6 +36,8 @@
 //!   `token = $token AND state = 'in_progress'`.
 //! - `purge_expired` deletes one batch, skipping rows another session holds locked, so
 //!   sweepers on many instances never block each other or a claim.
+//! - `inspect` (operators) is one read at `now()`; `forget` is that read, then a `DELETE`
+//!   fenced by the token and state it read (run again if the record changed between).
 //!
 //! # Migrations
 //!
@@ -60,11 +62,13 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 
 use super::sql::{self, EmbeddedMigration};
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
+    StoredResponse, TxSupport,
 };
 use schema::{Schema, Statements};
 
 mod claim;
+mod operator;
 mod schema;
 mod transaction;
 
@@ -364,6 +368,19 @@ impl Store for PostgresStore {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.inspect_record(scope, key).await
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError> {
+        self.forget_record(scope, key, force).await
     }
 
     fn transactions(&self) -> Option<TxSupport> {

@@ -43,6 +43,8 @@ pub(super) struct Statements {
     pub(super) complete: SqlStr,
     pub(super) release: SqlStr,
     pub(super) purge: SqlStr,
+    pub(super) inspect: SqlStr,
+    pub(super) forget: SqlStr,
 }
 
 impl Statements {
@@ -58,6 +60,8 @@ impl Statements {
             complete: sql(include_str!("sql/complete.sql")),
             release: sql(include_str!("sql/release.sql")),
             purge: sql(include_str!("sql/purge.sql")),
+            inspect: sql(include_str!("sql/inspect.sql")),
+            forget: sql(include_str!("sql/forget.sql")),
         }
     }
 }
@@ -95,6 +99,8 @@ mod tests {
                 &statements.complete,
                 &statements.release,
                 &statements.purge,
+                &statements.inspect,
+                &statements.forget,
             ] {
                 assert!(!sql.as_str().contains("{t}"), "{}", sql.as_str());
             }

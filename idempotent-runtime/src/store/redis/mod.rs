@@ -10,7 +10,8 @@
 //!
 //! A record is one Redis hash with the fields `state` (`in_progress` / `completed`),
 //! `fp` (the 32-byte fingerprint digest), `fpv` (its version), `token`,
-//! `lease_expires_at` and `expires_at` (milliseconds since the Unix epoch), and once
+//! `lease_expires_at`, `expires_at` and `created_at` (milliseconds since the Unix epoch;
+//! `created_at` is only read by [`Store::inspect`] and [`Store::forget`]), and once
 //! completed `status`, `headers` (encoded with [`encode_headers`]) and `body` (absent when
 //! the body was over the engine's cap; present and empty for an empty body).
 //!
@@ -30,6 +31,7 @@
 //!   `422` write nothing.
 //! - `renew`, `complete` and `release` act only while their token owns the in-progress
 //!   record (fencing), one round trip each.
+//! - `inspect` and `forget` (operators) read, or decide and delete, in one script each.
 //!
 //! # One clock: the Redis server's
 //!
@@ -109,12 +111,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, RedisResult, Value};
 
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, Takeover,
-    decode_headers, encode_headers, retry_after_from_millis,
+    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
+    StoredResponse, Takeover, decode_headers, encode_headers, retry_after_from_millis,
 };
 use crate::clock::millis;
 
 mod keys;
+mod operator;
 mod scripts;
 
 use keys::{DEFAULT_PREFIX, KeyLayout};
@@ -416,6 +419,19 @@ impl Store for RedisStore {
             cursor = next;
         }
         Ok(deleted)
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.inspect_record(scope, key).await
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError> {
+        self.forget_record(scope, key, force).await
     }
 }
 

@@ -29,3 +29,7 @@ pub(super) static COMPLETE: LazyLock<Script> = script!("complete.lua");
 pub(super) static RELEASE: LazyLock<Script> = script!("release.lua");
 /// Delete one record if it is expired.
 pub(super) static PURGE: LazyLock<Script> = script!("purge.lua");
+/// Describe one live record (operators).
+pub(super) static INSPECT: LazyLock<Script> = script!("inspect.lua");
+/// Delete one record unless a live lease holds it (or forced); operators.
+pub(super) static FORGET: LazyLock<Script> = script!("forget.lua");

@@ -19,6 +19,7 @@ use super::{
 
 mod completion;
 mod migrations;
+mod operator;
 
 pub(crate) use super::redact::redact_url;
 #[cfg(feature = "mysql")]
@@ -28,6 +29,7 @@ pub(crate) use completion::bind_completion;
 #[cfg(test)]
 pub(crate) use migrations::assert_embedded_migrations_match;
 pub(crate) use migrations::{EmbeddedMigration, migrator};
+pub(crate) use operator::{ForgetStep, InspectRow, forget_step, forget_with_retries, inspected};
 
 /// How often a claim runs again when the record changed between the statement that
 /// tried to claim and the read that says why it did not (released, purged, completed

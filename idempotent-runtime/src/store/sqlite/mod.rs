@@ -34,11 +34,13 @@ use sqlx::sqlite::{
 
 use super::sql::{self, EmbeddedMigration};
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
+    StoredResponse, TxSupport,
 };
 use crate::clock::{Clock, SystemClock, millis};
 
 mod claim;
+mod operator;
 mod transaction;
 mod writers;
 
@@ -316,6 +318,19 @@ impl Store for SqliteStore {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.inspect_record(scope, key).await
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError> {
+        self.forget_record(scope, key, force).await
     }
 
     fn transactions(&self) -> Option<TxSupport> {

@@ -35,7 +35,8 @@ local lease_expires_at = now + tonumber(ARGV[6])
 redis.call('DEL', key)
 redis.call('HSET', key,
   'state', 'in_progress', 'fp', ARGV[2], 'fpv', ARGV[3], 'token', ARGV[4],
-  'lease_expires_at', ms(lease_expires_at), 'expires_at', ms(expires_at))
+  'lease_expires_at', ms(lease_expires_at), 'expires_at', ms(expires_at),
+  'created_at', ms(now))
 -- Redis removes the record when neither its TTL nor its lease holds it any more.
 redis.call('PEXPIREAT', key, ms(math.max(expires_at, lease_expires_at)))
 return { 'claimed', takeover }

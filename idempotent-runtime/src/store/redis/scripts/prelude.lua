@@ -50,3 +50,16 @@ local function owned(key, token, now)
   end
   return nil, err
 end
+
+-- What an operator sees of a live record (inspect, forget): {state, fingerprint digest,
+-- fingerprint version, created_at, expires_at, lease_expires_at, lease held (1/0),
+-- status}. A field the record lacks is nil (Lua `false`, so the array stays whole).
+local function describe(key, record, now)
+  local r = redis.call('HMGET', key, 'created_at', 'status')
+  local held = 0
+  if record.state == 'in_progress' and record.lease_expires_at > now then
+    held = 1
+  end
+  return { record.state, record.fp, record.fpv, r[1] or false, ms(record.expires_at),
+    ms(record.lease_expires_at), held, r[2] or false }
+end
