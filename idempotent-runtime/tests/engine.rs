@@ -1312,3 +1312,52 @@ async fn operator_tools_time_out_on_a_silent_store() {
         Err(StoreError::Timeout(_))
     ));
 }
+
+/// A forced forget of a running request: the original's next heartbeat finds its claim
+/// gone and tells the handler (`until_lease_lost`), its answer is not recorded, and a
+/// retry runs as new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forced_forget_tells_the_running_handler_it_lost_its_key() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let config = HandlerConfig::new().lease(Duration::from_secs(3));
+    let started = Arc::new(Notify::new());
+    let original = {
+        let (engine, started) = (engine.clone(), started.clone());
+        tokio::spawn(async move {
+            engine
+                .run(
+                    &config,
+                    "alice",
+                    "k",
+                    fingerprint(1),
+                    move |key: idempotent_runtime::IdempotencyKey| async move {
+                        started.notify_one();
+                        key.until_lease_lost().await;
+                        StatusCode::SERVICE_UNAVAILABLE
+                    },
+                )
+                .await
+        })
+    };
+    started.notified().await;
+    assert!(matches!(
+        engine.forget("alice", "k", false).await.unwrap(),
+        ForgetOutcome::Refused { .. }
+    ));
+    assert!(matches!(
+        engine.forget("alice", "k", true).await.unwrap(),
+        ForgetOutcome::Forgotten(_)
+    ));
+    let original = tokio::time::timeout(Duration::from_secs(10), original)
+        .await
+        .expect("the original learns at its next heartbeat that its key is gone")
+        .unwrap();
+    assert_eq!(original.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let retry = engine
+        .run(&config, "alice", "k", fingerprint(1), created(&runs))
+        .await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(retry.headers().get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

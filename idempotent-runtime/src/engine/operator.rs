@@ -27,8 +27,10 @@ impl Idempotency {
     /// lease, unless `force`. See [`Store::forget`](crate::Store::forget) for the exact
     /// rules. A forced forget lets a retry run the handler while the original may still
     /// be running: use it only when the holder is known to be gone (its process died, and
-    /// its lease has not run out yet). The forgotten holder's own `complete` is fenced off
-    /// and records nothing.
+    /// its lease has not run out yet). If it is still running after all, its next
+    /// heartbeat finds the claim gone and raises
+    /// [`IdempotencyKey::lease_lost`](crate::IdempotencyKey::lease_lost), a transactional
+    /// handler's writes roll back, and its response is not recorded (fencing).
     ///
     /// Every call is logged (`event = "forgotten"`, or `"forget_refused"`).
     ///
