@@ -79,8 +79,8 @@ use crate::{
 pub use operator::{
     check_concurrent_forgets_delete_once, check_forced_forget_fences_the_owner,
     check_forget_after_the_lease_ran_out, check_forget_completed_lets_the_key_run_as_new,
-    check_forget_is_scoped, check_forget_of_nothing, check_forget_refuses_a_live_claim,
-    check_inspect_reports_each_state,
+    check_forget_is_scoped, check_forget_of_nothing, check_forget_racing_completion_is_consistent,
+    check_forget_refuses_a_live_claim, check_inspect_reports_each_state,
 };
 
 /// A backend under test.
@@ -153,6 +153,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_forget_of_nothing,
         check_forget_is_scoped,
         check_concurrent_forgets_delete_once,
+        check_forget_racing_completion_is_consistent,
     ];
     let trials = checks
         .into_iter()

@@ -242,3 +242,48 @@ pub async fn check_concurrent_forgets_delete_once<H: Harness>() {
     assert_eq!(forgotten, 1, "exactly one forget deletes the record");
     must_claim(&*store, SCOPE, KEY, fp(1)).await;
 }
+
+/// Forced forgets racing their owners' completions, on 32 keys at once: each pair ends
+/// one of two ways — the forget first (the completion records nothing) or the completion
+/// first (the forget deletes the completed record) — and the key is free either way.
+pub async fn check_forget_racing_completion_is_consistent<H: Harness>() {
+    let (_h, store) = setup::<H>().await;
+    let mut tokens = Vec::new();
+    for i in 0..32 {
+        tokens.push(must_claim(&*store, SCOPE, &format!("race-{i}"), fp(1)).await);
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let mut tasks = Vec::new();
+    for (i, token) in tokens.into_iter().enumerate() {
+        let key = format!("race-{i}");
+        let (s, b, k) = (Arc::clone(&store), Arc::clone(&barrier), key.clone());
+        let completion = tokio::spawn(async move {
+            b.wait().await;
+            s.complete(SCOPE, &k, token, &response("raced"))
+                .await
+                .expect("complete")
+        });
+        let (s, b, k) = (Arc::clone(&store), Arc::clone(&barrier), key.clone());
+        let forgetting = tokio::spawn(async move {
+            b.wait().await;
+            s.forget(SCOPE, &k, true).await.expect("forget")
+        });
+        tasks.push((key, completion, forgetting));
+    }
+    for (key, completion, forgetting) in tasks {
+        let completed = completion.await.expect("complete task");
+        let forgotten = forgetting.await.expect("forget task");
+        match (completed, &forgotten) {
+            (false, ForgetOutcome::Forgotten(info))
+                if matches!(info.state, RecordState::InProgress { .. }) => {}
+            (true, ForgetOutcome::Forgotten(info))
+                if info.state == (RecordState::Completed { status: 201 }) => {}
+            other => panic!("{key}: inconsistent outcome {other:?}"),
+        }
+        assert_eq!(
+            store.inspect(SCOPE, &key).await.expect("inspect"),
+            None,
+            "{key}"
+        );
+    }
+}
