@@ -66,3 +66,25 @@ pub fn routes() -> Router {
 async fn render() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], install().render())
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use http::{Request, StatusCode};
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// Tests and multi-router processes build the routes more than once: one recorder,
+    /// no panic, every copy serves it.
+    #[tokio::test]
+    async fn installing_and_routing_twice_share_one_recorder() {
+        assert!(std::ptr::eq(install(), install()));
+        for app in [routes(), routes()] {
+            let request = Request::get("/metrics").body(Body::empty()).unwrap();
+            let response = app.oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            assert_eq!(response.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+        }
+    }
+}
