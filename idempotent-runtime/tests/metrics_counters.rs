@@ -1,9 +1,9 @@
 //! The engine's metrics, exact: one scripted sequence of requests — fresh, replay,
 //! mismatch, a duplicate while running, a 5xx, missing and malformed keys, an optional
 //! key left out, the store down, a completion that needs a retry, a lease lost — on each
-//! store (memory, SQLite on a real file, Postgres), through the layer and the attribute,
-//! and then every counter and the number of samples in every histogram must be exactly
-//! what the script implies.
+//! store (memory, SQLite on a real file, Postgres), through the layer and the attribute
+//! (plus a transactional handler on the SQL stores), and then every counter and the
+//! number of samples in every histogram must be exactly what the script implies.
 //!
 //! A recorder is global to the process and the engine records from tasks it spawns, so
 //! one `DebuggingRecorder` is installed for this whole test binary, and the trials take
@@ -528,6 +528,72 @@ fn sorted(metrics: &HashMap<Id, u64>) -> Vec<(&Id, &u64)> {
     all
 }
 
+/// A transactional handler on `store` (of database `DB`): recorded in its transaction,
+/// replayed, and an `Err` that rolls back and releases the key.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+async fn transactional<DB: idempotent_runtime::transaction::TxDatabase>(
+    store: &'static str,
+    inner: Arc<dyn Store>,
+) {
+    use idempotent_runtime::{Fingerprint, FingerprintMode, HandlerConfig};
+
+    let _turn = TURN.lock().await;
+    let name: &'static str = Box::leak(format!("{store}.transactional").into());
+    let config = HandlerConfig::new().name(name);
+    let engine = Idempotency::builder_shared(inner)
+        .default_lease(Duration::from_secs(3600))
+        .build();
+    let run = |key: String, body: &'static str| {
+        let engine = engine.clone();
+        async move {
+            let fingerprint = Fingerprint::compute(
+                FingerprintMode::Raw,
+                &http::Method::POST,
+                "/transactional",
+                None,
+                body.as_bytes(),
+            );
+            engine
+                .run_in_transaction::<DB, _, _, _, _>(
+                    &config,
+                    "acct_metrics",
+                    &key,
+                    fingerprint,
+                    move |_key, tx| async move {
+                        let result = match body {
+                            "err" => Err(StatusCode::CONFLICT),
+                            _ => Ok(StatusCode::CREATED),
+                        };
+                        (result, tx)
+                    },
+                )
+                .await
+                .status()
+        }
+    };
+    recorded();
+    let (k1, k2) = (
+        format!("{store}-tx1-{:016x}", rand::random::<u64>()),
+        format!("{store}-tx2-{:016x}", rand::random::<u64>()),
+    );
+    assert_eq!(run(k1.clone(), "ok").await, StatusCode::CREATED);
+    assert_eq!(run(k1, "ok").await, StatusCode::CREATED);
+    assert_eq!(run(k2, "err").await, StatusCode::CONFLICT);
+    let expected: HashMap<Id, u64> = [
+        (requests(name, Outcome::Claimed), 2),
+        (requests(name, Outcome::Replayed), 1),
+        (requests(name, Outcome::Released), 1),
+        (store_op("claim", "ok"), 3),
+        // Inside the handler's transaction.
+        (store_op("complete", "ok"), 1),
+        (store_op("release", "ok"), 1),
+        (handler_runs(name), 2),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(sorted(&recorded()), sorted(&expected));
+}
+
 /// The script on an SQLite file in a temporary directory.
 #[cfg(feature = "sqlite")]
 async fn sqlite() {
@@ -536,7 +602,9 @@ async fn sqlite() {
     let store = idempotent_runtime::store::SqliteStore::open(&url)
         .await
         .expect("open the SQLite store");
-    script("sqlite", Arc::new(store)).await;
+    let store: Arc<dyn Store> = Arc::new(store);
+    script("sqlite", store.clone()).await;
+    transactional::<sqlx::Sqlite>("sqlite", store).await;
 }
 
 #[cfg(not(feature = "sqlite"))]
@@ -560,7 +628,9 @@ async fn postgres() {
         .await
         .unwrap_or_else(|e| panic!("IDEMPOTENT_TEST_POSTGRES_URL is set but unreachable: {e}"));
     let pool = store.pool().clone();
-    script("postgres", Arc::new(store)).await;
+    let store: Arc<dyn Store> = Arc::new(store);
+    script("postgres", store.clone()).await;
+    transactional::<sqlx::Postgres>("postgres", store).await;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
     )))
