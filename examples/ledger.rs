@@ -4,7 +4,8 @@
 //! - `POST /deposits` `{"amount": 500}` — requires `Idempotency-Key`; inserts one ledger
 //!   row for the caller and answers `201` with the entry. The row and the stored response
 //!   commit in ONE transaction: both or neither;
-//! - `GET /balance` — `{"balance": n, "entries": k}` for the caller.
+//! - `GET /balance` — `{"balance": n, "entries": k}` for the caller;
+//! - `GET /metrics` — the engine's metrics, Prometheus text (`idempotent_demo::prometheus`).
 //!
 //! A transactional handler takes `tx: &mut Tx<Sqlite>` and writes through `tx.conn()`;
 //! on Postgres it is the same code with `Tx<Postgres>` and a `PgPool`.

@@ -3,7 +3,9 @@
 //! - `POST /payments` `{"amount": 10000, "currency": "BRL"}` — requires `Idempotency-Key`;
 //!   charges the (fake) payment gateway once per key and answers `201` with `Location`;
 //! - `GET /payments` — the caller's charges as the gateway recorded them;
-//! - `GET /payments/{id}` — one of them.
+//! - `GET /payments/{id}` — one of them;
+//! - `GET /metrics` — the engine's counters and latencies in the Prometheus text format
+//!   (added by the serve loop, `idempotent_demo::prometheus`).
 //!
 //! What a user of `idempotent` writes is all here: the `#[idempotent]` handler, the
 //! router state with the engine in it (`FromRef`), the engine wiring and the router. The

@@ -7,6 +7,7 @@
 //! - [`cli`]: the flags, each with an environment fallback;
 //! - [`database`]: SQLite or Postgres, chosen by URL, shared by the store and the demo;
 //! - [`gateway`]: a fake payment provider that deduplicates on the key it is sent;
+//! - [`prometheus`]: `GET /metrics`, the engine's metrics in the Prometheus text format;
 //! - [`serve`]: logging, the serve loop and a graceful shutdown that drains the engine.
 //!
 //! The example files are also compiled into the `*-demo` binaries and the end-to-end
@@ -17,6 +18,7 @@ pub mod auth;
 pub mod cli;
 pub mod database;
 pub mod gateway;
+pub mod prometheus;
 pub mod serve;
 
 /// The README's Rust blocks, compiled as doc tests (`cargo test --doc -p idempotent-demo`)

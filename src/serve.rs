@@ -15,7 +15,8 @@ use crate::database::redact_url;
 /// Any startup or serving error; printed by [`exit_code`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Installs logging (stderr, `RUST_LOG`, default `info`; colour only on a terminal),
+/// Installs logging (stderr, `RUST_LOG`, default `info`; colour only on a terminal) and
+/// the Prometheus recorder (before any engine is built, so that it sees everything),
 /// parses the flags (exiting on a bad one) and logs which database the demo will use.
 pub fn start() -> DemoArgs {
     tracing_subscriber::fmt()
@@ -27,6 +28,7 @@ pub fn start() -> DemoArgs {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    crate::prometheus::install();
     let args = DemoArgs::from_env();
     tracing::info!(
         database = %redact_url(&args.database_url),
@@ -49,7 +51,8 @@ pub struct Banner {
     pub get: &'static str,
 }
 
-/// Serves `app` on `args.addr` until Ctrl-C or SIGTERM, then waits (up to 30 s) for the
+/// Serves `app`, plus `GET /metrics` ([`prometheus`](crate::prometheus)), on `args.addr`
+/// until Ctrl-C or SIGTERM, then waits (up to 30 s) for the
 /// handlers `idempotency` still runs, so none is cut off between its side effect and its
 /// record.
 pub async fn serve(
@@ -58,6 +61,7 @@ pub async fn serve(
     args: &DemoArgs,
     banner: Banner,
 ) -> Result<(), BoxError> {
+    let app = app.merge(crate::prometheus::routes());
     let listener = tokio::net::TcpListener::bind(args.addr).await?;
     print_banner(banner, listener.local_addr()?, args);
     axum::serve(listener, app)
@@ -108,7 +112,8 @@ fn print_banner(banner: Banner, addr: std::net::SocketAddr, args: &DemoArgs) {
     println!(
         "  curl -i -X POST http://{addr}{post} -H 'Authorization: Bearer sk_test_alice' \\\n    -H 'Idempotency-Key: order-1042' -H 'Content-Type: application/json' -d '{body}'"
     );
-    println!("  curl -s http://{addr}{get} -H 'Authorization: Bearer sk_test_alice'\n");
+    println!("  curl -s http://{addr}{get} -H 'Authorization: Bearer sk_test_alice'");
+    println!("  curl -s http://{addr}/metrics   # counters and latencies, Prometheus text\n");
 }
 
 async fn shutdown_signal() {

@@ -89,6 +89,7 @@ use crate::engine::Idempotency;
 use crate::fingerprint::{Fingerprint, FingerprintMode};
 use crate::key::{self, KeyError};
 use crate::macro_support::{buffer_body, original_uri};
+use crate::metrics::{self, Outcome};
 use crate::problem::{Problem, codes, key_problem};
 use crate::scope::Scope;
 
@@ -372,7 +373,10 @@ where
                 .run_unprotected(&shared.config, call_inner(inner, request))
                 .await;
         }
-        Err(err) => return key_problem(&err).into_response(),
+        Err(err) => {
+            metrics::count(shared.config.name, Outcome::of_key_error(&err));
+            return key_problem(&err).into_response();
+        }
     };
     let body = match buffer_body(&parts, body).await {
         Ok(body) => body,

@@ -15,6 +15,9 @@ use tokio::sync::Notify;
 pub(crate) struct LeaseSignal {
     lost: AtomicBool,
     notify: Notify,
+    /// Whether the loss was counted (`lease_lost`): once per request, however many
+    /// places notice it.
+    counted: AtomicBool,
 }
 
 impl LeaseSignal {
@@ -22,6 +25,13 @@ impl LeaseSignal {
     pub(crate) fn raise(&self) {
         self.lost.store(true, Ordering::SeqCst);
         self.notify.notify_waiters();
+    }
+
+    /// Counts the request as `lease_lost` for `handler`, the first time only.
+    pub(crate) fn count_loss_once(&self, handler: Option<&'static str>) {
+        if !self.counted.swap(true, Ordering::SeqCst) {
+            crate::metrics::count(handler, crate::metrics::Outcome::LeaseLost);
+        }
     }
 
     /// Whether the signal was raised.

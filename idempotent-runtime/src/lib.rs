@@ -124,6 +124,8 @@
 //! - [`problem`]: RFC 9457 `application/problem+json` error responses;
 //! - [`rejection`]: [`AsProblem`], which answers an extractor's rejection (bad JSON, …)
 //!   as problem+json too;
+//! - [`metrics`]: the counters and histograms the engine records through the `metrics`
+//!   facade (names, labels, outcomes);
 //! - [`macro_support`]: the Axum extractors the attribute macro expands to (not for
 //!   direct use).
 //!
@@ -153,6 +155,7 @@ pub mod key;
 pub mod layer;
 mod lease;
 pub mod macro_support;
+pub mod metrics;
 pub mod problem;
 pub mod rejection;
 pub mod scope;

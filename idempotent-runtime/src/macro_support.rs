@@ -6,7 +6,7 @@
 //! [`Idempotency::run`] from your own code.
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRef, FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::response::{IntoResponse, Response};
 use http::Method;
 use http::request::Parts;
@@ -15,6 +15,7 @@ use crate::config::HandlerConfig;
 use crate::engine::Idempotency;
 use crate::fingerprint::{Fingerprint, FingerprintMode};
 use crate::key::{self, IdempotencyKey, KeyError};
+use crate::metrics::{self, Outcome, UNNAMED};
 use crate::problem::key_problem;
 
 /// The argument the expansion adds right after the scope argument: the parsed
@@ -43,7 +44,13 @@ where
         let key = match key::parse_header(&parts.headers, engine.header_name()) {
             Ok(key) => Some(key),
             Err(KeyError::Missing) if KEY_OPTIONAL => None,
-            Err(err) => return Err(key_problem(&err).into_response()),
+            Err(err) => {
+                // The handler's name is out of reach in an extractor: count by route.
+                let route = parts.extensions.get::<MatchedPath>();
+                let label = route.map_or(UNNAMED.to_owned(), |path| path.as_str().to_owned());
+                metrics::count_labelled(label, Outcome::of_key_error(&err));
+                return Err(key_problem(&err).into_response());
+            }
         };
         Ok(Self { engine, key })
     }

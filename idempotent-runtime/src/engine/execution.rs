@@ -26,6 +26,7 @@ use super::answers::store_unavailable;
 use super::capture::{BodyRead, read_capped};
 use super::{Idempotency, NEVER_REPLAYED, bounded};
 use crate::config::{HandlerConfig, OnServerError};
+use crate::metrics::{self, Outcome as Counted, StoreOperation};
 use crate::store::{FencingToken, StoredResponse};
 
 /// One claimed request: runs the handler, renews the lease meanwhile, records or
@@ -101,6 +102,18 @@ enum GiveUp {
     },
 }
 
+impl GiveUp {
+    /// What giving up counts as: the store's failure answered `503`, everything else a
+    /// released claim.
+    fn counted(&self) -> Counted {
+        #[cfg(feature = "sql")]
+        if matches!(self, GiveUp::Store { .. }) {
+            return Counted::StoreError;
+        }
+        Counted::Released
+    }
+}
+
 /// Why a handler's transaction could not complete: an error the database answered with
 /// (it has an SQLSTATE) is the transaction's own failure — a statement of the handler
 /// failed and left it aborted, or COMMIT refused it — not a store outage; anything else
@@ -130,6 +143,7 @@ impl Execution {
     pub(super) async fn execute(self, handler: impl Future<Output = Response> + Send) -> Response {
         let heartbeat = self.start_heartbeat();
         let release_server_errors = self.config.on_server_error == OnServerError::Release;
+        let started = std::time::Instant::now();
         let outcome = AssertUnwindSafe(async {
             match tokio::time::timeout_at(self.deadline(), handler).await {
                 Ok(response) => self.capture(response, release_server_errors).await,
@@ -141,6 +155,7 @@ impl Execution {
         .catch_unwind()
         .await
         .unwrap_or_else(|_panic| Outcome::GiveUp(GiveUp::Panic, panicked()));
+        metrics::handler_duration(self.config.name, started.elapsed());
         match outcome {
             // The heartbeat goes on until the outcome is recorded: a store outage after
             // the handler finished must not let the lease lapse while we retry.
@@ -205,6 +220,7 @@ impl Execution {
         };
         // A panic drops the handler's transaction, which rolls it back.
         let deadline = self.deadline();
+        let started = std::time::Instant::now();
         let finished = AssertUnwindSafe(async {
             let running = handler(idempotency_key, Tx::new(transaction));
             // Past the maximum duration the handler is dropped with its transaction, which
@@ -224,6 +240,7 @@ impl Execution {
         })
         .catch_unwind()
         .await;
+        metrics::handler_duration(self.config.name, started.elapsed());
         let answer = match finished {
             Err(_panic) => self.give_up(GiveUp::Panic, panicked()).await,
             Ok(Err(max_duration)) => {
@@ -254,15 +271,14 @@ impl Execution {
         mut tx: crate::transaction::Tx<DB>,
         captured: Captured,
     ) -> Response {
-        let completed = tx_store
-            .complete_in(
-                tx.conn(),
-                &self.scope,
-                &self.key,
-                self.token,
-                &captured.stored,
-            )
-            .await;
+        let completion = tx_store.complete_in(
+            tx.conn(),
+            &self.scope,
+            &self.key,
+            self.token,
+            &captured.stored,
+        );
+        let completed = metrics::timed(StoreOperation::Complete, completion).await;
         let failure = match completed {
             Ok(true) => match tx.into_inner().commit().await {
                 Ok(()) => {
@@ -284,6 +300,7 @@ impl Execution {
                     event = "lease_lost",
                     "lease was taken over; the handler's writes rolled back"
                 );
+                self.count_lease_lost();
                 return super::answers::lease_lost();
             }
             Err(err) => {
@@ -389,6 +406,7 @@ impl Execution {
 
     /// Logs why the claim is given up, releases it and answers `answer`.
     async fn give_up(&self, why: GiveUp, answer: Response) -> Response {
+        metrics::count(self.config.name, why.counted());
         match why {
             GiveUp::ServerError(status) => info!(
                 event = "released",
@@ -443,6 +461,12 @@ impl Execution {
         answer
     }
 
+    /// Counts this request as `lease_lost`, unless it already was (the heartbeat and the
+    /// completion may both notice).
+    fn count_lease_lost(&self) {
+        self.lease_signal.count_loss_once(self.config.name);
+    }
+
     /// Feeds how long this handler took into the engine's `Retry-After` estimate.
     fn observe_duration(&self) {
         self.engine
@@ -466,6 +490,7 @@ impl Execution {
         let (scope, key, token, lease) =
             (self.scope.clone(), self.key.clone(), self.token, self.lease);
         let signal = self.lease_signal.clone();
+        let handler = self.config.name;
         let mut deadline = self.claimed_at + lease;
         let heartbeat = async move {
             let period = (lease / 3).max(Duration::from_millis(10));
@@ -478,6 +503,7 @@ impl Execution {
                         "no lease renewal succeeded for a whole lease; a retry may take the key over"
                     );
                     signal.raise();
+                    signal.count_loss_once(handler);
                 }
             };
             loop {
@@ -490,6 +516,7 @@ impl Execution {
                 }
                 let sent_at = tokio::time::Instant::now();
                 let renewal = bounded(renew_timeout, store.renew(&scope, &key, token, lease));
+                let renewal = metrics::timed(StoreOperation::Renew, renewal);
                 let renewed = tokio::select! {
                     renewed = renewal => renewed,
                     () = tokio::time::sleep_until(deadline), if !signal.is_raised() => {
@@ -522,7 +549,8 @@ impl Execution {
     async fn try_complete(&self, stored: &StoredResponse) -> bool {
         let store = &self.engine.inner.store;
         let completion = store.complete(&self.scope, &self.key, self.token, stored);
-        match bounded(self.engine.inner.store_timeout, completion).await {
+        let completion = bounded(self.engine.inner.store_timeout, completion);
+        match metrics::timed(StoreOperation::Complete, completion).await {
             Ok(true) => {
                 info!(
                     event = "completed",
@@ -536,6 +564,7 @@ impl Execution {
                     event = "lease_lost",
                     "lease was taken over before completion; response not recorded"
                 );
+                self.count_lease_lost();
                 true
             }
             Err(err) => {
@@ -548,7 +577,8 @@ impl Execution {
     async fn release(&self) {
         let store = &self.engine.inner.store;
         let release = store.release(&self.scope, &self.key, self.token);
-        match bounded(self.engine.inner.store_timeout, release).await {
+        let release = bounded(self.engine.inner.store_timeout, release);
+        match metrics::timed(StoreOperation::Release, release).await {
             Ok(true) => debug!(
                 event = "released",
                 "claim released; a retry runs the handler again"
@@ -582,9 +612,12 @@ async fn complete_with_retries(
     let started = tokio::time::Instant::now();
     let deadline = started + execution.engine.inner.completion_retry_window;
     // Inline, the client waits: a few quick attempts within about a second.
-    for delay_ms in [25, 50, 100, 200] {
+    for (attempt, delay_ms) in [25, 50, 100, 200].into_iter().enumerate() {
         if execution.try_complete(&stored).await {
             return;
+        }
+        if attempt == 0 {
+            metrics::count(execution.config.name, Counted::CompletionRetried);
         }
         if started.elapsed() > Duration::from_secs(1) {
             break;

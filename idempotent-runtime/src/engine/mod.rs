@@ -10,6 +10,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::config::HandlerConfig;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
+use crate::metrics::{self, Outcome, StoreOperation};
 use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
 
 mod answers;
@@ -191,8 +192,10 @@ impl IdempotencyBuilder {
         self
     }
 
-    /// Builds the engine.
+    /// Builds the engine (and [describes](crate::metrics::describe) its metrics to the
+    /// recorder installed by then, if any).
     pub fn build(self) -> Idempotency {
+        metrics::describe();
         Idempotency {
             inner: Arc::new(self.inner),
         }
@@ -302,6 +305,7 @@ impl Idempotency {
         R: IntoResponse,
     {
         // Every unprotected run passes here: the place to count them.
+        metrics::count(config.name, Outcome::Unprotected);
         debug!(
             event = "unprotected",
             handler = config.name.unwrap_or("unnamed"),
@@ -393,15 +397,16 @@ impl Idempotency {
         };
         // Before the claim is sent: the store's lease ends no earlier than this + lease.
         let sent_at = tokio::time::Instant::now();
-        let outcome = match bounded(self.inner.store_timeout, self.inner.store.try_claim(&claim))
-            .await
-        {
+        let claimed = bounded(self.inner.store_timeout, self.inner.store.try_claim(&claim));
+        let outcome = match metrics::timed(StoreOperation::Claim, claimed).await {
             Ok(outcome) => outcome,
             Err(err) => {
                 error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
+                metrics::count(config.name, Outcome::StoreError);
                 return Err(store_unavailable());
             }
         };
+        metrics::count(config.name, claim_metric(&outcome));
         match outcome {
             ClaimOutcome::Replay(stored) => {
                 info!(
@@ -513,7 +518,8 @@ impl Idempotency {
         }
         let mut total = 0;
         loop {
-            let deleted = self.inner.store.purge_expired(batch).await?;
+            let purged = self.inner.store.purge_expired(batch);
+            let deleted = metrics::timed(StoreOperation::Purge, purged).await?;
             total += deleted;
             if deleted < u64::from(batch) {
                 return Ok(total);
@@ -548,6 +554,16 @@ impl Idempotency {
                 }
             }
         })
+    }
+}
+
+/// The `outcome` a claim's answer counts under.
+fn claim_metric(outcome: &ClaimOutcome) -> Outcome {
+    match outcome {
+        ClaimOutcome::Replay(_) => Outcome::Replayed,
+        ClaimOutcome::InProgress { .. } => Outcome::InProgress,
+        ClaimOutcome::Mismatch => Outcome::Mismatch,
+        ClaimOutcome::Claimed { .. } => Outcome::Claimed,
     }
 }
 
