@@ -33,8 +33,8 @@ use idempotent_runtime::metrics::{
 use idempotent_runtime::store::MemoryStore;
 use idempotent_runtime::testing::{async_trial, ignored_if};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Idempotency, IdempotencyKey, Scope, Store,
-    StoreError, StoredResponse, TxSupport, idempotent,
+    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, Idempotency, IdempotencyKey,
+    RecordInfo, Scope, Store, StoreError, StoredResponse, TxSupport, idempotent,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Notify;
@@ -211,6 +211,19 @@ impl Store for Flaky {
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         self.inner.purge_expired(limit).await
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.inner.inspect(scope, key).await
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError> {
+        self.inner.forget(scope, key, force).await
     }
 
     fn transactions(&self) -> Option<TxSupport> {
