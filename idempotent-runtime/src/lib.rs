@@ -154,9 +154,9 @@ pub mod fingerprint;
 pub mod key;
 pub mod layer;
 mod lease;
+pub mod macro_support;
 #[cfg(feature = "utoipa")]
 pub mod openapi;
-pub mod macro_support;
 pub mod problem;
 pub mod rejection;
 pub mod scope;
