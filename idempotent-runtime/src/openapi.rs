@@ -138,7 +138,8 @@ impl PublishedPolicy {
     /// Writes the policy into `doc`: every named operation gains the key parameter, the
     /// problem responses, the `Idempotent-Replayed` header and the policy (see the
     /// [module docs](self)); the [`Problem`] schema joins the components unless one of
-    /// that name is there already.
+    /// that name is there already. An operation that carries an [`EXTENSION`] already is
+    /// left as it is: applying twice is applying once.
     ///
     /// # Errors
     ///
@@ -243,6 +244,15 @@ struct Effective {
 
 impl Effective {
     fn document(&self, operation: &mut Operation) {
+        // Documented already (this policy applied twice, or another first): left as it is,
+        // so that our own answers are never mistaken for the operation's.
+        if operation
+            .extensions
+            .as_ref()
+            .is_some_and(|extensions| extensions.contains_key(EXTENSION))
+        {
+            return;
+        }
         // The operation's own responses are what gets replayed; ours (added below) never are.
         let replayed_header = self.replayed_header();
         for (status, response) in &mut operation.responses.responses {
@@ -738,6 +748,18 @@ mod tests {
             }
         );
         assert_eq!(serde_json::to_value(&doc).unwrap(), before);
+    }
+
+    #[test]
+    fn applying_twice_is_applying_once() {
+        let engine = Idempotency::new(MemoryStore::new());
+        let policy =
+            PublishedPolicy::new(&engine).operation(Method::POST, "/orders", HandlerConfig::new());
+        let mut doc = document();
+        policy.apply(&mut doc).unwrap();
+        let once = serde_json::to_value(&doc).unwrap();
+        policy.apply(&mut doc).unwrap();
+        assert_eq!(serde_json::to_value(&doc).unwrap(), once);
     }
 
     #[test]
