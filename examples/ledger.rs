@@ -6,6 +6,8 @@
 //!   commit in ONE transaction: both or neither;
 //! - `GET /balance` — `{"balance": n, "entries": k}` for the caller;
 //! - `GET /metrics` — the engine's metrics, Prometheus text (`idempotent_demo::prometheus`).
+//! - `GET /openapi.json` — the API in OpenAPI 3.1, `POST /deposits` with its published
+//!   idempotency policy.
 //!
 //! A transactional handler takes `tx: &mut Tx<Sqlite>` and writes through `tx.conn()`;
 //! on Postgres it is the same code with `Tx<Postgres>` and a `PgPool`.
@@ -25,11 +27,13 @@ use http::{HeaderValue, StatusCode, header};
 use idempotent_demo::auth::Caller;
 use idempotent_demo::cli::DemoArgs;
 use idempotent_demo::serve::{self, Banner, BoxError};
+use idempotent_runtime::openapi::PublishedPolicy;
 use idempotent_runtime::rejection::AsProblem;
 use idempotent_runtime::store::SqliteStore;
 use idempotent_runtime::{Idempotency, Problem, Sqlite, Tx, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
+use utoipa::OpenApi;
 
 /// The router state: the engine, and the database it shares with the ledger.
 #[derive(Debug, Clone)]
@@ -55,17 +59,57 @@ impl FromRef<AppState> for SqlitePool {
 
 /// The ledger API.
 pub fn router(state: AppState) -> Router {
+    let doc = Json(openapi(&state.idempotency));
     Router::new()
         .route("/deposits", post(deposit))
         .route("/balance", get(balance))
+        .route("/openapi.json", get(move || async move { doc }))
         .with_state(state)
+}
+
+/// The operations, as `#[utoipa::path]` describes them.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Ledger demo",
+        description = "Deposits committed together with their stored response."
+    ),
+    paths(deposit, balance)
+)]
+struct ApiDoc;
+
+/// The OpenAPI document, with the idempotency policy `POST /deposits` runs with on
+/// `idempotency`.
+pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    PublishedPolicy::new(idempotency)
+        .operation(http::Method::POST, "/deposits", DEPOSIT_POLICY)
+        .apply(&mut doc)
+        .expect("every protected operation is in ApiDoc");
+    doc
 }
 
 /// `POST /deposits`: one ledger row, committed with the stored response.
 ///
 /// A validation `400` is an `Ok` answer, so it is committed and replayed like a `201`; an
 /// `Err` (here a database error) rolls the row back and releases the key.
-#[idempotent(scope = caller)]
+// `#[idempotent]` may come before or after `#[utoipa::path]` (the payments demo has it
+// after): either way utoipa documents the operation and the macro wraps the handler.
+#[idempotent(scope = caller, policy = DEPOSIT_POLICY)]
+#[utoipa::path(
+    post,
+    path = "/deposits",
+    summary = "Deposit",
+    description = "Credits the caller once per idempotency key; the entry and the stored \
+                   response commit together.",
+    request_body = DepositRequest,
+    responses(
+        (status = 201, description = "Deposited", body = Entry,
+            headers(("Location" = String, description = "The new entry"))),
+        (status = 400, description = "Invalid amount (`invalid_request`).",
+            body = Problem, content_type = "application/problem+json"),
+    )
+)]
 async fn deposit(
     caller: Caller,
     tx: &mut Tx<Sqlite>,
@@ -87,6 +131,12 @@ async fn deposit(
 }
 
 /// `GET /balance`: the caller's balance and number of entries.
+#[utoipa::path(
+    get,
+    path = "/balance",
+    summary = "The caller's balance",
+    responses((status = 200, description = "Balance and number of entries", body = Balance))
+)]
 async fn balance(
     caller: Caller,
     State(db): State<SqlitePool>,
@@ -118,15 +168,16 @@ pub const BALANCE: &str = "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) AS ba
      COUNT(*) AS entries FROM demo_ledger WHERE account = $1";
 
 /// The body of `POST /deposits`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct DepositRequest {
     /// Minor units; a positive integer.
     #[serde(default)]
+    #[schema(value_type = i64, example = 500)]
     pub amount: serde_json::Value,
 }
 
 /// A ledger entry.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Entry {
     /// `dep_…`
     pub id: String,
@@ -165,7 +216,7 @@ impl Entry {
 }
 
 /// `{"balance": n, "entries": k}`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Balance {
     /// Sum of the caller's entries.
     pub balance: i64,

@@ -6,6 +6,8 @@
 //! - `GET /payments/{id}` — one of them;
 //! - `GET /metrics` — the engine's counters and latencies in the Prometheus text format
 //!   (added by the serve loop, `idempotent_demo::prometheus`).
+//! - `GET /openapi.json` — the API in OpenAPI 3.1, `POST /payments` with its published
+//!   idempotency policy (key header, problem answers, TTL and lease as configured).
 //!
 //! What a user of `idempotent` writes is all here: the `#[idempotent]` handler, the
 //! router state with the engine in it (`FromRef`), the engine wiring and the router. The
@@ -25,9 +27,11 @@ use idempotent_demo::cli::DemoArgs;
 use idempotent_demo::database;
 use idempotent_demo::gateway::{Charge, Gateway, GatewayError};
 use idempotent_demo::serve::{self, Banner, BoxError};
+use idempotent_runtime::openapi::PublishedPolicy;
 use idempotent_runtime::rejection::AsProblem;
 use idempotent_runtime::{Idempotency, IdempotencyKey, Problem, idempotent};
 use serde::{Deserialize, Serialize};
+use utoipa::OpenApi;
 
 /// The router state: the idempotency engine and the payment gateway.
 #[derive(Debug, Clone)]
@@ -52,10 +56,35 @@ impl FromRef<AppState> for Gateway {
 
 /// The payments API.
 pub fn router(state: AppState) -> Router {
+    let doc = Json(openapi(&state.idempotency));
     Router::new()
         .route("/payments", post(create_payment).get(list_payments))
         .route("/payments/{id}", get(get_payment))
+        .route("/openapi.json", get(move || async move { doc }))
         .with_state(state)
+}
+
+/// The operations, as `#[utoipa::path]` describes them.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Payments demo",
+        description = "Charges a (fake) payment gateway once per idempotency key."
+    ),
+    paths(create_payment, list_payments, get_payment)
+)]
+struct ApiDoc;
+
+/// The OpenAPI document, with the idempotency policy `POST /payments` runs with on
+/// `idempotency` (the handler's `policy = CREATE_PAYMENT_POLICY`, the engine's TTL and
+/// lease).
+pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    PublishedPolicy::new(idempotency)
+        .operation(http::Method::POST, "/payments", CREATE_PAYMENT_POLICY)
+        .apply(&mut doc)
+        .expect("every protected operation is in ApiDoc");
+    doc
 }
 
 /// `POST /payments`: charges the gateway once per idempotency key and caller.
@@ -64,7 +93,24 @@ pub fn router(state: AppState) -> Router {
 /// `key.derive("charge")` is the gateway's own idempotency key, the same on every retry of
 /// this request, so a retry after a crash is deduplicated by the provider too.
 /// `AsProblem` answers malformed JSON as problem+json, before the key is claimed.
-#[idempotent(scope = caller)]
+#[utoipa::path(
+    post,
+    path = "/payments",
+    summary = "Charge a card",
+    description = "Charges the gateway once per idempotency key and caller.",
+    request_body = ChargeRequest,
+    responses(
+        (status = 201, description = "Charged", body = Payment,
+            headers(("Location" = String, description = "The new payment"))),
+        (status = 400, description = "Invalid amount or currency (`invalid_request`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 402, description = "The card was declined (`card_declined`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The gateway is down (`gateway_unavailable`); nothing was charged.",
+            body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[idempotent(scope = caller, policy = CREATE_PAYMENT_POLICY)]
 async fn create_payment(
     caller: Caller,
     key: IdempotencyKey,
@@ -86,6 +132,12 @@ async fn create_payment(
 }
 
 /// `GET /payments`: the caller's charges. Reads need no idempotency key.
+#[utoipa::path(
+    get,
+    path = "/payments",
+    summary = "List the caller's payments",
+    responses((status = 200, description = "The caller's payments", body = Vec<Payment>))
+)]
 async fn list_payments(
     caller: Caller,
     State(gateway): State<Gateway>,
@@ -95,6 +147,17 @@ async fn list_payments(
 }
 
 /// `GET /payments/{id}`: one of the caller's charges.
+#[utoipa::path(
+    get,
+    path = "/payments/{id}",
+    summary = "One payment",
+    params(("id" = String, Path, description = "`pay_…`")),
+    responses(
+        (status = 200, description = "The payment", body = Payment),
+        (status = 404, description = "No such payment for this caller (`not_found`).",
+            body = Problem, content_type = "application/problem+json"),
+    )
+)]
 async fn get_payment(
     caller: Caller,
     State(gateway): State<Gateway>,
@@ -110,13 +173,15 @@ async fn get_payment(
 /// The body of `POST /payments`. The fields are validated in the handler, so a `400` for
 /// a bad amount is stored and replayed like any other answer; malformed JSON is refused
 /// by the extractor before the key is claimed.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 struct ChargeRequest {
     /// Minor units; a positive integer.
     #[serde(default)]
+    #[schema(value_type = i64, example = 10000)]
     amount: serde_json::Value,
     /// Three upper-case letters.
     #[serde(default)]
+    #[schema(value_type = String, example = "BRL")]
     currency: serde_json::Value,
 }
 
@@ -145,7 +210,7 @@ impl ChargeRequest {
 }
 
 /// A payment as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 struct Payment {
     /// `pay_…`
     id: String,

@@ -23,6 +23,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "fingerprint",
     "exclude_headers",
     "key",
+    "policy",
     "crate",
 ];
 
@@ -93,6 +94,8 @@ pub(crate) struct Args {
     /// `key = required | optional`, and the value's token (for errors about the
     /// combination with the handler's arguments).
     pub(crate) key: Option<(KeyPolicy, Span)>,
+    /// `policy = NAME`: the name of a `const` that publishes the handler's policy.
+    pub(crate) policy: Option<Ident>,
     /// `crate = "..."`: the path the runtime crate is reachable under.
     pub(crate) krate: Option<syn::Path>,
     /// `false` when a syntax error cut parsing short: later arguments are unknown, so a
@@ -194,6 +197,7 @@ impl Args {
             "exclude_headers" => exclude_headers_value(&value, errors)
                 .map(|names| self.exclude_headers = Some(names)),
             "key" => key_value(&value).map(|policy| self.key = Some(policy)),
+            "policy" => policy_value(&value).map(|name| self.policy = Some(name)),
             "crate" => crate_value(&value).map(|path| self.krate = Some(path)),
             _ => unreachable!("every known argument is handled"),
         };
@@ -223,6 +227,7 @@ fn example(name: &str) -> &'static str {
         "fingerprint" => "fingerprint = \"raw\"",
         "exclude_headers" => "exclude_headers = [\"x-request-id\"]",
         "key" => "key = optional",
+        "policy" => "policy = CREATE_PAYMENT_POLICY",
         _ => "crate = \"idempotent_runtime\"",
     }
 }
@@ -360,6 +365,28 @@ fn key_value(value: &Expr) -> syn::Result<(KeyPolicy, Span)> {
     Err(syn::Error::new_spanned(
         value,
         format!("unknown `key` policy: {EXPECTED}"),
+    ))
+}
+
+/// `policy = NAME`: a plain identifier, the name of the `const` to define.
+fn policy_value(value: &Expr) -> syn::Result<Ident> {
+    if let Some(ident) = plain_ident(value) {
+        return Ok(ident.clone());
+    }
+    if let Some(lit) = string_literal(value) {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`policy` names the constant to define, not a string: write `policy = {}` \
+                 without quotes",
+                lit.value()
+            ),
+        ));
+    }
+    Err(syn::Error::new_spanned(
+        value,
+        "`policy` takes the name of a constant to define with the handler's policy, e.g. \
+         `policy = CREATE_PAYMENT_POLICY`",
     ))
 }
 

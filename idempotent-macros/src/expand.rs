@@ -148,6 +148,24 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
         quote!(_)
     };
     let config = config(args, name, &p);
+    // `policy = NAME` publishes the config as a `const` beside the handler, with its
+    // visibility (and `#[cfg]`s), for code that documents it (OpenAPI); the wrapper then
+    // reads that one constant, so what is published is what runs.
+    let (policy_item, config) = match &args.policy {
+        Some(policy) => {
+            let cfgs = func.attrs.iter().filter(|attr| attr.path().is_ident("cfg"));
+            let doc = format!(
+                " The `#[idempotent]` policy of `{name}` (its `HandlerConfig`), for publishing it."
+            );
+            let item = quote! {
+                #(#cfgs)*
+                #[doc = #doc]
+                #vis const #policy: #p::HandlerConfig = #config;
+            };
+            (item, quote!(#policy))
+        }
+        None => (TokenStream::new(), config),
+    };
     // The engine's bounds (a `Send + 'static` future, an `IntoResponse` output) are
     // reported on the return type (or the name): that is what the user changes.
     let bound_span = match output {
@@ -199,6 +217,7 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
     body.set_span(block.brace_token.span.join());
 
     quote! {
+        #policy_item
         #(#attrs)*
         #allow_arity
         #vis #asyncness #fn_token #name(#(#wrapper_params),*) -> #p::Response
@@ -242,6 +261,9 @@ fn config(args: &Args, handler_name: &syn::Ident, p: &TokenStream) -> TokenStrea
     }
     if let Some(names) = &args.exclude_headers {
         config.extend(quote!(.exclude_headers(&[#(#names),*])));
+    }
+    if let Some((KeyPolicy::Optional, _)) = args.key {
+        config.extend(quote!(.key_optional()));
     }
     config
 }

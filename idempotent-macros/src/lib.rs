@@ -91,6 +91,11 @@ use proc_macro::TokenStream;
 ///   way, and a valid one is protected as usual. The handler's key argument is then
 ///   `key: Option<IdempotencyKey>` (`None` when it ran unprotected). Not for
 ///   transactional handlers.
+/// - `policy = NAME`: also defines `const NAME: HandlerConfig`, with the handler's
+///   visibility, holding the policy the handler runs with (the wrapper reads that very
+///   constant). Name it to publish the policy, e.g. in OpenAPI with
+///   `idempotent_runtime::openapi` (feature `utoipa`); TTL and lease left to the engine
+///   are `None` there, and the engine fills them in.
 /// - `crate = "path"`: where the runtime crate is, when it was renamed.
 ///
 /// # Requirements

@@ -422,3 +422,47 @@ fn key_policy_and_key_argument_must_agree() {
         "{text}"
     );
 }
+
+#[test]
+fn policy_publishes_the_config_as_a_constant() {
+    let text = expand(
+        quote!(
+            scope = caller,
+            ttl = "2h",
+            key = optional,
+            policy = CREATE_PAYMENT_POLICY
+        ),
+        quote! {
+            /// Charges once per key.
+            #[cfg(feature = "payments")]
+            pub(crate) async fn create_payment(
+                caller: Caller,
+                key: Option<IdempotencyKey>,
+                Json(req): Json<ChargeRequest>,
+            ) -> StatusCode {
+                let _ = (caller, key, req);
+                StatusCode::CREATED
+            }
+        },
+    );
+    insta::assert_snapshot!("policy_constant", text);
+    // The policy must be a plain name.
+    for (value, message) in [
+        (
+            quote!("CREATE_PAYMENT_POLICY"),
+            "write `policy = CREATE_PAYMENT_POLICY` without quotes",
+        ),
+        (
+            quote!(crate::POLICY),
+            "`policy` takes the name of a constant to define",
+        ),
+    ] {
+        let text = expand(
+            quote!(scope = caller, policy = #value),
+            quote!(
+                async fn create(caller: Caller) {}
+            ),
+        );
+        assert!(text.contains(message), "{text}");
+    }
+}

@@ -39,10 +39,15 @@ pub struct HandlerConfig {
     /// Response headers (lower-case names) not to store and replay, besides those that
     /// never are ([`crate::engine::NEVER_REPLAYED`]).
     pub excluded_headers: &'static [&'static str],
+    /// Whether a request without the key header runs the handler unprotected instead of
+    /// `400` (`key = optional`, rollout). Informational for the attribute, whose extractor
+    /// enforces it; the policy [`IdempotencyLayer`](crate::IdempotencyLayer) applies and
+    /// the one the published OpenAPI document states.
+    pub key_optional: bool,
 }
 
 impl HandlerConfig {
-    /// The defaults: engine TTL and lease, release on 5xx, raw fingerprint.
+    /// The defaults: engine TTL and lease, release on 5xx, raw fingerprint, key required.
     pub const fn new() -> Self {
         Self {
             name: None,
@@ -52,6 +57,7 @@ impl HandlerConfig {
             on_server_error: OnServerError::Release,
             fingerprint: FingerprintMode::Raw,
             excluded_headers: &[],
+            key_optional: false,
         }
     }
 
@@ -94,6 +100,12 @@ impl HandlerConfig {
     /// Sets the response headers (lower-case names) not to store and replay.
     pub const fn exclude_headers(mut self, names: &'static [&'static str]) -> Self {
         self.excluded_headers = names;
+        self
+    }
+
+    /// Makes the key optional: a request without it runs the handler unprotected.
+    pub const fn key_optional(mut self) -> Self {
+        self.key_optional = true;
         self
     }
 }

@@ -110,9 +110,10 @@ pub const DEFAULT_METHODS: [Method; 2] = [Method::POST, Method::PATCH];
 /// The policy is a [`HandlerConfig`], as for the attribute: set it whole with
 /// [`config`](Self::config) or piece by piece ([`ttl`](Self::ttl),
 /// [`lease`](Self::lease), [`fingerprint`](Self::fingerprint),
-/// [`on_server_error`](Self::on_server_error), [`name`](Self::name)). Requests with
-/// other methods than [`methods`](Self::methods) (default `POST` and `PATCH`) pass
-/// straight through.
+/// [`on_server_error`](Self::on_server_error), [`name`](Self::name),
+/// [`key_optional`](Self::key_optional)); [`policy`](Self::policy) reads it back.
+/// Requests with other methods than [`methods`](Self::methods) (default `POST` and
+/// `PATCH`) pass straight through.
 ///
 /// The body is read whole before the claim, within the `DefaultBodyLimit` the request
 /// carries (axum's default of 2 MiB when none is set; add `DefaultBodyLimit` outside
@@ -124,7 +125,6 @@ pub struct IdempotencyLayer<Sc = ScopeSource> {
     engine: Idempotency,
     config: HandlerConfig,
     methods: Arc<[Method]>,
-    key_optional: bool,
     scope: Sc,
 }
 
@@ -156,7 +156,6 @@ impl<Sc: fmt::Debug> fmt::Debug for IdempotencyLayer<Sc> {
         f.debug_struct("IdempotencyLayer")
             .field("config", &self.config)
             .field("methods", &self.methods)
-            .field("key_optional", &self.key_optional)
             .field("scope", &self.scope)
             .finish_non_exhaustive()
     }
@@ -170,7 +169,6 @@ impl IdempotencyLayer<NoScope> {
             engine,
             config: HandlerConfig::new(),
             methods: Arc::new(DEFAULT_METHODS),
-            key_optional: false,
             scope: NoScope,
         }
     }
@@ -214,7 +212,6 @@ impl<Sc> IdempotencyLayer<Sc> {
             engine: self.engine,
             config: self.config,
             methods: self.methods,
-            key_optional: self.key_optional,
             scope,
         }
     }
@@ -267,8 +264,14 @@ impl<Sc> IdempotencyLayer<Sc> {
     /// unprotected (logged at debug, `event = "unprotected"`) instead of `400`. A
     /// malformed key is still `400`; a valid one is protected as usual.
     pub fn key_optional(mut self) -> Self {
-        self.key_optional = true;
+        self.config = self.config.key_optional();
         self
+    }
+
+    /// The policy this layer applies (to publish it, e.g. with
+    /// `openapi::PublishedPolicy`, feature `utoipa`).
+    pub fn policy(&self) -> HandlerConfig {
+        self.config
     }
 }
 
@@ -282,7 +285,6 @@ impl<S> Layer<S> for IdempotencyLayer<ScopeSource> {
                 engine: self.engine.clone(),
                 config: self.config,
                 methods: self.methods.clone(),
-                key_optional: self.key_optional,
                 scope: self.scope.clone(),
             }),
         }
@@ -305,7 +307,6 @@ struct Shared {
     engine: Idempotency,
     config: HandlerConfig,
     methods: Arc<[Method]>,
-    key_optional: bool,
     scope: ScopeSource,
 }
 
@@ -314,7 +315,6 @@ impl<S> fmt::Debug for IdempotencyService<S> {
         f.debug_struct("IdempotencyService")
             .field("config", &self.shared.config)
             .field("methods", &self.shared.methods)
-            .field("key_optional", &self.shared.key_optional)
             .field("scope", &self.shared.scope)
             .finish_non_exhaustive()
     }
@@ -366,7 +366,7 @@ where
     };
     let key = match key::parse_header(&parts.headers, shared.engine.header_name()) {
         Ok(key) => key,
-        Err(KeyError::Missing) if shared.key_optional => {
+        Err(KeyError::Missing) if shared.config.key_optional => {
             let request = Request::from_parts(parts, body);
             return shared
                 .engine

@@ -122,6 +122,8 @@
 //! - [`transaction`]: handlers whose writes commit together with the stored response
 //!   (`tx: &mut Tx<Sqlite>` / `Tx<Postgres>`);
 //! - [`problem`]: RFC 9457 `application/problem+json` error responses;
+//! - `openapi` (feature `utoipa`): the published policy, written into an OpenAPI
+//!   document;
 //! - [`rejection`]: [`AsProblem`], which answers an extractor's rejection (bad JSON, …)
 //!   as problem+json too;
 //! - [`metrics`]: the counters and histograms the engine records through the `metrics`
@@ -138,6 +140,7 @@
 //! | `redis` | no | `store::RedisStore` (many instances, one Redis/Valkey; see its durability notes) |
 //! | `mysql` | no | `store::MySqlStore` (many instances, one MySQL 8 / MariaDB 10.6+ database), `Tx<MySql>` |
 //! | `testing` | no | `testing::conformance`: the store conformance suite, for a `Store` of your own |
+//! | `utoipa` | no | `openapi::PublishedPolicy`: the idempotency policy of your operations in a `utoipa` OpenAPI document; `Problem` as a `utoipa::ToSchema` |
 //!
 //! `Sqlite`, `Postgres` and `MySql` are re-exported from `sqlx` so transactional handlers
 //! can name `Tx<Sqlite>` without a direct `sqlx` dependency.
@@ -156,6 +159,8 @@ pub mod layer;
 mod lease;
 pub mod macro_support;
 pub mod metrics;
+#[cfg(feature = "utoipa")]
+pub mod openapi;
 pub mod problem;
 pub mod rejection;
 pub mod scope;

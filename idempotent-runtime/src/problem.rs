@@ -13,6 +13,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 ///
 /// `type` is `urn:idempotent:problem:<code>`; clients should branch on `code`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Problem {
     /// A URI naming the problem type.
     #[serde(rename = "type")]
