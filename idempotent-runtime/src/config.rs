@@ -39,6 +39,10 @@ pub struct HandlerConfig {
     /// Response headers (lower-case names) not to store and replay, besides those that
     /// never are ([`crate::engine::NEVER_REPLAYED`]).
     pub excluded_headers: &'static [&'static str],
+    /// How long a duplicate that finds the original still running waits for its outcome
+    /// before answering `409` (`None`: the engine's default, itself off unless set with
+    /// [`crate::IdempotencyBuilder::default_wait`]).
+    pub wait: Option<Duration>,
 }
 
 impl HandlerConfig {
@@ -52,6 +56,7 @@ impl HandlerConfig {
             on_server_error: OnServerError::Release,
             fingerprint: FingerprintMode::Raw,
             excluded_headers: &[],
+            wait: None,
         }
     }
 
@@ -94,6 +99,16 @@ impl HandlerConfig {
     /// Sets the response headers (lower-case names) not to store and replay.
     pub const fn exclude_headers(mut self, names: &'static [&'static str]) -> Self {
         self.excluded_headers = names;
+        self
+    }
+
+    /// Sets how long a duplicate that finds the original still running waits for its
+    /// outcome: it then gets the replay; if the original is still running at the end,
+    /// `409` + `Retry-After` as without a wait; if the original released its claim (a
+    /// 5xx, a panic), the waiter claims the key and runs the handler itself. A zero wait
+    /// turns waiting off for this handler even when the engine has a default.
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
         self
     }
 }

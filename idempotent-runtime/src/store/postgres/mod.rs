@@ -60,20 +60,29 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 
 use super::sql::{self, EmbeddedMigration};
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, StoredResponse, TxSupport,
+    ClaimOutcome, ClaimRequest, ClaimWatch, FencingToken, Store, StoreError, StoredResponse,
+    TxSupport,
 };
 use schema::{Schema, Statements};
 
 mod claim;
+mod notify;
 mod schema;
 mod transaction;
 
 /// The embedded migrations, in version order; the files live in `migrations/postgres/`.
-const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
-    version: 1,
-    description: "idempotency records",
-    sql: include_str!("../../../migrations/postgres/0001_idempotency_records.sql"),
-}];
+const MIGRATIONS: &[EmbeddedMigration] = &[
+    EmbeddedMigration {
+        version: 1,
+        description: "idempotency records",
+        sql: include_str!("../../../migrations/postgres/0001_idempotency_records.sql"),
+    },
+    EmbeddedMigration {
+        version: 2,
+        description: "claim ended notify",
+        sql: include_str!("../../../migrations/postgres/0002_claim_ended_notify.sql"),
+    },
+];
 
 /// Where applied migration versions are recorded (see the module docs).
 const MIGRATIONS_TABLE: &str = "_idempotent_migrations";
@@ -132,6 +141,8 @@ pub struct PostgresStore {
     schema: Option<Schema>,
     sql: Arc<Statements>,
     transactions: TxSupport,
+    /// Wakes duplicates waiting for a claim to end (`LISTEN/NOTIFY`).
+    notifier: Arc<notify::Notifier>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -250,11 +261,13 @@ impl PostgresStore {
     fn with_parts(pool: PgPool, schema: Option<Schema>) -> Self {
         let sql = Arc::new(Statements::new(schema.as_ref()));
         let transactions = transaction::support(pool.clone(), sql.clone());
+        let notifier = Arc::new(notify::Notifier::new((*pool.connect_options()).clone()));
         Self {
             pool,
             schema,
             sql,
             transactions,
+            notifier,
         }
     }
 }
@@ -368,6 +381,10 @@ impl Store for PostgresStore {
 
     fn transactions(&self) -> Option<TxSupport> {
         Some(self.transactions.clone())
+    }
+
+    fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
+        self.notifier.watch(scope, key, poll)
     }
 }
 
