@@ -51,9 +51,10 @@ fn main() {
                 on("fifty_duplicates_over_three_instances_charge_once", |s| {
                     Box::pin(fifty_duplicates_over_three_instances_charge_once(s))
                 }),
-                on("fifty_duplicates_with_wait_over_three_instances_replay", |s| {
-                    Box::pin(fifty_duplicates_with_wait_over_three_instances_replay(s))
-                }),
+                on(
+                    "fifty_duplicates_with_wait_over_three_instances_replay",
+                    |s| Box::pin(fifty_duplicates_with_wait_over_three_instances_replay(s)),
+                ),
                 on("a_retry_on_another_instance_replays", |s| {
                     Box::pin(a_retry_on_another_instance_replays(s))
                 }),

@@ -210,7 +210,11 @@ const DEFAULT_MAX_DURATION_SECS: u64 = 5 * 60;
 
 /// A wait longer than the handler may run (its `max_duration`, or the engine's default
 /// of 5 minutes) never ends in a replay that a shorter one would miss.
-fn check_wait(wait: &DurationArg, max_duration: Option<&DurationArg>, errors: &mut Vec<syn::Error>) {
+fn check_wait(
+    wait: &DurationArg,
+    max_duration: Option<&DurationArg>,
+    errors: &mut Vec<syn::Error>,
+) {
     let (limit, what) = match max_duration {
         Some(max) => (max.secs, format!("`max_duration = {:?}`", max.lit.value())),
         None => (
@@ -329,6 +333,15 @@ fn duration_value(name: &str, value: &Expr) -> syn::Result<DurationArg> {
             secs,
             lit: lit.clone(),
         }),
+        // A zero wait reads like "do not wait": say how that is written.
+        Err(message) if name == "wait" && message.contains(" is zero") => Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`wait = {:?}` is zero: to answer `409` at once, leave `wait` out (waiting \
+                     is off by default); to wait, write a few seconds, e.g. `wait = \"5s\"`",
+                lit.value()
+            ),
+        )),
         Err(message) => Err(syn::Error::new(lit.span(), format!("`{name}`: {message}"))),
     }
 }
@@ -616,7 +629,13 @@ mod tests {
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(args.wait.map(|w| w.secs), Some(5));
         let (_, errors) = parse(quote!(scope = c, wait = "0s"));
-        assert!(errors[0].contains("`wait`: duration \"0s\" is zero"), "{errors:?}");
+        assert!(
+            errors[0]
+                .contains("`wait = \"0s\"` is zero: to answer `409` at once, leave `wait` out"),
+            "{errors:?}"
+        );
+        let (_, errors) = parse(quote!(scope = c, wait = "soon"));
+        assert!(errors[0].contains("`wait`: invalid duration"), "{errors:?}");
         let (_, errors) = parse(quote!(scope = c, wait = "10m"));
         assert!(
             errors[0].contains("the default maximum duration of 5 minutes"),
@@ -624,7 +643,9 @@ mod tests {
         );
         let (_, errors) = parse(quote!(scope = c, max_duration = "30s", wait = "1m"));
         assert!(
-            errors[0].contains("`wait = \"1m\"` is longer than the handler may run (`max_duration = \"30s\"`)"),
+            errors[0].contains(
+                "`wait = \"1m\"` is longer than the handler may run (`max_duration = \"30s\"`)"
+            ),
             "{errors:?}"
         );
         let (_, errors) = parse(quote!(scope = c, replay_headers = ["x-request-cost"]));

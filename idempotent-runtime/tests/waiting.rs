@@ -21,8 +21,8 @@ use http_body_util::BodyExt;
 use idempotent_runtime::store::{ClaimWatch, MemoryStore};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if, run};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency, IdempotencyKey, Store,
-    StoreError, StoredResponse, TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency,
+    IdempotencyKey, Store, StoreError, StoredResponse, TxSupport,
 };
 use tokio::sync::Notify;
 
@@ -216,12 +216,12 @@ async fn one_run_and_replays(stores: Vec<Arc<dyn Store>>) {
     let (tally, runs) = duplicates(&engines, &gate, config, Original::Succeeds).await;
     assert_eq!(runs, 1, "{tally:?}");
     assert_eq!(tally.conflicts, 0, "{tally:?}");
-    assert_eq!(
-        tally.fresh,
-        vec![(StatusCode::CREATED, "run 1".to_owned())]
-    );
+    assert_eq!(tally.fresh, vec![(StatusCode::CREATED, "run 1".to_owned())]);
     assert_eq!(tally.replays.len(), DUPLICATES - 1);
-    assert!(tally.replays.iter().all(|body| body == "run 1"), "{tally:?}");
+    assert!(
+        tally.replays.iter().all(|body| body == "run 1"),
+        "{tally:?}"
+    );
 }
 
 /// The original answers `503` (its claim released) while 49 wait: one waiter claims and
@@ -242,7 +242,10 @@ async fn a_released_original_lets_one_waiter_run(stores: Vec<Arc<dyn Store>>) {
         ]
     );
     assert_eq!(tally.replays.len(), DUPLICATES - 2);
-    assert!(tally.replays.iter().all(|body| body == "run 2"), "{tally:?}");
+    assert!(
+        tally.replays.iter().all(|body| body == "run 2"),
+        "{tally:?}"
+    );
 }
 
 /// A wait that ends while the original still runs: `409` + `Retry-After`, as without
@@ -291,10 +294,15 @@ async fn a_short_wait_ends_in_409(store: Arc<dyn Store>) {
 
     finish.notify_one();
     let (status, replayed, body) = original.await.expect("original");
-    assert_eq!((status, replayed, body.as_str()), (StatusCode::CREATED, false, "original"));
-    let (status, replayed, body) =
-        answer(engine.run(&config, SCOPE, KEY, FP, never).await).await;
-    assert_eq!((status, replayed, body.as_str()), (StatusCode::CREATED, true, "original"));
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, false, "original")
+    );
+    let (status, replayed, body) = answer(engine.run(&config, SCOPE, KEY, FP, never).await).await;
+    assert_eq!(
+        (status, replayed, body.as_str()),
+        (StatusCode::CREATED, true, "original")
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -320,7 +328,7 @@ async fn no_wait_is_409_at_once() {
                 engine.run(&config, SCOPE, KEY, FP, handler).await
             })
         };
-            started.notified().await;
+        started.notified().await;
         let response = engine.run(&config, SCOPE, KEY, FP, never).await;
         assert_eq!(response.status(), StatusCode::CONFLICT);
         assert!(response.headers().contains_key("retry-after"));
@@ -336,9 +344,15 @@ async fn the_engine_default_wait_applies() {
         inner: Arc::new(MemoryStore::new()),
         gate: gate.clone(),
     });
-    let engine = Idempotency::builder_shared(store).default_wait(WAIT).build();
-    let (tally, runs) = duplicates(&[engine], &gate, HandlerConfig::new(), Original::Succeeds).await;
-    assert_eq!((runs, tally.conflicts, tally.replays.len()), (1, 0, DUPLICATES - 1));
+    let engine = Idempotency::builder_shared(store)
+        .default_wait(WAIT)
+        .build();
+    let (tally, runs) =
+        duplicates(&[engine], &gate, HandlerConfig::new(), Original::Succeeds).await;
+    assert_eq!(
+        (runs, tally.conflicts, tally.replays.len()),
+        (1, 0, DUPLICATES - 1)
+    );
 }
 
 // ---- backends ----------------------------------------------------------------------
@@ -436,14 +450,20 @@ mod postgres {
         let schema = Schema::new();
         let store = schema.stores(1).await.remove(0);
         let mut listener = PgListener::connect(&schema.url).await.expect("listener");
-        listener.listen("idempotent_claim_ended").await.expect("LISTEN");
+        listener
+            .listen("idempotent_claim_ended")
+            .await
+            .expect("LISTEN");
         let expected = |key: &str| {
             let digest = Sha256::new()
                 .chain_update(SCOPE)
                 .chain_update([0])
                 .chain_update(key)
                 .finalize();
-            digest[..16].iter().map(|b| format!("{b:02x}")).collect::<String>()
+            digest[..16]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
         };
         let claim = |key: &'static str, token| ClaimRequest {
             scope: SCOPE,
@@ -456,8 +476,16 @@ mod postgres {
         for (key, complete) in [("notify-complete", true), ("notify-release", false)] {
             let token = FencingToken::random();
             let outcome = store.try_claim(&claim(key, token)).await.expect("claim");
-            assert!(matches!(outcome, ClaimOutcome::Claimed { .. }), "{outcome:?}");
-            assert!(store.renew(SCOPE, key, token, Duration::from_secs(30)).await.expect("renew"));
+            assert!(
+                matches!(outcome, ClaimOutcome::Claimed { .. }),
+                "{outcome:?}"
+            );
+            assert!(
+                store
+                    .renew(SCOPE, key, token, Duration::from_secs(30))
+                    .await
+                    .expect("renew")
+            );
             let ended = if complete {
                 let response = StoredResponse {
                     status: 201,
@@ -478,11 +506,15 @@ mod postgres {
 
 fn main() {
     let mut trials: Vec<Trial> = vec![
-        async_trial("memory::one_run_and_replays", || one_run_and_replays(vec![memory()])),
+        async_trial("memory::one_run_and_replays", || {
+            one_run_and_replays(vec![memory()])
+        }),
         async_trial("memory::a_released_original_lets_one_waiter_run", || {
             a_released_original_lets_one_waiter_run(vec![memory()])
         }),
-        async_trial("memory::a_short_wait_ends_in_409", || a_short_wait_ends_in_409(memory())),
+        async_trial("memory::a_short_wait_ends_in_409", || {
+            a_short_wait_ends_in_409(memory())
+        }),
         async_trial("memory::no_wait_is_409_at_once", no_wait_is_409_at_once),
         async_trial(
             "memory::the_engine_default_wait_applies",
@@ -490,10 +522,13 @@ fn main() {
         ),
     ];
     for engines in [1, 2] {
-        trials.push(async_trial(format!("sqlite::{engines}_engines::one_run_and_replays"), move || async move {
-            let dir = tempfile::tempdir().expect("temporary directory");
-            one_run_and_replays(sqlite(&dir, engines).await).await;
-        }));
+        trials.push(async_trial(
+            format!("sqlite::{engines}_engines::one_run_and_replays"),
+            move || async move {
+                let dir = tempfile::tempdir().expect("temporary directory");
+                one_run_and_replays(sqlite(&dir, engines).await).await;
+            },
+        ));
         trials.push(async_trial(
             format!("sqlite::{engines}_engines::a_released_original_lets_one_waiter_run"),
             move || async move {
@@ -510,10 +545,13 @@ fn main() {
     {
         let mut pg = Vec::new();
         for engines in [1, 3] {
-            pg.push(async_trial(format!("postgres::{engines}_engines::one_run_and_replays"), move || async move {
-                let schema = postgres::Schema::new();
-                one_run_and_replays(schema.stores(engines).await).await;
-            }));
+            pg.push(async_trial(
+                format!("postgres::{engines}_engines::one_run_and_replays"),
+                move || async move {
+                    let schema = postgres::Schema::new();
+                    one_run_and_replays(schema.stores(engines).await).await;
+                },
+            ));
             pg.push(async_trial(
                 format!("postgres::{engines}_engines::a_released_original_lets_one_waiter_run"),
                 move || async move {
@@ -522,10 +560,13 @@ fn main() {
                 },
             ));
         }
-        pg.push(async_trial("postgres::a_short_wait_ends_in_409", || async {
-            let schema = postgres::Schema::new();
-            a_short_wait_ends_in_409(schema.stores(1).await.remove(0)).await;
-        }));
+        pg.push(async_trial(
+            "postgres::a_short_wait_ends_in_409",
+            || async {
+                let schema = postgres::Schema::new();
+                a_short_wait_ends_in_409(schema.stores(1).await.remove(0)).await;
+            },
+        ));
         pg.push(async_trial(
             "postgres::notifications_name_the_claim",
             postgres::notifications_name_the_claim,

@@ -277,7 +277,11 @@ impl Idempotency {
     ///   recording of its outcome — while the lease is renewed every third of it;
     /// - completed with the same fingerprint: the stored response plus
     ///   `Idempotent-Replayed: true`;
-    /// - still running: `409` + `Retry-After`; another fingerprint: `422`;
+    /// - still running: `409` + `Retry-After` — or, when the handler's config (or the
+    ///   engine's default) sets a [`wait`](HandlerConfig::wait), the request waits up to
+    ///   that long for the original and then claims again: replay, a run of its own if
+    ///   the original released its claim, or `409` if it still runs;
+    /// - another fingerprint: `422`;
     /// - store unreachable: `503`, and the handler does not run.
     ///
     /// A 5xx answer or a panic (→ `500`) releases the claim unless the config says

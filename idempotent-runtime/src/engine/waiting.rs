@@ -207,10 +207,7 @@ impl Running {
         token: FencingToken,
     ) -> Registration {
         let (ended, _) = watch::channel(());
-        let entry = Entry {
-            token,
-            ended,
-        };
+        let entry = Entry { token, ended };
         self.shard(scope, key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -252,9 +249,15 @@ impl Drop for Registration {
             .shard(&self.scope, &self.key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let id = (std::mem::take(&mut self.scope), std::mem::take(&mut self.key));
+        let id = (
+            std::mem::take(&mut self.scope),
+            std::mem::take(&mut self.key),
+        );
         // Only our own entry: a later claim of the key (after a takeover) keeps its own.
-        if shard.get(&id).is_some_and(|entry| entry.token == self.token) {
+        if shard
+            .get(&id)
+            .is_some_and(|entry| entry.token == self.token)
+        {
             shard.remove(&id);
         }
     }

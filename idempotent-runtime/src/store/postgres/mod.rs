@@ -37,6 +37,16 @@
 //! - `purge_expired` deletes one batch, skipping rows another session holds locked, so
 //!   sweepers on many instances never block each other or a claim.
 //!
+//! # Waiting duplicates: `LISTEN/NOTIFY`
+//!
+//! A duplicate that waits for a running original (`wait = "5s"`) on another instance is
+//! woken by a notification: migration 2's triggers `pg_notify` the channel
+//! `idempotent_claim_ended` when an in-progress claim completes or is released, with a
+//! hash of scope and key as payload. Each store keeps one listener connection for it, on
+//! a one-connection pool of its own (never one of the request pool's), started on the
+//! first wait and reconnected when lost; waiters poll while it is down (see `notify.rs`).
+//! The triggers run on every completion and release, whether or not anyone waits.
+//!
 //! # Migrations
 //!
 //! The schema (`migrations/postgres/`) is embedded in the binary and applied on connect.

@@ -186,7 +186,11 @@ async fn listen_once(options: &PgConnectOptions, shared: &Shared) -> Result<(), 
     listener.ignore_pool_close_event(true);
     listener.listen(CHANNEL).await?;
     shared.listening.store(true, Ordering::Release);
-    debug!(event = "listening", channel = CHANNEL, "listening for ended claims");
+    debug!(
+        event = "listening",
+        channel = CHANNEL,
+        "listening for ended claims"
+    );
     loop {
         match listener.try_recv().await? {
             Some(notification) => {
