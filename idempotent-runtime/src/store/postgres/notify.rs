@@ -15,13 +15,12 @@
 //!
 //! [`Store::watch_claim`]: crate::store::Store::watch_claim
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tracing::{debug, warn};
 
 use crate::store::ClaimWatch;
@@ -65,7 +64,7 @@ pub(super) struct Notifier {
 #[derive(Debug)]
 struct Shared {
     /// `LISTEN` is active on a live connection.
-    listening: AtomicBool,
+    listening: watch::Sender<bool>,
     wakes: broadcast::Sender<Wake>,
 }
 
@@ -73,7 +72,7 @@ impl std::fmt::Debug for Notifier {
     // Not the connect options: they hold the password.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Notifier")
-            .field("listening", &self.shared.listening.load(Ordering::Relaxed))
+            .field("listening", &*self.shared.listening.borrow())
             .finish_non_exhaustive()
     }
 }
@@ -84,7 +83,7 @@ impl Notifier {
         Self {
             options,
             shared: Arc::new(Shared {
-                listening: AtomicBool::new(false),
+                listening: watch::Sender::new(false),
                 wakes: broadcast::channel(BUFFER).0,
             }),
             task: Mutex::new(None),
@@ -92,15 +91,21 @@ impl Notifier {
     }
 
     /// Resolves when the claim of `(scope, key)` may have ended: on its notification, on
-    /// a lost listener connection or after [`RECHECK`] while listening; after `poll`
-    /// while not (yet) listening.
+    /// a lost listener connection or after [`RECHECK`] while listening; while not (yet)
+    /// listening, after `poll` or as soon as the listener is up (the first wait starts it).
     pub(super) fn watch(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
         self.ensure_listener();
         // Subscribed before the flag is read: a listener that stops after this point
         // sends a wake-up this receiver gets.
         let mut wakes = self.shared.wakes.subscribe();
-        if !self.shared.listening.load(Ordering::Acquire) {
-            return Box::pin(tokio::time::sleep(poll));
+        let mut listening = self.shared.listening.subscribe();
+        if !*listening.borrow_and_update() {
+            return Box::pin(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(poll) => {}
+                    _ = listening.wait_for(|up| *up) => {}
+                }
+            });
         }
         let id = claim_id(scope, key);
         Box::pin(async move {
@@ -147,7 +152,7 @@ struct Stopped(Arc<Shared>);
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        self.0.listening.store(false, Ordering::Release);
+        self.0.listening.send_replace(false);
         let _ = self.0.wakes.send(None);
     }
 }
@@ -166,7 +171,7 @@ async fn listen(options: PgConnectOptions, shared: Arc<Shared>) {
                 "listening for ended claims failed; waiting duplicates poll until it is back"
             ),
         }
-        shared.listening.store(false, Ordering::Release);
+        shared.listening.send_replace(false);
         let _ = shared.wakes.send(None);
         tokio::time::sleep(RECONNECT_DELAY).await;
     }
@@ -185,7 +190,7 @@ async fn listen_once(options: &PgConnectOptions, shared: &Shared) -> Result<(), 
     let mut listener = PgListener::connect_with(&pool).await?;
     listener.ignore_pool_close_event(true);
     listener.listen(CHANNEL).await?;
-    shared.listening.store(true, Ordering::Release);
+    shared.listening.send_replace(true);
     debug!(
         event = "listening",
         channel = CHANNEL,
