@@ -166,9 +166,12 @@ impl Idempotency {
 /// every local waiter.
 #[derive(Debug)]
 pub(super) struct Running {
-    shards: Box<[Mutex<HashMap<(String, String), Entry>>]>,
+    shards: Box<[Shard]>,
     hasher: RandomState,
 }
+
+/// One shard of [`Running`]: the entries by `(scope, key)`.
+type Shard = Mutex<HashMap<(String, String), Entry>>;
 
 #[derive(Debug)]
 struct Entry {
@@ -190,7 +193,7 @@ impl Default for Running {
 }
 
 impl Running {
-    fn shard(&self, scope: &str, key: &str) -> &Mutex<HashMap<(String, String), Entry>> {
+    fn shard(&self, scope: &str, key: &str) -> &Shard {
         let hash = self.hasher.hash_one((scope, key));
         // The modulo keeps it below SHARDS, so the cast cannot truncate.
         #[allow(clippy::cast_possible_truncation)]
