@@ -315,6 +315,7 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
     let idempotency = Idempotency::builder(store)
         .default_lease(args.lease)
         .default_ttl(args.ttl)
+        .default_wait(args.wait.unwrap_or_default())
         .build();
     let _sweeper = idempotency.spawn_sweeper(Duration::from_secs(60));
     let app = router(AppState {

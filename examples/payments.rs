@@ -334,6 +334,7 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
     let idempotency = Idempotency::builder_shared(store)
         .default_lease(args.lease)
         .default_ttl(args.ttl)
+        .default_wait(args.wait.unwrap_or_default())
         .build();
     // Purges expired keys every minute, in the background.
     let _sweeper = idempotency.spawn_sweeper(Duration::from_secs(60));

@@ -48,6 +48,12 @@ pub struct DemoArgs {
     /// watch an expired key run as new.
     #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub ttl: Duration,
+
+    /// The engine's default wait (e.g. `5s`): a duplicate that finds the original still
+    /// running waits up to this long for its outcome (and gets the replay) instead of
+    /// `409` at once. Off by default.
+    #[arg(long, env = "IDEMPOTENCY_WAIT", value_parser = humantime::parse_duration)]
+    pub wait: Option<Duration>,
 }
 
 /// Where the database URL came from.
@@ -123,6 +129,13 @@ mod tests {
         assert_eq!(args.lease, Duration::from_millis(1500));
         let bad = DemoArgs::try_from_iter(["demo", "--ttl", "soon"]).unwrap_err();
         assert_eq!(bad.kind(), clap::error::ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn waiting_is_off_unless_asked_for() {
+        assert_eq!(DemoArgs::try_from_iter(["demo"]).unwrap().wait, None);
+        let args = DemoArgs::try_from_iter(["demo", "--wait", "5s"]).unwrap();
+        assert_eq!(args.wait, Some(Duration::from_secs(5)));
     }
 
     #[test]

@@ -100,8 +100,12 @@ fn print_banner(banner: Banner, addr: std::net::SocketAddr, args: &DemoArgs) {
         redact_url(&args.database_url),
         args.database_url_from
     );
+    let wait = match args.wait {
+        Some(wait) => humantime::format_duration(wait).to_string(),
+        None => "off".to_owned(),
+    };
     println!(
-        "idempotency: ttl {}, lease {}",
+        "idempotency: ttl {}, lease {}, wait {wait}",
         humantime::format_duration(args.ttl),
         humantime::format_duration(args.lease)
     );

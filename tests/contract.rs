@@ -142,6 +142,37 @@ contract! {
         assert_eq!(app.runs(), 1, "the handler ran once");
     }
 
+    /// Fifty duplicates at once on a route with `wait`: one runs, the 49 others wait for
+    /// it and replay its answer; none gets `409`.
+    async fn duplicates_with_wait_replay_instead_of_409(protection: Protection) {
+        let app = ContractApp::new(protection, Duration::from_millis(300)).await;
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
+        let tasks: Vec<_> = (0..50)
+            .map(|_| {
+                let (router, barrier) = (app.router.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let request = post("/waiting/payments", "sk_test_alice", Some("order-1"), CHARGE);
+                    send(&router, request).await
+                })
+            })
+            .collect();
+        let (mut originals, mut replays) = (Vec::new(), Vec::new());
+        for task in tasks {
+            let answer = task.await.unwrap();
+            assert_eq!(answer.status, StatusCode::CREATED, "{:?}", String::from_utf8_lossy(&answer.body));
+            if answer.replayed() {
+                replays.push(answer.body);
+            } else {
+                originals.push(answer.body);
+            }
+        }
+        assert_eq!(originals.len(), 1, "exactly one answer is not a replay");
+        assert_eq!(replays.len(), 49);
+        assert!(replays.iter().all(|body| *body == originals[0]), "every replay is the original's answer");
+        assert_eq!(app.runs(), 1, "the handler ran once");
+    }
+
     /// Two callers may use the same key: two runs, two payments.
     async fn keys_are_scoped_per_caller(protection: Protection) {
         let app = ContractApp::new(protection, Duration::ZERO).await;

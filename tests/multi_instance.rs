@@ -51,6 +51,10 @@ fn main() {
                 on("fifty_duplicates_over_three_instances_charge_once", |s| {
                     Box::pin(fifty_duplicates_over_three_instances_charge_once(s))
                 }),
+                on(
+                    "fifty_duplicates_with_wait_over_three_instances_replay",
+                    |s| Box::pin(fifty_duplicates_with_wait_over_three_instances_replay(s)),
+                ),
                 on("a_retry_on_another_instance_replays", |s| {
                     Box::pin(a_retry_on_another_instance_replays(s))
                 }),
@@ -102,11 +106,17 @@ fn main() {
     run(trials)
 }
 
-async fn fifty_duplicates_over_three_instances_charge_once(server: Server) {
-    let backend = TestBackend::create(server, "fifty").await;
+/// 50 requests with one key spread over three instances, at once: the answers (status,
+/// has `Retry-After`, replayed) and how many gateway calls were made.
+async fn fifty_duplicates(
+    server: Server,
+    name: &str,
+    flags: &[&str],
+) -> (Vec<(StatusCode, bool, bool)>, i64) {
+    let backend = TestBackend::create(server, name).await;
     let mut instances = Vec::new();
     for _ in 0..3 {
-        instances.push(start(&backend, &["--gateway-latency-ms", "300"]).await);
+        instances.push(start(&backend, flags).await);
     }
     let instances = std::sync::Arc::new(instances);
     let client = reqwest::Client::new();
@@ -125,9 +135,19 @@ async fn fifty_duplicates_over_three_instances_charge_once(server: Server) {
             })
         })
         .collect();
-    let mut originals = 0;
+    let mut answers = Vec::new();
     for task in tasks {
-        match task.await.unwrap() {
+        answers.push(task.await.unwrap());
+    }
+    (answers, backend.gateway_calls().await)
+}
+
+async fn fifty_duplicates_over_three_instances_charge_once(server: Server) {
+    let (answers, gateway_calls) =
+        fifty_duplicates(server, "fifty", &["--gateway-latency-ms", "300"]).await;
+    let mut originals = 0;
+    for answer in answers {
+        match answer {
             (StatusCode::CREATED, _, true) => {}
             (StatusCode::CREATED, _, false) => originals += 1,
             (StatusCode::CONFLICT, has_retry_after, _) => {
@@ -137,7 +157,23 @@ async fn fifty_duplicates_over_three_instances_charge_once(server: Server) {
         }
     }
     assert_eq!(originals, 1, "exactly one answer is not a replay");
-    assert_eq!(backend.gateway_calls().await, 1, "exactly one gateway call");
+    assert_eq!(gateway_calls, 1, "exactly one gateway call");
+}
+
+/// With `--wait`, the duplicates that find the charge running wait for it (on Postgres
+/// woken by `LISTEN/NOTIFY`, elsewhere by a bounded poll) and all get its replay.
+async fn fifty_duplicates_with_wait_over_three_instances_replay(server: Server) {
+    let flags = ["--gateway-latency-ms", "500", "--wait", "60s"];
+    let (answers, gateway_calls) = fifty_duplicates(server, "fiftywait", &flags).await;
+    let count = |wanted: (StatusCode, bool)| {
+        answers
+            .iter()
+            .filter(|(status, _, replayed)| (*status, *replayed) == wanted)
+            .count()
+    };
+    assert_eq!(count((StatusCode::CREATED, false)), 1, "{answers:?}");
+    assert_eq!(count((StatusCode::CREATED, true)), 49, "{answers:?}");
+    assert_eq!(gateway_calls, 1, "exactly one gateway call");
 }
 
 async fn a_retry_on_another_instance_replays(server: Server) {

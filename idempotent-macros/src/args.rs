@@ -19,6 +19,7 @@ pub(crate) const KNOWN: &[&str] = &[
     "ttl",
     "lease",
     "max_duration",
+    "wait",
     "on_server_error",
     "fingerprint",
     "exclude_headers",
@@ -85,6 +86,7 @@ pub(crate) struct Args {
     pub(crate) ttl: Option<DurationArg>,
     pub(crate) lease: Option<DurationArg>,
     pub(crate) max_duration: Option<DurationArg>,
+    pub(crate) wait: Option<DurationArg>,
     pub(crate) on_server_error: Option<OnServerError>,
     /// The policy's token (`release` / `store`), for errors about the combination.
     pub(crate) on_server_error_span: Option<Span>,
@@ -128,6 +130,9 @@ impl Args {
                 ),
             ));
         }
+        if let Some(wait) = &args.wait {
+            check_wait(wait, args.max_duration.as_ref(), errors);
+        }
         args
     }
 
@@ -152,11 +157,6 @@ impl Args {
                            headers); to leave some out, write \
                            `exclude_headers = [\"x-request-id\"]`"
                     .to_owned();
-            } else if name == "wait" {
-                message.push_str(
-                    "; `wait` is not supported yet: a retry that finds its key still running \
-                     gets `409` with `Retry-After`",
-                );
             } else if let Some(close) = closest(&name, KNOWN.iter().copied()) {
                 message.push_str(&format!("; did you mean `{close}`?"));
             }
@@ -189,6 +189,7 @@ impl Args {
             "max_duration" => {
                 duration_value("max_duration", &value).map(|d| self.max_duration = Some(d))
             }
+            "wait" => duration_value("wait", &value).map(|d| self.wait = Some(d)),
             "on_server_error" => on_server_error_value(&value).map(|(policy, span)| {
                 self.on_server_error = Some(policy);
                 self.on_server_error_span = Some(span);
@@ -208,6 +209,36 @@ impl Args {
     }
 }
 
+/// The engine's default maximum duration of a handler, in seconds (5 minutes).
+const DEFAULT_MAX_DURATION_SECS: u64 = 5 * 60;
+
+/// A wait longer than the handler may run (its `max_duration`, or the engine's default
+/// of 5 minutes) never ends in a replay that a shorter one would miss.
+fn check_wait(
+    wait: &DurationArg,
+    max_duration: Option<&DurationArg>,
+    errors: &mut Vec<syn::Error>,
+) {
+    let (limit, what) = match max_duration {
+        Some(max) => (max.secs, format!("`max_duration = {:?}`", max.lit.value())),
+        None => (
+            DEFAULT_MAX_DURATION_SECS,
+            "the default maximum duration of 5 minutes".to_owned(),
+        ),
+    };
+    if wait.secs > limit {
+        errors.push(syn::Error::new(
+            wait.lit.span(),
+            format!(
+                "`wait = {:?}` is longer than the handler may run ({what}): the original \
+                 has a recorded outcome by then, so a longer wait gains nothing and keeps \
+                 the client hanging; write a few seconds, e.g. `wait = \"5s\"`",
+                wait.lit.value()
+            ),
+        ));
+    }
+}
+
 fn unknown_message(what: &str) -> String {
     let known: Vec<String> = KNOWN.iter().map(|k| format!("`{k}`")).collect();
     format!(
@@ -223,6 +254,7 @@ fn example(name: &str) -> &'static str {
         "ttl" => "ttl = \"24h\"",
         "lease" => "lease = \"30s\"",
         "max_duration" => "max_duration = \"2m\"",
+        "wait" => "wait = \"5s\"",
         "on_server_error" => "on_server_error = release",
         "fingerprint" => "fingerprint = \"raw\"",
         "exclude_headers" => "exclude_headers = [\"x-request-id\"]",
@@ -306,6 +338,15 @@ fn duration_value(name: &str, value: &Expr) -> syn::Result<DurationArg> {
             secs,
             lit: lit.clone(),
         }),
+        // A zero wait reads like "do not wait": say how that is written.
+        Err(message) if name == "wait" && message.contains(" is zero") => Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`wait = {:?}` is zero: to answer `409` at once, leave `wait` out (waiting \
+                     is off by default); to wait, write a few seconds, e.g. `wait = \"5s\"`",
+                lit.value()
+            ),
+        )),
         Err(message) => Err(syn::Error::new(lit.span(), format!("`{name}`: {message}"))),
     }
 }
@@ -611,10 +652,27 @@ mod tests {
                 "{error:?} should contain {expected:?}"
             );
         }
-        let (args, errors) = parse(quote!(wait = "5s"));
-        assert!(args.scope.is_none());
+        let (args, errors) = parse(quote!(scope = c, wait = "5s"));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(args.wait.map(|w| w.secs), Some(5));
+        let (_, errors) = parse(quote!(scope = c, wait = "0s"));
         assert!(
-            errors[0].contains("`wait` is not supported yet"),
+            errors[0]
+                .contains("`wait = \"0s\"` is zero: to answer `409` at once, leave `wait` out"),
+            "{errors:?}"
+        );
+        let (_, errors) = parse(quote!(scope = c, wait = "soon"));
+        assert!(errors[0].contains("`wait`: invalid duration"), "{errors:?}");
+        let (_, errors) = parse(quote!(scope = c, wait = "10m"));
+        assert!(
+            errors[0].contains("the default maximum duration of 5 minutes"),
+            "{errors:?}"
+        );
+        let (_, errors) = parse(quote!(scope = c, max_duration = "30s", wait = "1m"));
+        assert!(
+            errors[0].contains(
+                "`wait = \"1m\"` is longer than the handler may run (`max_duration = \"30s\"`)"
+            ),
             "{errors:?}"
         );
         let (_, errors) = parse(quote!(scope = c, replay_headers = ["x-request-cost"]));
@@ -695,6 +753,6 @@ mod tests {
             closest("exclude_header", KNOWN.iter().copied()),
             Some("exclude_headers")
         );
-        assert_eq!(closest("wait", KNOWN.iter().copied()), None);
+        assert_eq!(closest("retries", KNOWN.iter().copied()), None);
     }
 }

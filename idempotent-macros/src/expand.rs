@@ -245,6 +245,10 @@ fn config(args: &Args, handler_name: &syn::Ident, p: &TokenStream) -> TokenStrea
         let secs = Literal::u64_unsuffixed(max.secs);
         config.extend(quote!(.max_duration(#p::Duration::from_secs(#secs))));
     }
+    if let Some(wait) = &args.wait {
+        let secs = Literal::u64_unsuffixed(wait.secs);
+        config.extend(quote!(.wait(#p::Duration::from_secs(#secs))));
+    }
     if let Some(policy) = args.on_server_error {
         let variant = match policy {
             OnServerError::Release => quote!(Release),

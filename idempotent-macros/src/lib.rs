@@ -75,6 +75,11 @@ use proc_macro::TokenStream;
 ///   replayed: it may have taken effect); a body still streaming is sent on but recorded
 ///   without its bytes; a transactional handler rolls back and its key is released.
 ///   Default: the engine's (5 minutes, `IdempotencyBuilder::default_max_duration`).
+/// - `wait = "5s"`: a duplicate that finds the original still running waits up to this
+///   long for its outcome and gets the replay, instead of `409` at once; if the original
+///   is still running at the end, `409` + `Retry-After`; if it released its claim (a 5xx,
+///   a panic), the waiter runs the handler itself. Must not exceed the handler's maximum
+///   duration. Default: the engine's (off, `IdempotencyBuilder::default_wait`).
 /// - `on_server_error = release | store`: `release` (default) frees the key after a 5xx so a
 ///   retry runs the handler again; `store` records and replays the 5xx. A transactional
 ///   handler (one taking `&mut Tx<DB>`) always rolls back and releases on a 5xx, so `store`

@@ -53,6 +53,7 @@ fn every_option_and_a_renamed_crate() {
             ttl = "7d",
             lease = "1m30s",
             max_duration = "2m",
+            wait = "5s",
             on_server_error = store,
             fingerprint = "json",
             exclude_headers = ["x-request-id", "x-ratelimit-remaining"],

@@ -44,6 +44,10 @@ pub struct HandlerConfig {
     /// enforces it; the policy [`IdempotencyLayer`](crate::IdempotencyLayer) applies and
     /// the one the published OpenAPI document states.
     pub key_optional: bool,
+    /// How long a duplicate that finds the original still running waits for its outcome
+    /// before answering `409` (`None`: the engine's default, itself off unless set with
+    /// [`crate::IdempotencyBuilder::default_wait`]).
+    pub wait: Option<Duration>,
 }
 
 impl HandlerConfig {
@@ -58,6 +62,7 @@ impl HandlerConfig {
             fingerprint: FingerprintMode::Raw,
             excluded_headers: &[],
             key_optional: false,
+            wait: None,
         }
     }
 
@@ -106,6 +111,16 @@ impl HandlerConfig {
     /// Makes the key optional: a request without it runs the handler unprotected.
     pub const fn key_optional(mut self) -> Self {
         self.key_optional = true;
+        self
+    }
+
+    /// Sets how long a duplicate that finds the original still running waits for its
+    /// outcome: it then gets the replay; if the original is still running at the end,
+    /// `409` + `Retry-After` as without a wait; if the original released its claim (a
+    /// 5xx, a panic), the waiter claims the key and runs the handler itself. A zero wait
+    /// turns waiting off for this handler even when the engine has a default.
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
         self
     }
 }

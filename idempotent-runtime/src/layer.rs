@@ -110,7 +110,7 @@ pub const DEFAULT_METHODS: [Method; 2] = [Method::POST, Method::PATCH];
 /// The policy is a [`HandlerConfig`], as for the attribute: set it whole with
 /// [`config`](Self::config) or piece by piece ([`ttl`](Self::ttl),
 /// [`lease`](Self::lease), [`fingerprint`](Self::fingerprint),
-/// [`on_server_error`](Self::on_server_error), [`name`](Self::name),
+/// [`on_server_error`](Self::on_server_error), [`wait`](Self::wait), [`name`](Self::name),
 /// [`key_optional`](Self::key_optional)); [`policy`](Self::policy) reads it back.
 /// Requests with other methods than [`methods`](Self::methods) (default `POST` and
 /// `PATCH`) pass straight through.
@@ -244,6 +244,14 @@ impl<Sc> IdempotencyLayer<Sc> {
     /// What a 5xx answer does to the claim (default: release it).
     pub fn on_server_error(mut self, policy: OnServerError) -> Self {
         self.config = self.config.on_server_error(policy);
+        self
+    }
+
+    /// How long a duplicate that finds the original still running waits for its outcome
+    /// before `409` (default: the engine's, itself off unless set); see
+    /// [`HandlerConfig::wait`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.config = self.config.wait(wait);
         self
     }
 

@@ -10,6 +10,8 @@
 //! | [`REQUESTS_TOTAL`] `idempotent_requests_total` | counter | `handler`, `outcome` ([`Outcome`]) |
 //! | [`STORE_OPERATION_DURATION`] `idempotent_store_operation_duration_seconds` | histogram | `operation` ([`StoreOperation`]), `result` (`ok` / `error`) |
 //! | [`HANDLER_DURATION`] `idempotent_handler_duration_seconds` | histogram | `handler` |
+//! | [`WAITS_TOTAL`] `idempotent_waits_total` | counter | `handler`, `result` |
+//! | [`WAIT_DURATION`] `idempotent_wait_duration_seconds` | histogram | `handler` |
 //!
 //! `handler` is the handler's name: `module::function` for an `#[idempotent]` handler,
 //! what [`IdempotencyLayer::name`](crate::IdempotencyLayer::name) or
@@ -40,6 +42,18 @@ pub const STORE_OPERATION_DURATION: &str = "idempotent_store_operation_duration_
 /// handler's start to its answer, the response body read whole (or cut at the
 /// stored-response cap); a transactional handler's `BEGIN` and `COMMIT` excluded.
 pub const HANDLER_DURATION: &str = "idempotent_handler_duration_seconds";
+
+/// Counter: duplicates that waited for a running original ([`HandlerConfig::wait`]), by
+/// `handler` and `result`: `replayed`, `ran` (the original released its claim and this
+/// request ran the handler), `mismatch`, `failed` (the store failed) or `in_progress`
+/// (still running at the end of the wait: `409`). The request also counts once in
+/// [`REQUESTS_TOTAL`] under the outcome it ended in.
+///
+/// [`HandlerConfig::wait`]: crate::HandlerConfig::wait
+pub const WAITS_TOTAL: &str = "idempotent_waits_total";
+
+/// Histogram (seconds): how long a duplicate waited, by `handler`.
+pub const WAIT_DURATION: &str = "idempotent_wait_duration_seconds";
 
 /// The `handler` label of a handler without a name.
 pub const UNNAMED: &str = "unnamed";
@@ -140,6 +154,16 @@ pub fn describe() {
         ::metrics::Unit::Seconds,
         "Idempotency store operations by operation and result"
     );
+    ::metrics::describe_counter!(
+        WAITS_TOTAL,
+        ::metrics::Unit::Count,
+        "Duplicates that waited for a running original, by handler and result"
+    );
+    ::metrics::describe_histogram!(
+        WAIT_DURATION,
+        ::metrics::Unit::Seconds,
+        "How long duplicates waited for a running original"
+    );
     ::metrics::describe_histogram!(
         HANDLER_DURATION,
         ::metrics::Unit::Seconds,
@@ -167,6 +191,13 @@ pub(crate) fn count(handler: Option<&'static str>, outcome: Outcome) {
 pub(crate) fn count_labelled(handler: impl Into<::metrics::SharedString>, outcome: Outcome) {
     ::metrics::counter!(REQUESTS_TOTAL, "handler" => handler.into(), "outcome" => outcome.as_str())
         .increment(1);
+}
+
+/// Counts one wait of `handler` that ended in `result`, and how long it took.
+pub(crate) fn waited(handler: Option<&'static str>, result: &'static str, took: Duration) {
+    let handler = handler.unwrap_or(UNNAMED);
+    ::metrics::counter!(WAITS_TOTAL, "handler" => handler, "result" => result).increment(1);
+    ::metrics::histogram!(WAIT_DURATION, "handler" => handler).record(took.as_secs_f64());
 }
 
 /// Records how long one handler run took.

@@ -188,6 +188,17 @@ async fn attribute_optional_payment(
     charge(state, caller, key, request).await
 }
 
+/// Duplicates that find the charge running wait for it (up to a minute) and replay it.
+#[idempotent(scope = caller, wait = "60s")]
+async fn attribute_waiting_payment(
+    caller: Caller,
+    key: IdempotencyKey,
+    State(state): State<AppState>,
+    AsProblem(Json(request)): AsProblem<Json<ChargeRequest>>,
+) -> Response {
+    charge(state, caller, Some(key), request).await
+}
+
 #[idempotent(scope = caller)]
 async fn attribute_panics(caller: Caller, State(state): State<AppState>) -> StatusCode {
     let _ = caller;
@@ -199,6 +210,7 @@ fn attribute_router(state: AppState) -> Router {
     Router::new()
         .route("/payments", post(attribute_payment))
         .route("/optional/payments", post(attribute_optional_payment))
+        .route("/waiting/payments", post(attribute_waiting_payment))
         .route("/panics", post(attribute_panics))
         .nest("/accounts/{id}", accounts)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -251,11 +263,15 @@ fn layer_router(state: AppState) -> Router {
     let optional = Router::new()
         .route("/optional/payments", post(plain_optional_payment))
         .route_layer(protect().key_optional());
+    let waiting = Router::new()
+        .route("/waiting/payments", post(plain_payment))
+        .route_layer(protect().wait(Duration::from_secs(60)));
     Router::new()
         .route("/payments", post(plain_payment))
         .route("/panics", post(plain_panics))
         .route_layer(protect())
         .merge(optional)
+        .merge(waiting)
         .nest("/accounts/{id}", accounts)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(authenticate))

@@ -33,6 +33,9 @@ use crate::store::{FencingToken, StoredResponse};
 /// releases the outcome.
 pub(super) struct Execution {
     pub(super) engine: Idempotency,
+    /// Wakes this engine's waiting duplicates when dropped, i.e. once the outcome is
+    /// recorded or the claim released (`None`: the handler's duplicates do not wait).
+    pub(super) _registration: Option<super::waiting::Registration>,
     pub(super) config: HandlerConfig,
     pub(super) scope: String,
     pub(super) key: String,

@@ -18,12 +18,14 @@ mod capture;
 mod execution;
 mod operator;
 mod retry_after;
+mod waiting;
 
 pub(crate) use answers::store_unavailable;
 #[cfg(feature = "sql")]
 use answers::transaction_unsupported;
 use answers::{in_progress, internal_error, key_reused, replay, scope_empty};
 use execution::Execution;
+use waiting::{Attempt, Settled};
 
 /// The header marking a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -109,6 +111,10 @@ struct Inner {
     header_name: HeaderName,
     completion_retry_window: Duration,
     store_timeout: Duration,
+    /// How long duplicates of handlers that set no `wait` wait (`None`: not at all).
+    default_wait: Option<Duration>,
+    /// The claims this engine executes for handlers whose duplicates wait.
+    running: Arc<waiting::Running>,
     /// How long each handler usually takes, for `Retry-After`.
     durations: retry_after::DurationEstimates,
     /// Every detached request and background recording, for [`Idempotency::drain`].
@@ -192,6 +198,14 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// How long a duplicate that finds the original still running waits for its outcome,
+    /// for handlers that set no `wait` (default: off, the duplicate gets `409` at once;
+    /// a zero wait also means off). See [`HandlerConfig::wait`].
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.inner.default_wait = Some(wait).filter(|wait| !wait.is_zero());
+        self
+    }
+
     /// Builds the engine (and [describes](crate::metrics::describe) its metrics to the
     /// recorder installed by then, if any).
     pub fn build(self) -> Idempotency {
@@ -225,6 +239,8 @@ impl Idempotency {
                 header_name: HeaderName::from_static("idempotency-key"),
                 completion_retry_window: Duration::from_secs(30),
                 store_timeout: Duration::from_secs(5),
+                default_wait: None,
+                running: Arc::default(),
                 durations: retry_after::DurationEstimates::default(),
                 tracker: tokio_util::task::TaskTracker::new(),
             },
@@ -265,7 +281,11 @@ impl Idempotency {
     ///   recording of its outcome — while the lease is renewed every third of it;
     /// - completed with the same fingerprint: the stored response plus
     ///   `Idempotent-Replayed: true`;
-    /// - still running: `409` + `Retry-After`; another fingerprint: `422`;
+    /// - still running: `409` + `Retry-After` — or, when the handler's config (or the
+    ///   engine's default) sets a [`wait`](HandlerConfig::wait), the request waits up to
+    ///   that long for the original and then claims again: replay, a run of its own if
+    ///   the original released its claim, or `409` if it still runs;
+    /// - another fingerprint: `422`;
     /// - store unreachable: `503`, and the handler does not run.
     ///
     /// A 5xx answer or a panic (→ `500`) releases the claim unless the config says
@@ -338,22 +358,52 @@ impl Idempotency {
             );
             return scope_empty();
         }
-        let (engine, config) = (self.clone(), *config);
-        let (scope, key) = (scope.to_owned(), key.to_owned());
-        let task = self.spawn_tracked(
-            async move {
-                match engine.claim(&config, &scope, &key, &fingerprint).await {
-                    Ok(execution) => {
-                        let lease = execution.lease_signal.clone();
-                        let key = IdempotencyKey::claimed(scope, key, fingerprint, lease);
-                        execute(execution, key).await
+        // One claim attempt (and the handler, when it wins) in a detached task; the
+        // handler comes back when the key is in progress, for a request that waits.
+        let attempt = |execute: X| {
+            let (engine, config) = (self.clone(), *config);
+            let (scope, key) = (scope.to_owned(), key.to_owned());
+            let task = self.spawn_tracked(
+                async move {
+                    match engine.claim(&config, &scope, &key, &fingerprint).await {
+                        Ok(execution) => {
+                            let lease = execution.lease_signal.clone();
+                            let key = IdempotencyKey::claimed(scope, key, fingerprint, lease);
+                            Attempt::Done(Settled::Ran, execute(execution, key).await)
+                        }
+                        Err(Refused::Answer(settled, answer)) => Attempt::Done(settled, answer),
+                        Err(Refused::InProgress(retry_after)) => {
+                            Attempt::InProgress(retry_after, execute)
+                        }
                     }
-                    Err(answer) => answer,
                 }
+                .in_current_span(),
+            );
+            join_detached(task)
+        };
+        match self.wait_for(config) {
+            None => match attempt(execute).await {
+                Attempt::Done(_, answer) => answer,
+                Attempt::InProgress(retry_after, _) => self.in_progress(config, retry_after),
+            },
+            Some(wait) => {
+                self.claim_waiting(config, scope, key, wait, execute, attempt)
+                    .await
             }
-            .in_current_span(),
+        }
+    }
+
+    /// The `409` + `Retry-After` for a duplicate that finds the key still in progress
+    /// (the store's `retry_after`: until the holder's lease runs out).
+    fn in_progress(&self, config: &HandlerConfig, retry_after: Duration) -> Response {
+        metrics::count(config.name, Outcome::InProgress);
+        let retry_after = self.inner.durations.retry_after(config.name, retry_after);
+        info!(
+            event = "in_progress",
+            retry_after_secs = retry_after.as_secs(),
+            "original request still running"
         );
-        join_detached(task).await
+        in_progress(retry_after)
     }
 
     /// Spawns `task` so that [`drain`](Self::drain) waits for it.
@@ -377,15 +427,15 @@ impl Idempotency {
         finished
     }
 
-    /// Claims the key; `Err` carries the answer when the handler must not run (replay,
-    /// `409`, `422`, `503`).
+    /// Claims the key; `Err` says why the handler must not run (replay, `422`, `503`, or
+    /// the key in progress).
     async fn claim(
         &self,
         config: &HandlerConfig,
         scope: &str,
         key: &str,
         fingerprint: &Fingerprint,
-    ) -> Result<Execution, Response> {
+    ) -> Result<Execution, Refused> {
         let lease = self.lease_for(config);
         let claim = ClaimRequest {
             scope,
@@ -403,10 +453,14 @@ impl Idempotency {
             Err(err) => {
                 error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
                 metrics::count(config.name, Outcome::StoreError);
-                return Err(store_unavailable());
+                return Err(Refused::Answer(Settled::Failed, store_unavailable()));
             }
         };
-        metrics::count(config.name, claim_metric(&outcome));
+        // A `409` counts once, where it is answered: a waiting duplicate may find the key
+        // in progress several times before it settles.
+        if let Some(counted) = claim_metric(&outcome) {
+            metrics::count(config.name, counted);
+        }
         match outcome {
             ClaimOutcome::Replay(stored) => {
                 info!(
@@ -414,20 +468,12 @@ impl Idempotency {
                     status = stored.status,
                     "replaying stored response"
                 );
-                Err(replay(stored))
+                Err(Refused::Answer(Settled::Replayed, replay(stored)))
             }
-            ClaimOutcome::InProgress { retry_after } => {
-                let retry_after = self.inner.durations.retry_after(config.name, retry_after);
-                info!(
-                    event = "in_progress",
-                    retry_after_secs = retry_after.as_secs(),
-                    "original request still running"
-                );
-                Err(in_progress(retry_after))
-            }
+            ClaimOutcome::InProgress { retry_after } => Err(Refused::InProgress(retry_after)),
             ClaimOutcome::Mismatch => {
                 info!(event = "mismatch", "key reused with a different request");
-                Err(key_reused())
+                Err(Refused::Answer(Settled::Mismatch, key_reused()))
             }
             ClaimOutcome::Claimed { token, takeover } => {
                 match takeover {
@@ -438,8 +484,13 @@ impl Idempotency {
                         "took over an earlier record of this key; running handler"
                     ),
                 }
+                // Only handlers whose duplicates wait are tracked: nobody else listens.
+                let registration = self
+                    .wait_for(config)
+                    .map(|_| self.inner.running.register(scope, key, token));
                 Ok(Execution {
                     engine: self.clone(),
+                    _registration: registration,
                     config: *config,
                     scope: scope.to_owned(),
                     key: key.to_owned(),
@@ -557,24 +608,38 @@ impl Idempotency {
     }
 }
 
-/// The `outcome` a claim's answer counts under.
-fn claim_metric(outcome: &ClaimOutcome) -> Outcome {
+/// The `outcome` a claim's answer counts under; `None` for a key in progress, counted
+/// by [`Idempotency::in_progress`] when the `409` is answered.
+fn claim_metric(outcome: &ClaimOutcome) -> Option<Outcome> {
     match outcome {
-        ClaimOutcome::Replay(_) => Outcome::Replayed,
-        ClaimOutcome::InProgress { .. } => Outcome::InProgress,
-        ClaimOutcome::Mismatch => Outcome::Mismatch,
-        ClaimOutcome::Claimed { .. } => Outcome::Claimed,
+        ClaimOutcome::Replay(_) => Some(Outcome::Replayed),
+        ClaimOutcome::InProgress { .. } => None,
+        ClaimOutcome::Mismatch => Some(Outcome::Mismatch),
+        ClaimOutcome::Claimed { .. } => Some(Outcome::Claimed),
     }
 }
 
-/// Awaits the detached task running a claimed request.
-async fn join_detached(task: tokio::task::JoinHandle<Response>) -> Response {
+/// Why a claim does not run the handler.
+enum Refused {
+    /// Answered at once: a replay, `422`, `503`.
+    Answer(Settled, Response),
+    /// Another request holds the key; the store's time until its lease runs out.
+    InProgress(Duration),
+}
+
+/// Awaits the detached task running a claim attempt.
+async fn join_detached<X>(task: tokio::task::JoinHandle<Attempt<X>>) -> Attempt<X> {
     match task.await {
-        Ok(response) => response,
+        Ok(attempt) => attempt,
         // Only when the runtime shuts down under the task.
         Err(err) => {
             error!(event = "store_error", error = %err, "handler task did not finish");
-            internal_error("The request was interrupted; it is safe to retry with the same key.")
+            Attempt::Done(
+                Settled::Failed,
+                internal_error(
+                    "The request was interrupted; it is safe to retry with the same key.",
+                ),
+            )
         }
     }
 }

@@ -17,6 +17,8 @@
 //! shared database), `RedisStore` (many instances on Redis/Valkey; weaker durability, see
 //! its module docs). All pass one conformance suite.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -260,7 +262,32 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn transactions(&self) -> Option<TxSupport> {
         None
     }
+
+    /// Starts watching `(scope, key)` for the end of its in-progress claim (completed or
+    /// released), for a duplicate that waits instead of answering `409`
+    /// ([`HandlerConfig::wait`](crate::HandlerConfig::wait)).
+    ///
+    /// The engine calls it *before* the claim that may find the key in progress, and
+    /// awaits the returned future only then: a store that subscribes to notifications
+    /// must subscribe within this call, not when the future is first polled, so that a
+    /// claim ending in between is not missed. The future resolves once the claim may
+    /// have ended, or after `poll` when the store cannot tell. Resolving early or for
+    /// another key is allowed: the engine then claims again, and that claim's answer
+    /// decides (replay, run, or wait on). It holds no pooled connection and no
+    /// transaction while pending, and dropping it cancels the watch.
+    ///
+    /// The default resolves after `poll` (the engine backs the poll off, up to half a
+    /// second): what a store without change notifications offers. `PostgresStore`
+    /// overrides it with `LISTEN/NOTIFY`. A decorator store forwards its inner store's
+    /// watch.
+    fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
+        let _ = (scope, key);
+        Box::pin(tokio::time::sleep(poll))
+    }
 }
+
+/// What [`Store::watch_claim`] returns: resolves when a watched claim may have ended.
+pub type ClaimWatch = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// Whole seconds to tell a client in `Retry-After`: rounded up, at least one.
 pub(crate) fn retry_after_from_millis(millis: i64) -> Duration {

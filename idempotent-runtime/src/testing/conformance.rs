@@ -154,6 +154,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_forget_is_scoped,
         check_concurrent_forgets_delete_once,
         check_forget_racing_completion_is_consistent,
+        check_watch_wakes_after_complete_and_release,
     ];
     let trials = checks
         .into_iter()
@@ -1063,4 +1064,41 @@ pub async fn check_complete_twice<H: Harness>() {
     assert!(!renew(&*store, token, LEASE).await);
     let (outcome, _) = claim(&*store, fp(1)).await;
     assert_eq!(outcome, ClaimOutcome::Replay(response("first")));
+}
+
+/// A duplicate's watch ([`Store::watch_claim`]), started before the claim ends,
+/// resolves once it has ended, whether the end comes before or after the watch is first
+/// awaited (a store that subscribes lazily would miss the first), and from another task;
+/// the claim after it decides: a replay after `complete`, a new claim after `release`.
+/// The bound is generous: a store may resolve on its poll step, a notifying store on
+/// its notification.
+pub async fn check_watch_wakes_after_complete_and_release<H: Harness>() {
+    const BOUND: Duration = Duration::from_secs(60);
+    let poll = Duration::from_millis(50);
+    let (_h, store) = setup::<H>().await;
+
+    // Ended before the watch is first awaited.
+    let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let watch = store.watch_claim(SCOPE, KEY, poll);
+    assert_in_progress(&claim(&*store, fp(1)).await.0, LEASE);
+    assert!(complete(&*store, first, &response("first")).await);
+    tokio::time::timeout(BOUND, watch)
+        .await
+        .expect("the watch resolves after the claim completed");
+    let (outcome, _) = claim(&*store, fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("first")));
+
+    // Ended by another task while the watch is pending.
+    let other = "watch-release";
+    let holder = must_claim(&*store, SCOPE, other, fp(2)).await;
+    let watch = store.watch_claim(SCOPE, other, poll);
+    let releasing = {
+        let store = store.clone();
+        tokio::spawn(async move { store.release(SCOPE, other, holder).await })
+    };
+    tokio::time::timeout(BOUND, watch)
+        .await
+        .expect("the watch resolves after the claim was released");
+    assert!(releasing.await.expect("release task").expect("release"));
+    must_claim(&*store, SCOPE, other, fp(2)).await;
 }

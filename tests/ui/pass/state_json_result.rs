@@ -77,6 +77,7 @@ impl IntoResponse for ApiError {
     scope = caller,
     ttl = "24h",
     lease = "10s",
+    wait = "5s",
     on_server_error = release,
     fingerprint = "raw",
     exclude_headers = ["x-request-id"],

@@ -39,6 +39,16 @@
 //! - `inspect` (operators) is one read at `now()`; `forget` is that read, then a `DELETE`
 //!   fenced by the token and state it read (run again if the record changed between).
 //!
+//! # Waiting duplicates: `LISTEN/NOTIFY`
+//!
+//! A duplicate that waits for a running original (`wait = "5s"`) on another instance is
+//! woken by a notification: migration 2's triggers `pg_notify` the channel
+//! `idempotent_claim_ended` when an in-progress claim completes or is released, with a
+//! hash of scope and key as payload. Each store keeps one listener connection for it, on
+//! a one-connection pool of its own (never one of the request pool's), started on the
+//! first wait and reconnected when lost; waiters poll while it is down (see `notify.rs`).
+//! The triggers run on every completion and release, whether or not anyone waits.
+//!
 //! # Migrations
 //!
 //! The schema (`migrations/postgres/`) is embedded in the binary and applied on connect.
@@ -62,22 +72,30 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 
 use super::sql::{self, EmbeddedMigration};
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
-    StoredResponse, TxSupport,
+    ClaimOutcome, ClaimRequest, ClaimWatch, FencingToken, ForgetOutcome, RecordInfo, Store,
+    StoreError, StoredResponse, TxSupport,
 };
 use schema::{Schema, Statements};
 
 mod claim;
+mod notify;
 mod operator;
 mod schema;
 mod transaction;
 
 /// The embedded migrations, in version order; the files live in `migrations/postgres/`.
-const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
-    version: 1,
-    description: "idempotency records",
-    sql: include_str!("../../../migrations/postgres/0001_idempotency_records.sql"),
-}];
+const MIGRATIONS: &[EmbeddedMigration] = &[
+    EmbeddedMigration {
+        version: 1,
+        description: "idempotency records",
+        sql: include_str!("../../../migrations/postgres/0001_idempotency_records.sql"),
+    },
+    EmbeddedMigration {
+        version: 2,
+        description: "claim ended notify",
+        sql: include_str!("../../../migrations/postgres/0002_claim_ended_notify.sql"),
+    },
+];
 
 /// Where applied migration versions are recorded (see the module docs).
 const MIGRATIONS_TABLE: &str = "_idempotent_migrations";
@@ -136,6 +154,8 @@ pub struct PostgresStore {
     schema: Option<Schema>,
     sql: Arc<Statements>,
     transactions: TxSupport,
+    /// Wakes duplicates waiting for a claim to end (`LISTEN/NOTIFY`).
+    notifier: Arc<notify::Notifier>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -254,11 +274,13 @@ impl PostgresStore {
     fn with_parts(pool: PgPool, schema: Option<Schema>) -> Self {
         let sql = Arc::new(Statements::new(schema.as_ref()));
         let transactions = transaction::support(pool.clone(), sql.clone());
+        let notifier = Arc::new(notify::Notifier::new((*pool.connect_options()).clone()));
         Self {
             pool,
             schema,
             sql,
             transactions,
+            notifier,
         }
     }
 }
@@ -385,6 +407,10 @@ impl Store for PostgresStore {
 
     fn transactions(&self) -> Option<TxSupport> {
         Some(self.transactions.clone())
+    }
+
+    fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
+        self.notifier.watch(scope, key, poll)
     }
 }
 

@@ -1,0 +1,269 @@
+//! Waiting instead of `409` ([`HandlerConfig::wait`]): a duplicate that finds the
+//! original still running waits for its end, then claims again, and that claim's answer
+//! decides — a replay, a run of its own (the original released its claim), or, at the
+//! end of the wait, `409` + `Retry-After` as without waiting. The atomic claim stays the
+//! only gate: waiting adds wake-ups, never a decision.
+//!
+//! Where the wake-up comes from:
+//!
+//! - the original runs in this engine: its [`Registration`] ends (dropped after the
+//!   outcome is recorded or the claim released) and wakes every local waiter — a
+//!   notification, no polling;
+//! - elsewhere: the store's [`watch_claim`](crate::store::Store::watch_claim) — `LISTEN`/
+//!   `NOTIFY` on Postgres, a poll backed off from 20 ms to 500 ms on stores that cannot
+//!   tell.
+//!
+//! Which task waits: the request's own. Each claim attempt runs in a detached task as
+//! without waiting (a claim that wins executes there, out of the client's reach), and
+//! hands the handler back when it finds the key still in progress; the wait itself holds
+//! nothing (no pooled connection, no transaction, no tracked task), so a client that hangs
+//! up while waiting leaves nothing behind.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::response::Response;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::info;
+
+use super::Idempotency;
+use crate::config::HandlerConfig;
+use crate::store::FencingToken;
+
+/// The first poll step on a store without change notifications, doubled up to
+/// [`MAX_POLL`].
+const FIRST_POLL: Duration = Duration::from_millis(20);
+/// The longest poll step.
+const MAX_POLL: Duration = Duration::from_millis(500);
+
+/// How one claim attempt ended, for a request that may wait.
+pub(super) enum Attempt<X> {
+    /// Answered (replay, run, `422`, `503`, …): how, and the response.
+    Done(Settled, Response),
+    /// The key is still in progress: the store's `Retry-After`, and the handler back.
+    InProgress(Duration, X),
+}
+
+/// How a claim attempt settled the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// The stored response was replayed.
+    Replayed,
+    /// This request claimed the key and ran the handler.
+    Ran,
+    /// The key belongs to another request (`422`).
+    Mismatch,
+    /// The store failed (`503`), or the attempt was interrupted.
+    Failed,
+}
+
+impl Settled {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Replayed => "replayed",
+            Self::Ran => "ran",
+            Self::Mismatch => "mismatch",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// What a wait ended in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WaitOutcome {
+    /// A claim after a wake-up settled it.
+    Settled(Settled),
+    /// The original was still running at the end of the wait: `409`.
+    TimedOut,
+}
+
+impl Idempotency {
+    /// How long a duplicate of a handler with `config` waits (`None`: not at all).
+    pub(super) fn wait_for(&self, config: &HandlerConfig) -> Option<Duration> {
+        config
+            .wait
+            .or(self.inner.default_wait)
+            .filter(|wait| !wait.is_zero())
+    }
+
+    /// Claims, and while the key is in progress, waits for a wake-up and claims again,
+    /// until `wait` has passed. `attempt` runs one claim (and the handler, if it wins)
+    /// in a detached task, handing the handler back when the key is in progress.
+    pub(super) async fn claim_waiting<X, A, Fut>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        wait: Duration,
+        mut execute: X,
+        attempt: A,
+    ) -> Response
+    where
+        A: Fn(X) -> Fut,
+        Fut: Future<Output = Attempt<X>>,
+    {
+        let started = Instant::now();
+        let deadline = started + wait;
+        let mut poll = FIRST_POLL;
+        let mut waited = false;
+        loop {
+            // Before the claim, so that an end between the claim and the wait wakes it.
+            let store_watch = self.inner.store.watch_claim(scope, key, poll);
+            let (retry_after, handler) = match attempt(execute).await {
+                Attempt::Done(settled, response) => {
+                    if waited {
+                        self.waited(config, started, WaitOutcome::Settled(settled));
+                    }
+                    return response;
+                }
+                Attempt::InProgress(retry_after, handler) => (retry_after, handler),
+            };
+            execute = handler;
+            if Instant::now() >= deadline {
+                self.waited(config, started, WaitOutcome::TimedOut);
+                return self.in_progress(config, retry_after);
+            }
+            waited = true;
+            match self.inner.running.subscribe(scope, key) {
+                // The original runs here: its end is a notification.
+                Some(mut local) => {
+                    drop(store_watch);
+                    let _ = tokio::time::timeout_at(deadline, local.changed()).await;
+                }
+                None => {
+                    let _ = tokio::time::timeout_at(deadline, store_watch).await;
+                    poll = (poll * 2).min(MAX_POLL);
+                }
+            }
+        }
+    }
+
+    /// The one place a wait's outcome is decided and reported.
+    fn waited(&self, config: &HandlerConfig, started: Instant, outcome: WaitOutcome) {
+        let waited = started.elapsed();
+        let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+        let result = match outcome {
+            WaitOutcome::Settled(settled) => settled.as_str(),
+            WaitOutcome::TimedOut => "in_progress",
+        };
+        crate::metrics::waited(config.name, result, waited);
+        match outcome {
+            WaitOutcome::Settled(_) => info!(
+                event = "waited",
+                result, waited_ms, "waited for the original request"
+            ),
+            WaitOutcome::TimedOut => info!(
+                event = "waited",
+                result, waited_ms, "the original request was still running at the end of the wait"
+            ),
+        }
+    }
+}
+
+/// The claims this engine is executing for handlers that have duplicates wait, by
+/// `(scope, key)`: each entry's sender is dropped when the execution ends, which wakes
+/// every local waiter.
+#[derive(Debug)]
+pub(super) struct Running {
+    shards: Box<[Shard]>,
+    hasher: RandomState,
+}
+
+/// One shard of [`Running`]: the entries by `(scope, key)`.
+type Shard = Mutex<HashMap<(String, String), Entry>>;
+
+#[derive(Debug)]
+struct Entry {
+    token: FencingToken,
+    /// Never sent on: dropped when the execution ends, which ends every receiver's wait.
+    ended: watch::Sender<()>,
+}
+
+/// Shards, so that unrelated keys rarely share a lock.
+const SHARDS: usize = 16;
+
+impl Default for Running {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+}
+
+impl Running {
+    fn shard(&self, scope: &str, key: &str) -> &Shard {
+        let hash = self.hasher.hash_one((scope, key));
+        // The modulo keeps it below SHARDS, so the cast cannot truncate.
+        #[allow(clippy::cast_possible_truncation)]
+        &self.shards[(hash % SHARDS as u64) as usize]
+    }
+
+    /// Records that this engine executes the claim `token` of `(scope, key)` until the
+    /// returned registration is dropped. A claim taken over from a lost lease replaces
+    /// the earlier one (whose waiters then wake and claim again).
+    pub(super) fn register(
+        self: &Arc<Self>,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+    ) -> Registration {
+        let (ended, _) = watch::channel(());
+        let entry = Entry { token, ended };
+        self.shard(scope, key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((scope.to_owned(), key.to_owned()), entry);
+        Registration {
+            running: self.clone(),
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            token,
+        }
+    }
+
+    /// A receiver whose `changed()` returns when the local execution of `(scope, key)`
+    /// ends; `None` when this engine is not executing it.
+    fn subscribe(&self, scope: &str, key: &str) -> Option<watch::Receiver<()>> {
+        let shard = self
+            .shard(scope, key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        shard
+            .get(&(scope.to_owned(), key.to_owned()))
+            .map(|entry| entry.ended.subscribe())
+    }
+}
+
+/// A running execution's entry in [`Running`]; dropping it wakes the local waiters.
+#[derive(Debug)]
+pub(super) struct Registration {
+    running: Arc<Running>,
+    scope: String,
+    key: String,
+    token: FencingToken,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut shard = self
+            .running
+            .shard(&self.scope, &self.key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let id = (
+            std::mem::take(&mut self.scope),
+            std::mem::take(&mut self.key),
+        );
+        // Only our own entry: a later claim of the key (after a takeover) keeps its own.
+        if shard
+            .get(&id)
+            .is_some_and(|entry| entry.token == self.token)
+        {
+            shard.remove(&id);
+        }
+    }
+}
