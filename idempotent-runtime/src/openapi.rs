@@ -14,9 +14,10 @@
 //!   the problem codes in its description);
 //! - the `Idempotent-Replayed` header on the operation's own responses (those that are
 //!   stored and replayed: all of them, except 5xx unless `on_server_error = store`);
-//! - the policy: an `x-idempotency` extension object (TTL, lease, maximum duration,
-//!   fingerprint mode, what a 5xx does, whether the key is required) and the same in a
-//!   paragraph appended to the operation's description.
+//! - the policy: an `x-idempotency` extension object (TTL, lease, maximum duration, how
+//!   long a duplicate waits for the running original, fingerprint mode, what a 5xx does,
+//!   whether the key is required) and the same in a paragraph appended to the operation's
+//!   description.
 //!
 //! The values come from the handler's [`HandlerConfig`] (name it with
 //! `#[idempotent(policy = NAME)]`, or read it from
@@ -175,6 +176,7 @@ impl PublishedPolicy {
             ttl: self.engine.ttl_for(config),
             lease: self.engine.lease_for(config),
             max_duration: self.engine.max_duration_for(config),
+            wait: self.engine.wait_for(config),
             fingerprint: config.fingerprint,
             on_server_error: config.on_server_error,
         }
@@ -238,6 +240,8 @@ struct Effective {
     ttl: Duration,
     lease: Duration,
     max_duration: Duration,
+    /// How long a duplicate waits for the running original (`None`: `409` at once).
+    wait: Option<Duration>,
     fingerprint: FingerprintMode,
     on_server_error: OnServerError,
 }
@@ -429,11 +433,19 @@ impl Effective {
             " and the same key on every retry. A key is remembered for {ttl}: a retry with the \
              same key and the same request ({fingerprint}) gets the first answer again, with \
              `Idempotent-Replayed: true`, and the operation does not run twice; the same key with \
-             another request is `422`. A retry while the first request still runs is `409` with \
-             `Retry-After`; a request that stops (a crash) frees its key within its {lease} \
+             another request is `422`. {in_flight} A request that stops (a crash) frees its key within its {lease} \
              lease, and one still running after {max} is interrupted. {server_error} If the key \
              cannot be checked the answer is `503` and nothing runs.",
             ttl = human(self.ttl),
+            in_flight = match self.wait {
+                Some(wait) => format!(
+                    "A retry while the first request still runs waits up to {} for its answer, \
+                     then gets `409` with `Retry-After` if it is still running.",
+                    human(wait)
+                ),
+                None => "A retry while the first request still runs is `409` with `Retry-After`."
+                    .to_owned(),
+            },
             lease = human(self.lease),
             max = human(self.max_duration),
             fingerprint = match self.fingerprint {
@@ -460,6 +472,7 @@ impl Effective {
             "ttl_seconds": seconds(self.ttl),
             "lease_seconds": seconds(self.lease),
             "max_duration_seconds": seconds(self.max_duration),
+            "wait_seconds": self.wait.map(seconds),
             "fingerprint": match self.fingerprint {
                 FingerprintMode::Json => "json",
                 _ => "raw",
@@ -589,7 +602,12 @@ mod tests {
         assert_eq!(policy["max_duration_seconds"], 300);
         assert_eq!(policy["fingerprint"], "raw");
         assert_eq!(policy["on_server_error"], "release");
+        assert_eq!(policy["wait_seconds"], Value::Null);
         let description = post["description"].as_str().unwrap();
+        assert!(
+            description.contains("still runs is `409` with `Retry-After`"),
+            "{description}"
+        );
         assert!(
             description.starts_with("Creates an order.\n\n**Idempotency.**"),
             "{description}"
@@ -695,6 +713,7 @@ mod tests {
             .build();
         let config = HandlerConfig::new()
             .lease(Duration::from_secs(90))
+            .wait(Duration::from_secs(5))
             .fingerprint(FingerprintMode::Json)
             .on_server_error(OnServerError::Store)
             .key_optional();
@@ -711,7 +730,9 @@ mod tests {
         assert_eq!(policy["lease_seconds"], 90);
         assert_eq!(policy["fingerprint"], "json");
         assert_eq!(policy["on_server_error"], "store");
+        assert_eq!(policy["wait_seconds"], 5);
         let description = post["description"].as_str().unwrap();
+        assert!(description.contains("waits up to 5s"), "{description}");
         assert!(
             description.contains("(optional: a request without one runs unprotected"),
             "{description}"

@@ -21,8 +21,8 @@ use http_body_util::BodyExt;
 use idempotent_runtime::store::{ClaimWatch, MemoryStore};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if, run};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency,
-    IdempotencyKey, Store, StoreError, StoredResponse, TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
+    Idempotency, IdempotencyKey, RecordInfo, Store, StoreError, StoredResponse, TxSupport,
 };
 use tokio::sync::Notify;
 
@@ -110,6 +110,12 @@ impl Store for Counting {
     }
     fn transactions(&self) -> Option<TxSupport> {
         self.inner.transactions()
+    }
+    async fn inspect(&self, s: &str, k: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.inner.inspect(s, k).await
+    }
+    async fn forget(&self, s: &str, k: &str, force: bool) -> Result<ForgetOutcome, StoreError> {
+        self.inner.forget(s, k, force).await
     }
     fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
         self.inner.watch_claim(scope, key, poll)
@@ -473,6 +479,17 @@ mod postgres {
             lease: Duration::from_secs(30),
             token,
         };
+        // The channel is database-wide: other tests' claims notify on it too. Only this
+        // test's payloads (and the closing sentinel) count.
+        const SENTINEL: &str = "sentinel-of-notifications_name_the_claim";
+        let ours = [expected("notify-complete"), expected("notify-release")];
+        let mut next_own = async || loop {
+            let notification = listener.recv().await.expect("notification");
+            let payload = notification.payload();
+            if payload == SENTINEL || ours.iter().any(|own| own == payload) {
+                return payload.to_owned();
+            }
+        };
         for (key, complete) in [("notify-complete", true), ("notify-release", false)] {
             let token = FencingToken::random();
             let outcome = store.try_claim(&claim(key, token)).await.expect("claim");
@@ -498,9 +515,20 @@ mod postgres {
             };
             assert!(ended.expect("end the claim"));
             // The renewal notified nothing: the first notification is the end.
-            let notification = listener.recv().await.expect("notification");
-            assert_eq!(notification.payload(), expected(key));
+            assert_eq!(next_own().await, expected(key));
         }
+        // Nothing more of ours: notifications arrive in commit order, and the sentinel
+        // commits after everything above.
+        sqlx::query("SELECT pg_notify('idempotent_claim_ended', $1)")
+            .bind(SENTINEL)
+            .execute(
+                &mut sqlx::PgConnection::connect(&schema.url)
+                    .await
+                    .expect("connect"),
+            )
+            .await
+            .expect("NOTIFY the sentinel");
+        assert_eq!(next_own().await, SENTINEL);
     }
 }
 

@@ -82,7 +82,7 @@ enum WaitOutcome {
 
 impl Idempotency {
     /// How long a duplicate of a handler with `config` waits (`None`: not at all).
-    pub(super) fn wait_for(&self, config: &HandlerConfig) -> Option<Duration> {
+    pub(crate) fn wait_for(&self, config: &HandlerConfig) -> Option<Duration> {
         config
             .wait
             .or(self.inner.default_wait)
