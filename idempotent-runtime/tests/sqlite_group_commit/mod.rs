@@ -146,7 +146,7 @@ fn distinct(n: usize) -> String {
 
 /// Every third distinct key is released in the first wave and claimed anew in the second.
 fn released(n: usize) -> bool {
-    n % 3 == 0
+    n.is_multiple_of(3)
 }
 
 /// What the second wave did to one shared key.

@@ -81,7 +81,9 @@ const PURGE: &str = include_str!("sql/purge.sql");
 /// A [`Store`] in an SQLite database file: the single-host embedded default (see the
 /// module docs).
 ///
-/// Cheap to clone; clones share the pool.
+/// Cheap to clone; clones share the pool and the one writer that group-commits every
+/// write. The writer is a task on the Tokio runtime the store is opened in (open it in
+/// the runtime that serves requests); it stops when the last clone is dropped.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
