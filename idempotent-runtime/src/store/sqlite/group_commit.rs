@@ -20,12 +20,15 @@
 //!   read), run in queue order: writes on one key in one batch see each other's effects
 //!   exactly as they would one transaction after another. Fencing is the statements'
 //!   `WHERE token = ?`, unchanged.
-//! - **A failing write fails alone.** A statement that fails (a constraint) undoes only
+//! - **A failing write fails alone.** A statement refused by a constraint undoes only
 //!   itself — SQLite's statement atomicity — and the transaction goes on; its caller gets
-//!   the error, the others commit. A failure that ends the whole transaction (an I/O
-//!   error, a full disk) is detected with a savepoint opened at `BEGIN`: then, as when
-//!   `BEGIN` or `COMMIT` fails, every write of the batch gets an error. No write is ever
-//!   answered as done unless its batch committed.
+//!   the error, the others commit. Any other failure of a statement (an I/O error, a full
+//!   disk: SQLite may have rolled the whole transaction back) rolls the batch back, and,
+//!   as when `BEGIN` or `COMMIT` fails, every write of the batch gets an error (a write
+//!   that failed on its own keeps its own). No write is ever answered as done unless its
+//!   transaction committed.
+//! - **Alone, no transaction.** A batch of one write runs its statement in autocommit,
+//!   committed before it returns, as without group commit.
 //! - **Bounded.** [`MAX_BATCH`] writes per transaction, [`QUEUE`] waiting; a caller
 //!   finding the queue full waits for room (and for the engine's store timeout). A write
 //!   whose caller gave up before its batch began is not run.
@@ -53,10 +56,6 @@ pub(super) const MAX_BATCH: usize = 64;
 
 /// Writes waiting for the writer at most; callers beyond it wait for room.
 pub(super) const QUEUE: usize = 1024;
-
-/// The savepoint opened after `BEGIN`: while it exists, the transaction does.
-const ALIVE: &str = "SAVEPOINT idempotent_group_commit";
-const STILL_ALIVE: &str = "RELEASE idempotent_group_commit; SAVEPOINT idempotent_group_commit";
 
 /// One write: a single statement and its parameters, owned so it can wait in the queue.
 #[derive(Debug)]
@@ -347,23 +346,33 @@ async fn commit(
         return true;
     }
     counters.count(batch);
+    if let [alone] = &batch[..] {
+        // Nothing to share the transaction with: the statement commits on its own
+        // (autocommit) before it returns, one round trip instead of three.
+        let result = alone.write.execute(conn).await;
+        let failed = result.is_err();
+        if let Some(pending) = batch.pop() {
+            answer(pending, result);
+        }
+        return !failed;
+    }
     let mut tx = match conn.begin_with("BEGIN IMMEDIATE").await {
         Ok(tx) => tx,
         Err(e) => return fail_all(batch, Vec::new(), e),
     };
-    if let Err(e) = sqlx::raw_sql(ALIVE).execute(&mut *tx).await {
-        let _ = tx.rollback().await;
-        return fail_all(batch, Vec::new(), e);
-    }
     let mut done = Vec::with_capacity(batch.len());
     for pending in batch.iter() {
         let result = pending.write.execute(&mut tx).await;
-        let failed = result.is_err();
+        // A constraint failure undid only its own statement (SQLite's statement
+        // atomicity): the transaction goes on. Any other failure may have ended it.
+        let fatal = match &result {
+            Err(StoreError::Database(e)) if !is_constraint(e) => Some(e.to_string()),
+            _ => None,
+        };
         done.push(result);
-        // A failed statement undid only itself, unless it ended the transaction.
-        if failed && let Err(ended) = sqlx::raw_sql(STILL_ALIVE).execute(&mut *tx).await {
+        if let Some(reason) = fatal {
             let _ = tx.rollback().await;
-            return fail_all(batch, done, ended);
+            return fail_all(batch, done, sqlx::Error::Protocol(reason));
         }
     }
     match tx.commit().await {
@@ -375,6 +384,17 @@ async fn commit(
         }
         Err(e) => fail_all(batch, done, e),
     }
+}
+
+/// SQLITE_CONSTRAINT, with any extended code: the statement was refused and undone, the
+/// transaction is intact.
+fn is_constraint(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    db.code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == 19)
 }
 
 fn answer(pending: Pending, result: Result<u64, StoreError>) {
