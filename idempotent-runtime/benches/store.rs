@@ -2,7 +2,8 @@
 //! of every first request) and the replay of a completed key (every retry), on
 //! `MemoryStore`, `SqliteStore` (a WAL file in a temporary directory) and, when
 //! `IDEMPOTENT_TEST_POSTGRES_URL` is set, `PostgresStore` (two round trips for a fresh
-//! key, one for a replay).
+//! key, one for a replay). Also claim + complete of 64 fresh keys at once, as under
+//! load.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -10,12 +11,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idempotent_runtime::store::MemoryStore;
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse,
 };
 use tokio::runtime::Runtime;
+
+/// Requests in flight at once in the concurrent benchmark (the HTTP benchmark's wrk
+/// connections).
+const CONCURRENT: usize = 64;
 
 const FINGERPRINT: Fingerprint = Fingerprint {
     version: 1,
@@ -72,6 +77,43 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
             }
         })
     });
+
+    // Many requests at once, as under load: what SQLite's group commit batches.
+    let mut group = c.benchmark_group(format!("store/{name}"));
+    group.throughput(Throughput::Elements(CONCURRENT as u64));
+    group.bench_function(format!("claim_complete_{CONCURRENT}_concurrent"), |b| {
+        b.to_async(runtime).iter(|| {
+            let keys: Vec<String> = (0..CONCURRENT)
+                .map(|_| format!("c{}", next_key.fetch_add(1, Ordering::Relaxed)))
+                .collect();
+            let store = Arc::clone(&store);
+            let stored = stored.clone();
+            async move {
+                let tasks: Vec<_> = keys
+                    .into_iter()
+                    .map(|key| {
+                        let store = Arc::clone(&store);
+                        let stored = stored.clone();
+                        tokio::spawn(async move {
+                            let token = FencingToken::random();
+                            let outcome =
+                                store.try_claim(&request(&key, token)).await.expect("claim");
+                            assert!(matches!(outcome, ClaimOutcome::Claimed { .. }));
+                            let done = store
+                                .complete("acct_bench", &key, token, &stored)
+                                .await
+                                .expect("complete");
+                            assert!(done);
+                        })
+                    })
+                    .collect();
+                for task in tasks {
+                    task.await.expect("task");
+                }
+            }
+        })
+    });
+    group.finish();
 
     runtime.block_on(async {
         let token = FencingToken::random();

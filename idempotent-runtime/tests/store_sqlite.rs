@@ -3,6 +3,7 @@
 //! migrations, journal mode.
 #![cfg(feature = "sqlite")]
 
+mod sqlite_group_commit;
 mod transaction;
 
 use std::sync::Arc;
@@ -101,6 +102,7 @@ fn main() {
     let mut trials = conformance::trials::<SqliteHarness>();
     trials.extend(transaction::trials::<SqliteHarness, sqlx::Sqlite>());
     trials.extend(own);
+    trials.extend(sqlite_group_commit::trials());
     idempotent_runtime::testing::run(trials)
 }
 

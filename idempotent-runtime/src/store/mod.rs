@@ -57,6 +57,9 @@ pub use redact::redacted_url;
 pub use redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
+#[cfg(feature = "sqlite")]
+#[doc(hidden)]
+pub use sqlite::{GroupCommitStats, WriteKind};
 pub use takeover::Takeover;
 pub use tx_support::TxSupport;
 #[cfg(feature = "sql")]

@@ -10,11 +10,16 @@
 //! that appeared or changed since the read (claimed by a racing request, released,
 //! purged, completed, taken over) makes that write affect no row, and the claim runs
 //! again from the start — so exactly one of any number of racing claims wins.
+//!
+//! The write goes through the store's writer (`group_commit.rs`), which may run it in one
+//! transaction with other requests' writes; it is answered only once that transaction
+//! committed, so the claim is durable before its handler runs, and a claim that runs
+//! again reads the committed record that beat it.
 
 use sqlx::Row;
-use sqlx::sqlite::SqliteArguments;
 
 use super::SqliteStore;
+use super::group_commit::{Write, WriteKind};
 use crate::clock::millis;
 use crate::store::sql::{self, Classified, FoundRow};
 use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
@@ -41,16 +46,14 @@ impl SqliteStore {
             .fetch_optional(&self.pool)
             .await?
         else {
-            let inserted = claim_query(CLAIM_NEW, claim, now)
-                .execute(&self.pool)
-                .await?;
             // No row inserted: a racing claim created the record since the read.
-            return Ok(
-                (inserted.rows_affected() == 1).then_some(ClaimOutcome::Claimed {
-                    token: claim.token,
-                    takeover: None,
-                }),
-            );
+            let inserted = self
+                .claim_write(CLAIM_NEW, WriteKind::Claim, claim, now)
+                .await?;
+            return Ok((inserted == 1).then_some(ClaimOutcome::Claimed {
+                token: claim.token,
+                takeover: None,
+            }));
         };
         let found = FoundRow {
             state: row.try_get("state")?,
@@ -70,31 +73,37 @@ impl SqliteStore {
             Takeover::Expired => TAKE_OVER_EXPIRED,
             Takeover::LeaseLost => TAKE_OVER_LEASE_LOST,
         };
-        let taken = claim_query(statement, claim, now)
-            .execute(&self.pool)
+        let taken = self
+            .claim_write(statement, WriteKind::TakeOver, claim, now)
             .await?;
-        Ok(
-            (taken.rows_affected() == 1).then_some(ClaimOutcome::Claimed {
-                token: claim.token,
-                takeover: Some(reason),
-            }),
-        )
+        Ok((taken == 1).then_some(ClaimOutcome::Claimed {
+            token: claim.token,
+            takeover: Some(reason),
+        }))
     }
-}
 
-/// A claim statement with the parameters they all share (see `sql/claim_new.sql`).
-fn claim_query<'q>(
-    statement: &'static str,
-    claim: &ClaimRequest<'_>,
-    now: i64,
-) -> sqlx::query::Query<'q, sqlx::Sqlite, SqliteArguments> {
-    sqlx::query(statement)
-        .bind(claim.scope)
-        .bind(claim.key)
-        .bind(&claim.fingerprint.digest[..])
-        .bind(i64::from(claim.fingerprint.version))
-        .bind(claim.token.0)
-        .bind(now.saturating_add(millis(claim.lease)))
-        .bind(now)
-        .bind(now.saturating_add(millis(claim.ttl)))
+    /// Runs a claim statement (see `sql/claim_new.sql` for the parameters they share)
+    /// through the store's writer; the rows it affected.
+    async fn claim_write(
+        &self,
+        statement: &'static str,
+        kind: WriteKind,
+        claim: &ClaimRequest<'_>,
+        now: i64,
+    ) -> Result<u64, StoreError> {
+        self.writer
+            .write(Write::Claim {
+                statement,
+                kind,
+                scope: claim.scope.to_owned(),
+                key: claim.key.to_owned(),
+                fingerprint: claim.fingerprint.digest.to_vec(),
+                fingerprint_version: i64::from(claim.fingerprint.version),
+                token: claim.token,
+                lease_expires_at: now.saturating_add(millis(claim.lease)),
+                now,
+                expires_at: now.saturating_add(millis(claim.ttl)),
+            })
+            .await
+    }
 }

@@ -46,6 +46,8 @@ impl TxStore<Sqlite> for SqliteTxStore {
     /// other connection (another request, this request's own heartbeat) committed since.
     async fn begin(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
         self.writes.let_them_go_first().await;
+        // The group-commit writer holds off its next batch until this returns.
+        let _beginning = self.writes.beginning();
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 

@@ -22,10 +22,16 @@ const MAX_YIELD: Duration = Duration::from_secs(2);
 pub(super) struct StoreWrites {
     in_flight: AtomicUsize,
     idle: Notify,
+    /// Transactions between their turn and their `BEGIN IMMEDIATE`'s return.
+    beginning: AtomicUsize,
+    begun: Notify,
 }
 
 /// One write in flight, until dropped.
 pub(super) struct StoreWrite(Arc<StoreWrites>);
+
+/// One transaction beginning, until dropped.
+pub(super) struct Beginning(Arc<StoreWrites>);
 
 impl StoreWrites {
     /// Counts a write until the returned guard is dropped.
@@ -36,15 +42,32 @@ impl StoreWrites {
 
     /// Waits until no write is in flight, at most [`MAX_YIELD`].
     pub(super) async fn let_them_go_first(&self) {
-        let deadline = tokio::time::Instant::now() + MAX_YIELD;
-        loop {
-            let idle = self.idle.notified();
-            if self.in_flight.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, idle).await.is_err() {
-                return;
-            }
+        wait_for_zero(&self.in_flight, &self.idle).await;
+    }
+
+    /// Counts a transaction beginning until the returned guard is dropped.
+    pub(super) fn beginning(self: &Arc<Self>) -> Beginning {
+        self.beginning.fetch_add(1, Ordering::SeqCst);
+        Beginning(Arc::clone(self))
+    }
+
+    /// Waits until no transaction is beginning, at most [`MAX_YIELD`].
+    pub(super) async fn let_transactions_begin(&self) {
+        wait_for_zero(&self.beginning, &self.begun).await;
+    }
+}
+
+/// Waits until `count` is zero (`zero` is notified when it drops to zero), at most
+/// [`MAX_YIELD`].
+async fn wait_for_zero(count: &AtomicUsize, zero: &Notify) {
+    let deadline = tokio::time::Instant::now() + MAX_YIELD;
+    loop {
+        let notified = zero.notified();
+        if count.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return;
         }
     }
 }
@@ -53,6 +76,14 @@ impl Drop for StoreWrite {
     fn drop(&mut self) {
         if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Beginning {
+    fn drop(&mut self) {
+        if self.0.beginning.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.begun.notify_waiters();
         }
     }
 }
@@ -79,6 +110,23 @@ mod tests {
         // Idle: no wait at all.
         tokio::time::timeout(Duration::from_millis(10), writes.let_them_go_first())
             .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_writer_waits_for_a_beginning_transaction() {
+        let writes = Arc::new(StoreWrites::default());
+        let beginning = writes.beginning();
+        let mut writer = tokio::spawn({
+            let writes = writes.clone();
+            async move { writes.let_transactions_begin().await }
+        });
+        let early = tokio::time::timeout(Duration::from_millis(20), &mut writer).await;
+        assert!(early.is_err(), "a transaction is beginning");
+        drop(beginning);
+        tokio::time::timeout(Duration::from_secs(1), writer)
+            .await
+            .expect("goes once it began")
             .unwrap();
     }
 }

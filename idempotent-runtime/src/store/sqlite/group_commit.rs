@@ -1,0 +1,428 @@
+//! Group commit: the store's writes — claims, renewals, completions, releases, purges —
+//! batched into shared write transactions by one writer task.
+//!
+//! SQLite has one writer at a time. With every request writing on its own pooled
+//! connection, each write is a transaction of its own (a WAL commit, and at
+//! `synchronous = FULL` an fsync), and the connections queue for the write lock in
+//! SQLite's busy handler, which polls with sleeps. Here a caller sends its write (one
+//! statement) with a reply channel to the store's writer; the writer takes every write
+//! waiting, up to [`MAX_BATCH`], runs them in order in one `BEGIN IMMEDIATE … COMMIT`,
+//! and answers each caller only after `COMMIT` returned. While one batch commits, the
+//! next one gathers: the batch grows with the load, with no added wait when there is
+//! none.
+//!
+//! What every write keeps:
+//!
+//! - **Durable before answered.** A claim is committed before its handler runs, a
+//!   completion before its response is sent: the reply follows `COMMIT`.
+//! - **The same decisions.** Each write is the single statement it was before group
+//!   commit, with the same parameters (the claim's "now" is still taken before its
+//!   read), run in queue order: writes on one key in one batch see each other's effects
+//!   exactly as they would one transaction after another. Fencing is the statements'
+//!   `WHERE token = ?`, unchanged.
+//! - **A failing write fails alone.** A statement refused by a constraint undoes only
+//!   itself — SQLite's statement atomicity — and the transaction goes on; its caller gets
+//!   the error, the others commit. Any other failure of a statement (an I/O error, a full
+//!   disk: SQLite may have rolled the whole transaction back) rolls the batch back, and,
+//!   as when `BEGIN` or `COMMIT` fails, every write of the batch gets an error (a write
+//!   that failed on its own keeps its own). No write is ever answered as done unless its
+//!   transaction committed.
+//! - **Alone, no transaction.** A batch of one write runs its statement in autocommit,
+//!   committed before it returns, as without group commit.
+//! - **Bounded.** [`MAX_BATCH`] writes per transaction, [`QUEUE`] waiting; a caller
+//!   finding the queue full waits for room (and for the engine's store timeout). A write
+//!   whose caller gave up before its batch began is not run.
+//!
+//! The writer holds one connection of the store's pool while writes keep coming and
+//! returns it when the queue runs dry. It runs on the runtime the store was opened in
+//! and ends when the last clone of the store is dropped; if it is gone (that runtime
+//! shut down), writes fail with an error, never a silent success.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+use sqlx::sqlite::SqliteArguments;
+use sqlx::{Connection, Sqlite, SqliteConnection, SqlitePool};
+use tokio::sync::{mpsc, oneshot};
+
+use super::writers::StoreWrites;
+use super::{COMPLETE, PURGE, RELEASE, RENEW};
+use crate::store::sql::bind_completion;
+use crate::store::{FencingToken, StoreError, StoredResponse};
+
+/// Writes per transaction at most: bounds how long one transaction holds the write lock
+/// (and the latency of the batch's first caller).
+pub(super) const MAX_BATCH: usize = 64;
+
+/// Writes waiting for the writer at most; callers beyond it wait for room.
+pub(super) const QUEUE: usize = 1024;
+
+/// One write: a single statement and its parameters, owned so it can wait in the queue.
+#[derive(Debug)]
+pub(super) enum Write {
+    /// A claim's insert of a new key (`claim_new.sql`) or fenced takeover `UPDATE`.
+    Claim {
+        /// Which of the claim statements.
+        statement: &'static str,
+        /// `Claim` for the insert, `TakeOver` for an update.
+        kind: WriteKind,
+        scope: String,
+        key: String,
+        fingerprint: Vec<u8>,
+        fingerprint_version: i64,
+        token: FencingToken,
+        lease_expires_at: i64,
+        now: i64,
+        expires_at: i64,
+    },
+    Renew {
+        scope: String,
+        key: String,
+        token: FencingToken,
+        lease_expires_at: i64,
+    },
+    Complete {
+        scope: String,
+        key: String,
+        token: FencingToken,
+        response: StoredResponse,
+    },
+    Release {
+        scope: String,
+        key: String,
+        token: FencingToken,
+    },
+    Purge {
+        now: i64,
+        limit: i64,
+    },
+}
+
+impl Write {
+    fn kind(&self) -> WriteKind {
+        match self {
+            Self::Claim { kind, .. } => *kind,
+            Self::Renew { .. } => WriteKind::Renew,
+            Self::Complete { .. } => WriteKind::Complete,
+            Self::Release { .. } => WriteKind::Release,
+            Self::Purge { .. } => WriteKind::Purge,
+        }
+    }
+
+    /// Runs the statement; the rows it affected.
+    async fn execute(&self, conn: &mut SqliteConnection) -> Result<u64, StoreError> {
+        let query = match self {
+            Self::Claim {
+                statement,
+                scope,
+                key,
+                fingerprint,
+                fingerprint_version,
+                token,
+                lease_expires_at,
+                now,
+                expires_at,
+                ..
+            } => sqlx::query::<Sqlite>(*statement)
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .bind(fingerprint.as_slice())
+                .bind(*fingerprint_version)
+                .bind(token.0)
+                .bind(*lease_expires_at)
+                .bind(*now)
+                .bind(*expires_at),
+            Self::Renew {
+                scope,
+                key,
+                token,
+                lease_expires_at,
+            } => sqlx::query(RENEW)
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .bind(token.0)
+                .bind(*lease_expires_at),
+            Self::Complete {
+                scope,
+                key,
+                token,
+                response,
+            } => bind_completion::<Sqlite>(COMPLETE, scope, key, *token, response)?,
+            Self::Release { scope, key, token } => sqlx::query(RELEASE)
+                .bind(scope.as_str())
+                .bind(key.as_str())
+                .bind(token.0),
+            Self::Purge { now, limit } => sqlx::query(PURGE).bind(*now).bind(*limit),
+        };
+        Ok(run(query, conn).await?.rows_affected())
+    }
+}
+
+async fn run(
+    query: sqlx::query::Query<'_, Sqlite, SqliteArguments>,
+    conn: &mut SqliteConnection,
+) -> Result<sqlx::sqlite::SqliteQueryResult, sqlx::Error> {
+    query.execute(conn).await
+}
+
+/// What a write does, for [`GroupCommitStats`].
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WriteKind {
+    /// A claim's insert of a new key.
+    Claim,
+    /// A claim's takeover of an expired record or a lost lease.
+    TakeOver,
+    /// A renewal.
+    Renew,
+    /// A completion.
+    Complete,
+    /// A release.
+    Release,
+    /// A purge of expired records.
+    Purge,
+}
+
+impl WriteKind {
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// The writer's counters so far, for tests and diagnostics (not a stable API).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroupCommitStats {
+    /// Batches begun.
+    pub batches: u64,
+    /// Writes in the batches begun.
+    pub writes: u64,
+    /// The most writes one batch held.
+    pub largest_batch: usize,
+    /// Batches that held writes of more than one kind.
+    pub mixed_batches: u64,
+    /// Writes waiting in the queue now.
+    pub queued: usize,
+    kinds_in_mixed_batches: u8,
+}
+
+impl GroupCommitStats {
+    /// Whether some batch held a write of `kind` beside writes of another kind.
+    pub fn mixed_with(&self, kind: WriteKind) -> bool {
+        self.kinds_in_mixed_batches & kind.bit() != 0
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    batches: AtomicU64,
+    writes: AtomicU64,
+    largest_batch: AtomicUsize,
+    mixed_batches: AtomicU64,
+    kinds_in_mixed_batches: AtomicU8,
+}
+
+impl Counters {
+    fn count(&self, batch: &[Pending]) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.writes.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.largest_batch.fetch_max(batch.len(), Ordering::Relaxed);
+        let kinds = batch
+            .iter()
+            .fold(0u8, |kinds, p| kinds | p.write.kind().bit());
+        if kinds.count_ones() > 1 {
+            self.mixed_batches.fetch_add(1, Ordering::Relaxed);
+            self.kinds_in_mixed_batches
+                .fetch_or(kinds, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A write waiting for its batch, and where its answer goes.
+struct Pending {
+    write: Write,
+    reply: oneshot::Sender<Result<u64, StoreError>>,
+}
+
+/// The handle callers send their writes through; clones share the one writer.
+#[derive(Debug, Clone)]
+pub(super) struct GroupCommit {
+    queue: mpsc::Sender<Pending>,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("write", &self.write.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+impl GroupCommit {
+    /// Starts the writer on the current Tokio runtime, writing through `pool`.
+    /// A transaction beginning on `writes` takes the lock before the writer's next batch.
+    pub(super) fn start(pool: SqlitePool, writes: Arc<StoreWrites>) -> Self {
+        let (queue, waiting) = mpsc::channel(QUEUE);
+        let counters = Arc::new(Counters::default());
+        tokio::spawn(writer(pool, writes, waiting, counters.clone()));
+        Self { queue, counters }
+    }
+
+    /// Runs `write` in the next batch; the rows it affected, once its batch committed.
+    pub(super) async fn write(&self, write: Write) -> Result<u64, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Pending { write, reply })
+            .await
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    pub(super) fn stats(&self) -> GroupCommitStats {
+        let c = &self.counters;
+        GroupCommitStats {
+            batches: c.batches.load(Ordering::Relaxed),
+            writes: c.writes.load(Ordering::Relaxed),
+            largest_batch: c.largest_batch.load(Ordering::Relaxed),
+            mixed_batches: c.mixed_batches.load(Ordering::Relaxed),
+            queued: self.queue.max_capacity() - self.queue.capacity(),
+            kinds_in_mixed_batches: c.kinds_in_mixed_batches.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The writer ended (its runtime shut down) or dropped a write without answering.
+fn stopped() -> StoreError {
+    StoreError::backend(std::io::Error::other(
+        "the SQLite store's writer has stopped; the write was not committed",
+    ))
+}
+
+/// The failure of a whole batch, given to each of its writes.
+#[derive(Debug, thiserror::Error)]
+#[error("the write's transaction failed, nothing of it was committed: {0}")]
+struct BatchFailed(#[source] Arc<sqlx::Error>);
+
+/// The writer task: batch after batch until every handle is dropped.
+async fn writer(
+    pool: SqlitePool,
+    writes: Arc<StoreWrites>,
+    mut waiting: mpsc::Receiver<Pending>,
+    counters: Arc<Counters>,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while waiting.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let mut conn = match pool.acquire().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                fail_all(&mut batch, Vec::new(), e);
+                continue;
+            }
+        };
+        // Keep the connection while writes keep coming; after a failed batch it goes
+        // back (the pool checks a connection before lending it again).
+        while commit(&mut conn, &mut batch, &writes, &counters).await && !waiting.is_empty() {
+            waiting.recv_many(&mut batch, MAX_BATCH).await;
+        }
+        drop(conn);
+    }
+}
+
+/// Runs `batch` in one transaction and answers each write; `false` when the transaction
+/// failed as a whole. Leaves `batch` empty.
+async fn commit(
+    conn: &mut SqliteConnection,
+    batch: &mut Vec<Pending>,
+    writes: &StoreWrites,
+    counters: &Counters,
+) -> bool {
+    // A transactional handler about to take the lock goes first (see `writers.rs`).
+    writes.let_transactions_begin().await;
+    // A caller that gave up (the engine's store timeout) gets no write it stopped
+    // waiting for.
+    batch.retain(|pending| !pending.reply.is_closed());
+    if batch.is_empty() {
+        return true;
+    }
+    counters.count(batch);
+    if let [alone] = &batch[..] {
+        // Nothing to share the transaction with: the statement commits on its own
+        // (autocommit) before it returns, one round trip instead of three.
+        let result = alone.write.execute(conn).await;
+        let failed = result.is_err();
+        if let Some(pending) = batch.pop() {
+            answer(pending, result);
+        }
+        return !failed;
+    }
+    let mut tx = match conn.begin_with("BEGIN IMMEDIATE").await {
+        Ok(tx) => tx,
+        Err(e) => return fail_all(batch, Vec::new(), e),
+    };
+    let mut done = Vec::with_capacity(batch.len());
+    for pending in batch.iter() {
+        let result = pending.write.execute(&mut tx).await;
+        // A constraint failure undid only its own statement (SQLite's statement
+        // atomicity): the transaction goes on. Any other failure may have ended it.
+        let fatal = match &result {
+            Err(StoreError::Database(e)) if !is_constraint(e) => Some(e.to_string()),
+            _ => None,
+        };
+        done.push(result);
+        if let Some(reason) = fatal {
+            let _ = tx.rollback().await;
+            return fail_all(batch, done, sqlx::Error::Protocol(reason));
+        }
+    }
+    match tx.commit().await {
+        Ok(()) => {
+            for (pending, result) in batch.drain(..).zip(done) {
+                answer(pending, result);
+            }
+            true
+        }
+        Err(e) => fail_all(batch, done, e),
+    }
+}
+
+/// SQLITE_CONSTRAINT, with any extended code: the statement was refused and undone, the
+/// transaction is intact.
+fn is_constraint(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    db.code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == 19)
+}
+
+fn answer(pending: Pending, result: Result<u64, StoreError>) {
+    // A caller that stopped waiting (timed out) no longer needs the answer.
+    let _ = pending.reply.send(result);
+}
+
+/// Answers every write of a batch whose transaction failed with `error` — except those
+/// that had already failed on their own (`done`, in batch order), which keep their own
+/// error. Always `false`.
+fn fail_all(
+    batch: &mut Vec<Pending>,
+    done: Vec<Result<u64, StoreError>>,
+    error: sqlx::Error,
+) -> bool {
+    tracing::warn!(
+        %error,
+        writes = batch.len(),
+        "a group commit transaction failed; none of its writes was committed"
+    );
+    let error = Arc::new(error);
+    let mut done = done.into_iter();
+    for pending in batch.drain(..) {
+        let result = match done.next() {
+            Some(Err(own)) => Err(own),
+            _ => Err(StoreError::backend(BatchFailed(Arc::clone(&error)))),
+        };
+        answer(pending, result);
+    }
+    false
+}

@@ -1,0 +1,554 @@
+//! Group commit on SQLite: many concurrent writers — claims, takeovers, renewals,
+//! completions, releases — in shared transactions, with every guarantee checked; and a
+//! write that fails inside a batch failing alone.
+//!
+//! To put chosen writes into one batch the tests hold SQLite's write lock from a
+//! connection of their own (as a transactional handler does): the writer waits in `BEGIN
+//! IMMEDIATE` with the batch it took, and every write sent meanwhile queues for the next
+//! one. The store's batch counters (`SqliteStore::group_commit_stats`) show the batches.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idempotent_runtime::store::{GroupCommitStats, SqliteStore, WriteKind};
+use idempotent_runtime::testing::{Trial, async_trial};
+use idempotent_runtime::{
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ManualClock, Store, StoreError,
+    StoredResponse, Takeover,
+};
+use sqlx::{Connection, SqliteConnection};
+use tempfile::TempDir;
+
+pub(crate) fn trials() -> Vec<Trial> {
+    vec![
+        async_trial(
+            "group_commit::concurrent_writers_share_batches_and_keep_every_guarantee",
+            concurrent_writers_share_batches_and_keep_every_guarantee,
+        ),
+        async_trial(
+            "group_commit::a_failing_write_fails_alone_in_its_batch",
+            a_failing_write_fails_alone_in_its_batch,
+        ),
+    ]
+}
+
+const SCOPE: &str = "acct_group";
+const TTL: Duration = Duration::from_secs(3600);
+const LEASE: Duration = Duration::from_secs(30);
+static FINGERPRINT: Fingerprint = Fingerprint {
+    version: 1,
+    digest: [7; 32],
+};
+
+struct Setup {
+    store: Arc<SqliteStore>,
+    clock: ManualClock,
+    path: String,
+    _dir: TempDir,
+}
+
+async fn setup() -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir
+        .path()
+        .join("group.db")
+        .to_str()
+        .expect("utf-8 path")
+        .to_owned();
+    let clock = ManualClock::at_millis(1_700_000_000_000);
+    let store = SqliteStore::open_with_clock(&path, Arc::new(clock.clone()))
+        .await
+        .expect("open");
+    Setup {
+        store: Arc::new(store),
+        clock,
+        path,
+        _dir: dir,
+    }
+}
+
+fn request(key: &str, token: FencingToken) -> ClaimRequest<'_> {
+    ClaimRequest {
+        scope: SCOPE,
+        key,
+        fingerprint: &FINGERPRINT,
+        ttl: TTL,
+        lease: LEASE,
+        token,
+    }
+}
+
+/// The response the owner of `token` records: it names the token, so a replay shows
+/// whose completion was kept.
+fn response_of(token: FencingToken) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![("x-token".to_owned(), token.0.to_string().into_bytes())],
+        body: Some(Bytes::from(format!("{{\"token\":{}}}", token.0))),
+    }
+}
+
+/// SQLite's write lock, held by a connection of the test's own.
+struct WriteLock(SqliteConnection);
+
+impl WriteLock {
+    async fn take(path: &str) -> Self {
+        let options = SqliteStore::connect_options(path).expect("options");
+        let mut conn = SqliteConnection::connect_with(&options)
+            .await
+            .expect("connect");
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut conn)
+            .await
+            .expect("take the write lock");
+        Self(conn)
+    }
+
+    async fn release(mut self) {
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut self.0)
+            .await
+            .expect("release the write lock");
+        self.0.close().await.expect("close");
+    }
+}
+
+/// Waits until the writer's counters satisfy `ready` (they move as other tasks send
+/// writes); bounded, well inside the 5 s busy timeout the blocked writer waits for.
+async fn until(store: &SqliteStore, what: &str, ready: impl Fn(&GroupCommitStats) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+    loop {
+        let stats = store.group_commit_stats();
+        if ready(&stats) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for {what}: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+const SHARED_KEYS: usize = 8;
+const CONTENDERS: usize = 4;
+const DISTINCT_KEYS: usize = 24;
+
+fn shared(n: usize) -> String {
+    format!("shared-{n}")
+}
+
+fn distinct(n: usize) -> String {
+    format!("distinct-{n}")
+}
+
+/// Every third distinct key is released in the first wave and claimed anew in the second.
+fn released(n: usize) -> bool {
+    n.is_multiple_of(3)
+}
+
+/// What the second wave did to one shared key.
+#[derive(Debug, Default)]
+struct SharedKey {
+    old_token: Option<FencingToken>,
+    /// Retries that took over the lost lease, with their tokens.
+    takeovers: Vec<FencingToken>,
+    old_complete: bool,
+    old_renew: bool,
+}
+
+async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
+    // `_dir` stays bound: dropping it deletes the database's directory.
+    let Setup {
+        store,
+        clock,
+        path,
+        _dir,
+    } = setup().await;
+    let mut completions: HashMap<String, Vec<(FencingToken, bool)>> = HashMap::new();
+
+    // Wave 1, as it comes: CONTENDERS claims of each shared key (the winner renews once
+    // and then "crashes": it never completes), and each distinct key claimed, then
+    // completed or released.
+    let mut shared_claims = Vec::new();
+    for k in 0..SHARED_KEYS {
+        for _ in 0..CONTENDERS {
+            let store = store.clone();
+            shared_claims.push(tokio::spawn(async move {
+                let token = FencingToken::random();
+                let outcome = store.try_claim(&request(&shared(k), token)).await.unwrap();
+                if matches!(outcome, ClaimOutcome::Claimed { .. }) {
+                    assert!(store.renew(SCOPE, &shared(k), token, LEASE).await.unwrap());
+                }
+                (k, token, outcome)
+            }));
+        }
+    }
+    let mut distinct_claims = Vec::new();
+    for n in 0..DISTINCT_KEYS {
+        let store = store.clone();
+        distinct_claims.push(tokio::spawn(async move {
+            let token = FencingToken::random();
+            let outcome = store
+                .try_claim(&request(&distinct(n), token))
+                .await
+                .unwrap();
+            assert_eq!(
+                outcome,
+                ClaimOutcome::Claimed {
+                    token,
+                    takeover: None
+                },
+                "a distinct key is free"
+            );
+            let done = if released(n) {
+                store.release(SCOPE, &distinct(n), token).await.unwrap()
+            } else {
+                store
+                    .complete(SCOPE, &distinct(n), token, &response_of(token))
+                    .await
+                    .unwrap()
+            };
+            (n, token, done)
+        }));
+    }
+    let mut keys: Vec<SharedKey> = (0..SHARED_KEYS).map(|_| SharedKey::default()).collect();
+    for claim in shared_claims {
+        let (k, token, outcome) = claim.await.unwrap();
+        match outcome {
+            ClaimOutcome::Claimed { takeover, .. } => {
+                assert_eq!(takeover, None, "nothing to take over yet");
+                assert!(keys[k].old_token.is_none(), "two winners of {}", shared(k));
+                keys[k].old_token = Some(token);
+            }
+            ClaimOutcome::InProgress { .. } => {}
+            other => panic!("{}: {other:?}", shared(k)),
+        }
+    }
+    for claim in distinct_claims {
+        let (n, token, done) = claim.await.unwrap();
+        assert!(done, "{} released or completed by its owner", distinct(n));
+        if !released(n) {
+            completions
+                .entry(distinct(n))
+                .or_default()
+                .push((token, true));
+        }
+    }
+    let old: Vec<FencingToken> = keys
+        .iter()
+        .enumerate()
+        .map(|(k, key)| {
+            key.old_token
+                .unwrap_or_else(|| panic!("no winner of {}", shared(k)))
+        })
+        .collect();
+
+    // Wave 2, into shared batches: the shared keys' leases ran out; CONTENDERS retries of
+    // each race to take it over while its old owner completes and renews, and the
+    // released keys are claimed anew — every first write queued while the writer waits
+    // for the write lock.
+    let lock = WriteLock::take(&path).await;
+    clock.advance(LEASE + Duration::from_secs(1));
+    let before = store.group_commit_stats();
+    let mut retries = Vec::new();
+    for k in 0..SHARED_KEYS {
+        for _ in 0..CONTENDERS {
+            let store = store.clone();
+            retries.push(tokio::spawn(async move {
+                let token = FencingToken::random();
+                let outcome = store.try_claim(&request(&shared(k), token)).await.unwrap();
+                let completed = match outcome {
+                    ClaimOutcome::Claimed { .. } => Some(
+                        store
+                            .complete(SCOPE, &shared(k), token, &response_of(token))
+                            .await
+                            .unwrap(),
+                    ),
+                    _ => None,
+                };
+                (k, token, outcome, completed)
+            }));
+        }
+    }
+    let mut old_owners = Vec::new();
+    for (k, &token) in old.iter().enumerate() {
+        let owner = store.clone();
+        old_owners.push(tokio::spawn(async move {
+            owner
+                .complete(SCOPE, &shared(k), token, &response_of(token))
+                .await
+                .map(|done| (k, WriteKind::Complete, done))
+        }));
+        let owner = store.clone();
+        old_owners.push(tokio::spawn(async move {
+            owner
+                .renew(SCOPE, &shared(k), token, LEASE)
+                .await
+                .map(|done| (k, WriteKind::Renew, done))
+        }));
+    }
+    let mut reclaims = Vec::new();
+    for n in (0..DISTINCT_KEYS).filter(|&n| released(n)) {
+        let store = store.clone();
+        reclaims.push(tokio::spawn(async move {
+            let token = FencingToken::random();
+            let outcome = store
+                .try_claim(&request(&distinct(n), token))
+                .await
+                .unwrap();
+            assert_eq!(
+                outcome,
+                ClaimOutcome::Claimed {
+                    token,
+                    takeover: None
+                },
+                "a released key is free"
+            );
+            let done = store
+                .complete(SCOPE, &distinct(n), token, &response_of(token))
+                .await
+                .unwrap();
+            (n, token, done)
+        }));
+    }
+    let first_writes = (SHARED_KEYS * CONTENDERS + 2 * SHARED_KEYS + reclaims.len()) as u64;
+    until(&store, "every first write of wave 2 to queue", |now| {
+        now.writes - before.writes + now.queued as u64 == first_writes
+    })
+    .await;
+    lock.release().await;
+
+    for retry in retries {
+        let (k, token, outcome, completed) = retry.await.unwrap();
+        match outcome {
+            ClaimOutcome::Claimed { takeover, .. } => {
+                assert_eq!(takeover, Some(Takeover::LeaseLost));
+                keys[k].takeovers.push(token);
+                let completed = completed.unwrap();
+                assert!(completed, "the new owner of {} completes", shared(k));
+                completions
+                    .entry(shared(k))
+                    .or_default()
+                    .push((token, completed));
+            }
+            ClaimOutcome::InProgress { .. } | ClaimOutcome::Replay(_) => {}
+            other => panic!("{}: {other:?}", shared(k)),
+        }
+    }
+    for owner in old_owners {
+        let (k, kind, done) = owner.await.unwrap().unwrap();
+        match kind {
+            WriteKind::Complete => {
+                keys[k].old_complete = done;
+                completions
+                    .entry(shared(k))
+                    .or_default()
+                    .push((old[k], done));
+            }
+            _ => keys[k].old_renew = done,
+        }
+    }
+    for reclaim in reclaims {
+        let (n, token, done) = reclaim.await.unwrap();
+        assert!(done);
+        completions
+            .entry(distinct(n))
+            .or_default()
+            .push((token, true));
+    }
+
+    let stats = store.group_commit_stats();
+    for kind in [
+        WriteKind::Claim,
+        WriteKind::TakeOver,
+        WriteKind::Renew,
+        WriteKind::Complete,
+    ] {
+        assert!(
+            stats.mixed_with(kind),
+            "{kind:?} shared a batch with other kinds: {stats:?}"
+        );
+    }
+    assert!(stats.largest_batch > 1, "{stats:?}");
+
+    // One owner per key: a takeover, or the old owner kept it by completing or renewing
+    // first (then every takeover found the record changed and ran again).
+    for (k, key) in keys.iter().enumerate() {
+        assert!(key.takeovers.len() <= 1, "{}: {key:?}", shared(k));
+        if key.takeovers.is_empty() {
+            assert!(key.old_complete || key.old_renew, "{}: {key:?}", shared(k));
+            if !key.old_complete {
+                // It renewed before the takeovers: still its own, it completes now.
+                let done = store
+                    .complete(SCOPE, &shared(k), old[k], &response_of(old[k]))
+                    .await
+                    .unwrap();
+                assert!(done, "{}: the old owner kept its claim", shared(k));
+                completions
+                    .entry(shared(k))
+                    .or_default()
+                    .push((old[k], done));
+            }
+        } else {
+            assert!(
+                !key.old_complete && !key.old_renew,
+                "{}: {key:?}",
+                shared(k)
+            );
+            // Fencing: the old token changes nothing any more.
+            let stale = old[k];
+            assert!(
+                !store
+                    .complete(SCOPE, &shared(k), stale, &response_of(stale))
+                    .await
+                    .unwrap()
+            );
+            assert!(!store.renew(SCOPE, &shared(k), stale, LEASE).await.unwrap());
+            assert!(!store.release(SCOPE, &shared(k), stale).await.unwrap());
+        }
+    }
+
+    // Nothing lost, nothing doubled: each key has exactly one completion that took, and
+    // replays exactly that response.
+    assert_eq!(completions.len(), SHARED_KEYS + DISTINCT_KEYS);
+    for (key, done) in &completions {
+        let kept: Vec<_> = done.iter().filter(|(_, took)| *took).collect();
+        assert_eq!(kept.len(), 1, "{key}: {done:?}");
+        let outcome = store
+            .try_claim(&request(key, FencingToken::random()))
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            ClaimOutcome::Replay(response_of(kept[0].0)),
+            "{key}"
+        );
+    }
+    let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(records, (SHARED_KEYS + DISTINCT_KEYS) as i64);
+}
+
+async fn a_failing_write_fails_alone_in_its_batch() {
+    let Setup {
+        store, path, _dir, ..
+    } = setup().await;
+    let mut tokens = Vec::new();
+    for key in ["renewed", "completed", "refused", "released"] {
+        let token = FencingToken::random();
+        assert!(matches!(
+            store.try_claim(&request(key, token)).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+        tokens.push(token);
+    }
+    let [renewed, completed, refused, released] = tokens[..] else {
+        unreachable!()
+    };
+
+    // The writer takes the renewal and waits for the lock with it; the rest queue.
+    let lock = WriteLock::take(&path).await;
+    let before = store.group_commit_stats();
+    let renew = tokio::spawn({
+        let store = store.clone();
+        async move { store.renew(SCOPE, "renewed", renewed, LEASE).await }
+    });
+    until(&store, "the writer to take the renewal", |now| {
+        now.batches == before.batches + 1
+    })
+    .await;
+    let complete = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .complete(SCOPE, "completed", completed, &response_of(completed))
+                .await
+        }
+    });
+    // A status the schema's CHECK refuses: this completion's statement fails.
+    let bad = StoredResponse {
+        status: 42,
+        ..response_of(refused)
+    };
+    let refuse = tokio::spawn({
+        let store = store.clone();
+        async move { store.complete(SCOPE, "refused", refused, &bad).await }
+    });
+    let claim_token = FencingToken::random();
+    let claim = tokio::spawn({
+        let store = store.clone();
+        async move { store.try_claim(&request("new", claim_token)).await }
+    });
+    let release = tokio::spawn({
+        let store = store.clone();
+        async move { store.release(SCOPE, "released", released).await }
+    });
+    until(&store, "four writes to queue", |now| now.queued == 4).await;
+    lock.release().await;
+
+    assert!(renew.await.unwrap().unwrap());
+    assert!(complete.await.unwrap().unwrap());
+    match refuse.await.unwrap() {
+        Err(StoreError::Database(sqlx::Error::Database(e))) => {
+            assert!(e.message().contains("CHECK"), "{e}");
+        }
+        other => panic!("the refused completion's own error, got {other:?}"),
+    }
+    assert_eq!(
+        claim.await.unwrap().unwrap(),
+        ClaimOutcome::Claimed {
+            token: claim_token,
+            takeover: None
+        }
+    );
+    assert!(release.await.unwrap().unwrap());
+    let stats = store.group_commit_stats();
+    assert_eq!(
+        stats.batches,
+        before.batches + 2,
+        "the four shared one batch: {stats:?}"
+    );
+    assert!(stats.largest_batch >= 4, "{stats:?}");
+
+    // The others committed; the refused one wrote nothing and still owns its claim.
+    assert_eq!(
+        store
+            .try_claim(&request("completed", FencingToken::random()))
+            .await
+            .unwrap(),
+        ClaimOutcome::Replay(response_of(completed))
+    );
+    assert!(matches!(
+        store
+            .try_claim(&request("refused", FencingToken::random()))
+            .await
+            .unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    assert!(
+        store
+            .complete(SCOPE, "refused", refused, &response_of(refused))
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store
+            .try_claim(&request("new", FencingToken::random()))
+            .await
+            .unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    let again = FencingToken::random();
+    assert_eq!(
+        store.try_claim(&request("released", again)).await.unwrap(),
+        ClaimOutcome::Claimed {
+            token: again,
+            takeover: None
+        }
+    );
+}
