@@ -35,6 +35,10 @@ pub(super) struct Execution {
     pub(super) config: HandlerConfig,
     pub(super) scope: String,
     pub(super) key: String,
+    /// The request's fingerprint, and until when (replay-cache time) its record lives
+    /// at least once completed: the claim's send time plus its TTL.
+    pub(super) fingerprint: crate::fingerprint::Fingerprint,
+    pub(super) lives_until: i64,
     pub(super) token: FencingToken,
     pub(super) lease: Duration,
     /// When the claim was sent: the store's lease ends no earlier than this plus the
@@ -271,6 +275,7 @@ impl Execution {
                         status = captured.stored.status,
                         "writes and response committed together"
                     );
+                    self.remember(&captured.stored);
                     self.observe_duration();
                     return captured.into_response();
                 }
@@ -443,6 +448,13 @@ impl Execution {
         answer
     }
 
+    /// Caches the record this request completed (the store confirmed it).
+    fn remember(&self, stored: &StoredResponse) {
+        let (scope, key) = (&self.scope, &self.key);
+        self.engine
+            .remember(scope, key, self.fingerprint, stored, self.lives_until);
+    }
+
     /// Feeds how long this handler took into the engine's `Retry-After` estimate.
     fn observe_duration(&self) {
         self.engine
@@ -529,6 +541,7 @@ impl Execution {
                     status = stored.status,
                     "response recorded"
                 );
+                self.remember(stored);
                 true
             }
             Ok(false) => {

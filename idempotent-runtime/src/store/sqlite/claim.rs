@@ -30,7 +30,7 @@ impl SqliteStore {
     pub(super) async fn claim_once(
         &self,
         claim: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
+    ) -> Result<Option<sql::Answer>, StoreError> {
         let now = self.clock.now_millis();
         let Some(row) = sqlx::query(CLAIM_READ)
             .bind(claim.scope)
@@ -45,12 +45,13 @@ impl SqliteStore {
                 .execute(&self.pool)
                 .await?;
             // No row inserted: a racing claim created the record since the read.
-            return Ok(
-                (inserted.rows_affected() == 1).then_some(ClaimOutcome::Claimed {
+            return Ok((inserted.rows_affected() == 1).then_some((
+                ClaimOutcome::Claimed {
                     token: claim.token,
                     takeover: None,
-                }),
-            );
+                },
+                None,
+            )));
         };
         let found = FoundRow {
             state: row.try_get("state")?,
@@ -58,6 +59,7 @@ impl SqliteStore {
             lease_ran_out: row.try_get("lease_ran_out")?,
             same_fingerprint: row.try_get("same_fingerprint")?,
             lease_remaining_ms: row.try_get("lease_remaining_ms")?,
+            ttl_remaining_ms: row.try_get("ttl_remaining_ms")?,
             status: row.try_get("status")?,
             headers: row.try_get("headers")?,
             body: row.try_get("body")?,
@@ -73,12 +75,13 @@ impl SqliteStore {
         let taken = claim_query(statement, claim, now)
             .execute(&self.pool)
             .await?;
-        Ok(
-            (taken.rows_affected() == 1).then_some(ClaimOutcome::Claimed {
+        Ok((taken.rows_affected() == 1).then_some((
+            ClaimOutcome::Claimed {
                 token: claim.token,
                 takeover: Some(reason),
-            }),
-        )
+            },
+            None,
+        )))
     }
 }
 

@@ -1,0 +1,87 @@
+//! Running a request's claim and handler in the request's own task, as if detached.
+//!
+//! A client that hangs up drops its request's future. The claim must not be cut off
+//! halfway (a claim the store recorded and nothing runs), nor the handler between its
+//! side effect and its record. Spawning every request into a task of its own guarantees
+//! that, at the cost of a spawn, a wake-up and a hand-over per request. [`Uncancellable`]
+//! gives the same guarantee without them: it polls the work in the request's task, and
+//! only if it is dropped before the work finished does it spawn the rest, which then runs
+//! to its end as the spawned task would have.
+
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::response::Response;
+use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tracing::error;
+
+use super::answers::internal_error;
+
+type Work = Pin<Box<dyn Future<Output = Response> + Send + 'static>>;
+
+/// Work that runs to its end even when the future awaiting it is dropped (see the
+/// module docs). While it runs it counts as one of the tracker's tasks, so
+/// [`Idempotency::drain`](super::Idempotency::drain) waits for it.
+pub(super) struct Uncancellable {
+    work: Option<Work>,
+    tracker: TaskTracker,
+    _running: TaskTrackerToken,
+}
+
+impl Uncancellable {
+    pub(super) fn new(
+        work: impl Future<Output = Response> + Send + 'static,
+        tracker: &TaskTracker,
+    ) -> Self {
+        Self {
+            work: Some(Box::pin(work)),
+            tracker: tracker.clone(),
+            _running: tracker.token(),
+        }
+    }
+}
+
+impl Future for Uncancellable {
+    type Output = Response;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response> {
+        let Some(work) = self.work.as_mut() else {
+            panic!("`Uncancellable` polled after it finished");
+        };
+        // A panic outside the handler (which has its own guard) answers 500, as a
+        // spawned task's panic would, instead of unwinding through the server.
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx)));
+        match polled {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(response)) => {
+                self.work = None;
+                Poll::Ready(response)
+            }
+            Err(_panic) => {
+                self.work = None;
+                error!(event = "store_error", "request task panicked");
+                Poll::Ready(internal_error(
+                    "The request was interrupted; it is safe to retry with the same key.",
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for Uncancellable {
+    fn drop(&mut self) {
+        let Some(work) = self.work.take() else { return };
+        // Dropped unfinished: the rest runs on in a task of its own. Outside a runtime
+        // (it is shutting down) there is nowhere to run it, as for any spawned task.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.tracker.spawn_on(
+                async move {
+                    let _ = work.await;
+                },
+                &runtime,
+            );
+        }
+    }
+}
