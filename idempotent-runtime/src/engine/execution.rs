@@ -148,11 +148,10 @@ impl Execution {
         match outcome {
             // The heartbeat goes on until the outcome is recorded: a store outage after
             // the handler finished must not let the lease lapse while we retry.
-            Outcome::Record(captured) => {
+            Outcome::Record(Captured { stored, answer }) => {
                 self.observe_duration();
-                let stored = captured.stored.clone();
                 complete_with_retries(self, stored, heartbeat).await;
-                captured.into_response()
+                answer
             }
             Outcome::GiveUp(why, answer) => {
                 drop(heartbeat);
