@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use http::{HeaderName, HeaderValue, StatusCode, header};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 
 use super::REPLAYED_HEADER;
 use crate::problem::{Problem, codes};
@@ -28,19 +29,35 @@ const DESCRIBE_THE_BODY: [&str; 9] = [
 
 /// Rebuilds a stored response, marked as a replay.
 pub(super) fn replay(stored: StoredResponse) -> Response {
-    let mut response = stored_answer(stored);
+    let (status, headers, body) = replay_parts(&stored);
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
     response
-        .headers_mut()
-        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-    response
+}
+
+/// What [`replay`] answers, in parts: for the replay cache, which builds them once.
+pub(super) fn replay_parts(stored: &StoredResponse) -> (StatusCode, HeaderMap, Bytes) {
+    let (status, mut headers, body) = stored_parts(stored);
+    headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    (status, headers, body)
 }
 
 /// Rebuilds a stored response (a body that was not kept becomes a problem document).
 pub(super) fn stored_answer(stored: StoredResponse) -> Response {
+    let (status, headers, body) = stored_parts(&stored);
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// The status, headers and body a stored response is answered with.
+fn stored_parts(stored: &StoredResponse) -> (StatusCode, HeaderMap, Bytes) {
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body_kept = stored.body.is_some();
-    let mut response = match stored.body {
-        Some(body) => Response::new(Body::from(body)),
+    let body = match &stored.body {
+        Some(body) => body.clone(),
         None => {
             let problem = Problem::new(
                 status,
@@ -52,17 +69,18 @@ pub(super) fn stored_answer(stored: StoredResponse) -> Response {
                  The operation was not run again; fetch the resource (see Location, if \
                  present) instead.",
             );
-            Response::new(Body::from(problem.to_json()))
+            Bytes::from(problem.to_json())
         }
     };
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    for (name, value) in stored.headers {
+    let mut headers = HeaderMap::with_capacity(stored.headers.len() + 2);
+    for (name, value) in &stored.headers {
         if !body_kept && DESCRIBE_THE_BODY.contains(&name.as_str()) {
             continue;
         }
-        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::from_bytes(&value))
-        {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
             headers.append(name, value);
         }
     }
@@ -72,7 +90,7 @@ pub(super) fn stored_answer(stored: StoredResponse) -> Response {
             HeaderValue::from_static(crate::problem::PROBLEM_JSON),
         );
     }
-    response
+    (status, headers, body)
 }
 
 #[cfg(feature = "sql")]

@@ -39,6 +39,10 @@ pub(super) struct Execution {
     pub(super) config: HandlerConfig,
     pub(super) scope: String,
     pub(super) key: String,
+    /// The request's fingerprint, and until when (replay-cache time) its record lives
+    /// at least once completed: the claim's send time plus its TTL.
+    pub(super) fingerprint: crate::fingerprint::Fingerprint,
+    pub(super) lives_until: i64,
     pub(super) token: FencingToken,
     pub(super) lease: Duration,
     /// When the claim was sent: the store's lease ends no earlier than this plus the
@@ -162,11 +166,10 @@ impl Execution {
         match outcome {
             // The heartbeat goes on until the outcome is recorded: a store outage after
             // the handler finished must not let the lease lapse while we retry.
-            Outcome::Record(captured) => {
+            Outcome::Record(Captured { stored, answer }) => {
                 self.observe_duration();
-                let stored = captured.stored.clone();
                 complete_with_retries(self, stored, heartbeat).await;
-                captured.into_response()
+                answer
             }
             Outcome::GiveUp(why, answer) => {
                 drop(heartbeat);
@@ -290,6 +293,7 @@ impl Execution {
                         status = captured.stored.status,
                         "writes and response committed together"
                     );
+                    self.remember(&captured.stored);
                     self.observe_duration();
                     return captured.into_response();
                 }
@@ -470,6 +474,13 @@ impl Execution {
         self.lease_signal.count_loss_once(self.config.name);
     }
 
+    /// Caches the record this request completed (the store confirmed it).
+    fn remember(&self, stored: &StoredResponse) {
+        let (scope, key) = (&self.scope, &self.key);
+        self.engine
+            .remember(scope, key, self.fingerprint, stored, self.lives_until);
+    }
+
     /// Feeds how long this handler took into the engine's `Retry-After` estimate.
     fn observe_duration(&self) {
         self.engine
@@ -560,6 +571,7 @@ impl Execution {
                     status = stored.status,
                     "response recorded"
                 );
+                self.remember(stored);
                 true
             }
             Ok(false) => {

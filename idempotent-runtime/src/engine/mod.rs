@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use http::HeaderName;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+use crate::clock::millis;
 use crate::config::HandlerConfig;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
@@ -16,15 +17,20 @@ use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
 mod answers;
 mod capture;
 mod execution;
+mod inline;
 mod operator;
+mod replay_cache;
 mod retry_after;
 mod waiting;
 
 pub(crate) use answers::store_unavailable;
 #[cfg(feature = "sql")]
 use answers::transaction_unsupported;
-use answers::{in_progress, internal_error, key_reused, replay, scope_empty};
+use answers::{in_progress, key_reused, replay, scope_empty};
 use execution::Execution;
+use inline::Uncancellable;
+pub use replay_cache::ReplayCacheConfig;
+use replay_cache::{Cached, ReplayCache};
 use waiting::{Attempt, Settled};
 
 /// The header marking a replayed response.
@@ -117,14 +123,17 @@ struct Inner {
     running: Arc<waiting::Running>,
     /// How long each handler usually takes, for `Retry-After`.
     durations: retry_after::DurationEstimates,
-    /// Every detached request and background recording, for [`Idempotency::drain`].
+    /// Every running request and background recording, for [`Idempotency::drain`].
     tracker: tokio_util::task::TaskTracker,
+    /// Completed records this process has seen, for replays without a store round trip.
+    replay_cache: Option<ReplayCache>,
 }
 
 /// Configures an [`Idempotency`] engine.
 #[derive(Debug)]
 pub struct IdempotencyBuilder {
     inner: Inner,
+    replay_cache: Option<ReplayCacheConfig>,
 }
 
 impl IdempotencyBuilder {
@@ -206,10 +215,28 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// The replay cache's bounds (default: on, [`ReplayCacheConfig::new`]), or `None` to
+    /// turn it off.
+    ///
+    /// With it, a replay of a completed record this process completed or replayed
+    /// recently is answered from memory: no store round trip, nothing spawned; a request
+    /// reusing its key with another body gets its `422` the same way. An entry never
+    /// outlives its record's TTL, and is served at most
+    /// [`max_age`](ReplayCacheConfig::max_age) before the store is asked again: how long
+    /// another instance may still replay a record deleted on this one. In-progress and
+    /// released claims are never cached. See [`ReplayCacheConfig`] for the bounds.
+    pub fn replay_cache(mut self, config: Option<ReplayCacheConfig>) -> Self {
+        self.replay_cache = config;
+        self
+    }
+
     /// Builds the engine (and [describes](crate::metrics::describe) its metrics to the
     /// recorder installed by then, if any).
-    pub fn build(self) -> Idempotency {
+    pub fn build(mut self) -> Idempotency {
         metrics::describe();
+        self.inner.replay_cache = self
+            .replay_cache
+            .map(|config| ReplayCache::new(config, self.inner.store.clock()));
         Idempotency {
             inner: Arc::new(self.inner),
         }
@@ -243,7 +270,9 @@ impl Idempotency {
                 running: Arc::default(),
                 durations: retry_after::DurationEstimates::default(),
                 tracker: tokio_util::task::TaskTracker::new(),
+                replay_cache: None,
             },
+            replay_cache: Some(ReplayCacheConfig::new()),
         }
     }
 
@@ -255,6 +284,31 @@ impl Idempotency {
     /// The request header carrying the key.
     pub fn header_name(&self) -> &HeaderName {
         &self.inner.header_name
+    }
+
+    /// Drops `(scope, key)` from this process's replay cache, so that its next request
+    /// asks the store. Deleting a record through the engine does this; call it after
+    /// deleting records from the store by other means. Other instances' caches may still
+    /// replay the record for up to their [`ReplayCacheConfig::max_age`].
+    pub fn forget_cached(&self, scope: &str, key: &str) {
+        if let Some(cache) = &self.inner.replay_cache {
+            cache.invalidate(scope, key);
+        }
+    }
+
+    /// Caches a completed record: this process's own completion (bounded by its claim's
+    /// TTL) or a replay the store answered (bounded by the life it reported).
+    pub(super) fn remember(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+        stored: &crate::store::StoredResponse,
+        lives_until: i64,
+    ) {
+        if let Some(cache) = &self.inner.replay_cache {
+            cache.insert(scope, key, fingerprint, stored, lives_until);
+        }
     }
 
     /// The TTL a handler with `config` uses.
@@ -277,10 +331,12 @@ impl Idempotency {
     /// Runs `handler` at most once for `(scope, key)` and `fingerprint`:
     ///
     /// - new key (or expired, or a lease that ran out with the same fingerprint): the
-    ///   handler runs in a spawned task — a client that hangs up cannot cancel it or the
-    ///   recording of its outcome — while the lease is renewed every third of it;
+    ///   handler runs — in the request's task, moved to a task of its own if the client
+    ///   hangs up, so that nothing cancels it or the recording of its outcome — while
+    ///   the lease is renewed every third of it;
     /// - completed with the same fingerprint: the stored response plus
-    ///   `Idempotent-Replayed: true`;
+    ///   `Idempotent-Replayed: true` (from the replay cache when it holds the record:
+    ///   see [`IdempotencyBuilder::replay_cache`]);
     /// - still running: `409` + `Retry-After` — or, when the handler's config (or the
     ///   engine's default) sets a [`wait`](HandlerConfig::wait), the request waits up to
     ///   that long for the original and then claims again: replay, a run of its own if
@@ -334,9 +390,10 @@ impl Idempotency {
         handler.await.into_response()
     }
 
-    /// Claims the key and, when claimed, runs `execute` — both in one detached task: a
-    /// client that hangs up can cancel neither the claim halfway (leaving a claim that
-    /// nothing runs) nor the handler.
+    /// Answers from the replay cache when it can; otherwise claims the key and, when
+    /// claimed, runs `execute` — both [`Uncancellable`]: a client that hangs up can
+    /// cancel neither the claim halfway (leaving a claim that nothing runs) nor the
+    /// handler.
     async fn claim_and_execute<X, Fut>(
         &self,
         config: &HandlerConfig,
@@ -358,28 +415,50 @@ impl Idempotency {
             );
             return scope_empty();
         }
-        // One claim attempt (and the handler, when it wins) in a detached task; the
-        // handler comes back when the key is in progress, for a request that waits.
+        if let Some(cache) = &self.inner.replay_cache {
+            match cache.get(scope, key, &fingerprint) {
+                Cached::Hit(cached) => {
+                    metrics::count(config.name, Outcome::Replayed);
+                    info!(
+                        event = "replayed",
+                        status = cached.status(),
+                        cached = true,
+                        "replaying stored response"
+                    );
+                    return cached.response();
+                }
+                Cached::Mismatch => {
+                    metrics::count(config.name, Outcome::Mismatch);
+                    info!(
+                        event = "mismatch",
+                        cached = true,
+                        "key reused with a different request"
+                    );
+                    return key_reused();
+                }
+                Cached::Miss => {}
+            }
+        }
+        // One claim attempt (and the handler, when it wins), uncancellable: run in this
+        // task, moved to a tracked task of its own if the client hangs up. The handler
+        // comes back when the key is in progress, for a request that waits.
         let attempt = |execute: X| {
             let (engine, config) = (self.clone(), *config);
             let (scope, key) = (scope.to_owned(), key.to_owned());
-            let task = self.spawn_tracked(
-                async move {
-                    match engine.claim(&config, &scope, &key, &fingerprint).await {
-                        Ok(execution) => {
-                            let lease = execution.lease_signal.clone();
-                            let key = IdempotencyKey::claimed(scope, key, fingerprint, lease);
-                            Attempt::Done(Settled::Ran, execute(execution, key).await)
-                        }
-                        Err(Refused::Answer(settled, answer)) => Attempt::Done(settled, answer),
-                        Err(Refused::InProgress(retry_after)) => {
-                            Attempt::InProgress(retry_after, execute)
-                        }
+            let work = async move {
+                match engine.claim(&config, &scope, &key, &fingerprint).await {
+                    Ok(execution) => {
+                        let lease = execution.lease_signal.clone();
+                        let key = IdempotencyKey::claimed(scope, key, fingerprint, lease);
+                        Attempt::Done(Settled::Ran, execute(execution, key).await)
+                    }
+                    Err(Refused::Answer(settled, answer)) => Attempt::Done(settled, answer),
+                    Err(Refused::InProgress(retry_after)) => {
+                        Attempt::InProgress(retry_after, execute)
                     }
                 }
-                .in_current_span(),
-            );
-            join_detached(task)
+            };
+            Uncancellable::new(work.in_current_span(), &self.inner.tracker, interrupted)
         };
         match self.wait_for(config) {
             None => match attempt(execute).await {
@@ -445,10 +524,15 @@ impl Idempotency {
             lease,
             token: FencingToken::random(),
         };
-        // Before the claim is sent: the store's lease ends no earlier than this + lease.
+        // Before the claim is sent: the store's lease ends no earlier than this + lease,
+        // and a record it reports ends no earlier than the cache's time now + its life.
         let sent_at = tokio::time::Instant::now();
-        let claimed = bounded(self.inner.store_timeout, self.inner.store.try_claim(&claim));
-        let outcome = match metrics::timed(StoreOperation::Claim, claimed).await {
+        let cache_now = self.inner.replay_cache.as_ref().map_or(0, ReplayCache::now);
+        let claimed = bounded(
+            self.inner.store_timeout,
+            self.inner.store.claim_with_expiry(&claim),
+        );
+        let (outcome, expires_in) = match metrics::timed(StoreOperation::Claim, claimed).await {
             Ok(outcome) => outcome,
             Err(err) => {
                 error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
@@ -468,6 +552,10 @@ impl Idempotency {
                     status = stored.status,
                     "replaying stored response"
                 );
+                if let Some(life) = expires_in {
+                    let lives_until = cache_now.saturating_add(millis(life));
+                    self.remember(scope, key, *fingerprint, &stored, lives_until);
+                }
                 Err(Refused::Answer(Settled::Replayed, replay(stored)))
             }
             ClaimOutcome::InProgress { retry_after } => Err(Refused::InProgress(retry_after)),
@@ -494,6 +582,8 @@ impl Idempotency {
                     config: *config,
                     scope: scope.to_owned(),
                     key: key.to_owned(),
+                    fingerprint: *fingerprint,
+                    lives_until: cache_now.saturating_add(millis(claim.ttl)),
                     token,
                     lease,
                     claimed_at: sent_at,
@@ -627,21 +717,13 @@ enum Refused {
     InProgress(Duration),
 }
 
-/// Awaits the detached task running a claim attempt.
-async fn join_detached<X>(task: tokio::task::JoinHandle<Attempt<X>>) -> Attempt<X> {
-    match task.await {
-        Ok(attempt) => attempt,
-        // Only when the runtime shuts down under the task.
-        Err(err) => {
-            error!(event = "store_error", error = %err, "handler task did not finish");
-            Attempt::Done(
-                Settled::Failed,
-                internal_error(
-                    "The request was interrupted; it is safe to retry with the same key.",
-                ),
-            )
-        }
-    }
+/// What a claim attempt answers when it panicked outside the handler (which has its
+/// own guard) or was cut off by the runtime shutting down.
+fn interrupted<X>() -> Attempt<X> {
+    Attempt::Done(
+        Settled::Failed,
+        internal_error("The request was interrupted; it is safe to retry with the same key."),
+    )
 }
 
 /// `operation`, failed with [`StoreError::Timeout`] when it takes longer than `timeout`.

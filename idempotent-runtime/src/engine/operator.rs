@@ -32,6 +32,10 @@ impl Idempotency {
     /// [`IdempotencyKey::lease_lost`](crate::IdempotencyKey::lease_lost), a transactional
     /// handler's writes roll back, and its response is not recorded (fencing).
     ///
+    /// This engine's [replay cache](crate::IdempotencyBuilder::replay_cache) drops the
+    /// key at once; other instances' caches may still replay a completed record for up to
+    /// their [`max_age`](crate::engine::ReplayCacheConfig::max_age) (default 10 s).
+    ///
     /// Every call is logged (`event = "forgotten"`, or `"forget_refused"`).
     ///
     /// # Errors
@@ -49,10 +53,11 @@ impl Idempotency {
             self.inner.store.forget(scope, key, force),
         )
         .await;
-        // The one place where anything the engine itself remembers of (scope, key) must
-        // be dropped (e.g. a replay cached in process), whatever `result` is: a forget that
-        // timed out may still have deleted the record, and dropping a cached entry is
-        // always safe.
+        // Whatever `result` is: a forget that timed out may still have deleted the record,
+        // and dropping a cached entry is always safe. (A replay read from the store just
+        // before the delete may still land in the cache after this: it lives at most the
+        // cache's maximum age, like other instances' copies.)
+        self.forget_cached(scope, key);
         match &result {
             Ok(ForgetOutcome::Refused { lease_left }) => info!(
                 event = "forget_refused",

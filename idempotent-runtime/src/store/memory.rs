@@ -286,6 +286,13 @@ impl Default for MemoryStore {
 #[async_trait]
 impl Store for MemoryStore {
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        Ok(self.claim_with_expiry(claim).await?.0)
+    }
+
+    async fn claim_with_expiry(
+        &self,
+        claim: &ClaimRequest<'_>,
+    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
         let now = self.clock.now_millis();
         let id = self.shards.lookup(claim.scope, claim.key);
         let mut records = self.shards.lock(id.hash);
@@ -305,13 +312,19 @@ impl Store for MemoryStore {
                 };
                 match takeover(found) {
                     Some(reason) => Some(reason),
-                    None if !same_fingerprint => return Ok(ClaimOutcome::Mismatch),
+                    None if !same_fingerprint => return Ok((ClaimOutcome::Mismatch, None)),
                     None => {
                         return Ok(match &existing.state {
-                            State::Completed(response) => ClaimOutcome::Replay(response.clone()),
-                            State::InProgress { lease_expires_at } => ClaimOutcome::InProgress {
-                                retry_after: retry_after_from_millis(lease_expires_at - now),
-                            },
+                            State::Completed(response) => (
+                                ClaimOutcome::Replay(response.clone()),
+                                Some(remaining(existing.expires_at - now)),
+                            ),
+                            State::InProgress { lease_expires_at } => (
+                                ClaimOutcome::InProgress {
+                                    retry_after: retry_after_from_millis(lease_expires_at - now),
+                                },
+                                None,
+                            ),
                         });
                     }
                 }
@@ -333,10 +346,13 @@ impl Store for MemoryStore {
                 records.insert(id.to_id(), record);
             }
         }
-        Ok(ClaimOutcome::Claimed {
-            token: claim.token,
-            takeover,
-        })
+        Ok((
+            ClaimOutcome::Claimed {
+                token: claim.token,
+                takeover,
+            },
+            None,
+        ))
     }
 
     async fn renew(
@@ -455,6 +471,15 @@ impl Store for MemoryStore {
         records.remove(&id as &dyn IdParts);
         Ok(ForgetOutcome::Forgotten(info))
     }
+
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        Some(self.clock.clone())
+    }
+}
+
+/// A record's remaining life from its milliseconds left.
+fn remaining(millis: i64) -> Duration {
+    Duration::from_millis(u64::try_from(millis).unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -186,6 +186,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// in-progress record whose lease ran out *and* whose fingerprint matches.
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
+    /// [`try_claim`](Self::try_claim), and for a [`ClaimOutcome::Replay`] how long the
+    /// record lives on at least, measured from a moment no earlier than the call (by the
+    /// store's clock, from the statement that read it); what the engine's replay cache
+    /// bounds a copy of the record by. `None`: the store cannot tell, and its replays are
+    /// not cached (the default, which runs `try_claim`).
+    ///
+    /// A store overriding it answers `try_claim` through it; a decorator store forwards
+    /// both, or its replays go uncached.
+    async fn claim_with_expiry(
+        &self,
+        claim: &ClaimRequest<'_>,
+    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
+        Ok((self.try_claim(claim).await?, None))
+    }
+
     /// Extends the lease of an in-progress claim, and its expiry to at least the new
     /// lease's end (a handler that outlives its TTL keeps its record). `Ok(false)`: the
     /// token no longer owns the record (taken over, or released).
@@ -286,6 +301,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
         let _ = (scope, key);
         Box::pin(tokio::time::sleep(poll))
+    }
+
+    /// The clock this store decides expiry by, when it keeps time in this process (the
+    /// memory and SQLite stores: the clock they were opened with). The engine's replay
+    /// cache then counts its entries' lives on the same clock, so a test that moves the
+    /// store's [`ManualClock`](crate::ManualClock) past a TTL expires the cache's copy
+    /// too. `None` (the default): the store keeps time elsewhere (a database server), and
+    /// the cache uses a monotonic clock.
+    fn clock(&self) -> Option<std::sync::Arc<dyn crate::Clock>> {
+        None
     }
 }
 

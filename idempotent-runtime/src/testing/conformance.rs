@@ -155,6 +155,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_concurrent_forgets_delete_once,
         check_forget_racing_completion_is_consistent,
         check_watch_wakes_after_complete_and_release,
+        check_replay_life_bounds_the_record,
     ];
     let trials = checks
         .into_iter()
@@ -322,6 +323,62 @@ pub async fn check_claim_complete_replay<H: Harness>() {
     for _ in 0..2 {
         let (outcome, _) = claim(&*store, fp(1)).await;
         assert_eq!(outcome, ClaimOutcome::Replay(stored.clone()));
+    }
+}
+
+/// [`Store::claim_with_expiry`] answers what `try_claim` answers; a remaining life comes
+/// only with a replay, and never exceeds the record's: at most the TTL, and shrinking as
+/// the store's clock moves (the engine's replay cache keeps its copy no longer than it).
+pub async fn check_replay_life_bounds_the_record<H: Harness>() {
+    let (h, store) = setup::<H>().await;
+    let with_expiry = |fingerprint: Fingerprint| {
+        let store = store.clone();
+        async move {
+            store
+                .claim_with_expiry(&ClaimRequest {
+                    scope: SCOPE,
+                    key: KEY,
+                    fingerprint: &fingerprint,
+                    ttl: TTL,
+                    lease: LEASE,
+                    token: FencingToken::random(),
+                })
+                .await
+                .expect("claim_with_expiry")
+        }
+    };
+    let (outcome, life) = with_expiry(fp(1)).await;
+    let ClaimOutcome::Claimed { token, .. } = outcome else {
+        panic!("expected a claim, got {outcome:?}");
+    };
+    assert_eq!(life, None, "a claim reports no remaining life");
+    let (outcome, life) = with_expiry(fp(1)).await;
+    assert_in_progress(&outcome, LEASE);
+    assert_eq!(
+        life, None,
+        "an in-progress record reports no remaining life"
+    );
+    assert!(complete(&*store, token, &response("a")).await);
+    let (outcome, life) = with_expiry(fp(2)).await;
+    assert_eq!(outcome, ClaimOutcome::Mismatch);
+    assert_eq!(life, None, "a mismatch reports no remaining life");
+    let (outcome, life) = with_expiry(fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("a")));
+    if let Some(life) = life {
+        assert!(
+            life <= TTL,
+            "remaining life {life:?} beyond the TTL {TTL:?}"
+        );
+    }
+    h.advance(TTL / 2).await;
+    let (outcome, life) = with_expiry(fp(1)).await;
+    assert_eq!(outcome, ClaimOutcome::Replay(response("a")));
+    if let Some(life) = life {
+        assert!(
+            life <= TTL / 2,
+            "remaining life {life:?} beyond what is left of the TTL ({:?})",
+            TTL / 2
+        );
     }
 }
 

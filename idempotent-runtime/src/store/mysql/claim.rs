@@ -51,7 +51,7 @@ impl MySqlStore {
     pub(super) async fn claim_once(
         &self,
         claim: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
+    ) -> Result<Option<sql::Answer>, StoreError> {
         let id = scope_key_sha256(claim.scope, claim.key);
         // Read first: a replay, a `409` or a `422` is answered by this one non-locking
         // read, with no write and no row lock; only a new key or a takeover writes.
@@ -76,10 +76,13 @@ impl MySqlStore {
                 .execute(&self.pool)
                 .await;
             return match inserted.map_err(failure) {
-                Ok(_) => Ok(Some(ClaimOutcome::Claimed {
-                    token: claim.token,
-                    takeover: None,
-                })),
+                Ok(_) => Ok(Some((
+                    ClaimOutcome::Claimed {
+                        token: claim.token,
+                        takeover: None,
+                    },
+                    None,
+                ))),
                 // Inserted by someone else since the read (or a lock conflict): read again.
                 Err(Failure::Duplicate | Failure::Contention) => Ok(None),
                 Err(Failure::Other(error)) => Err(error),
@@ -96,6 +99,7 @@ impl MySqlStore {
             lease_remaining_ms: row
                 .try_get::<Option<i64>, _>("lease_remaining_ms")?
                 .map(|ms| ms.min(i64::try_from(claim.lease.as_millis()).unwrap_or(i64::MAX))),
+            ttl_remaining_ms: row.try_get("ttl_remaining_ms")?,
             status: status.map(i64::from),
             headers: row.try_get("headers")?,
             body: row.try_get("body")?,
@@ -127,12 +131,13 @@ impl MySqlStore {
         };
         match take_over.execute(&self.pool).await.map_err(failure) {
             // Rows matched: the reason still held on the newest version of the row.
-            Ok(done) => Ok(
-                (done.rows_affected() == 1).then_some(ClaimOutcome::Claimed {
+            Ok(done) => Ok((done.rows_affected() == 1).then_some((
+                ClaimOutcome::Claimed {
                     token: claim.token,
                     takeover: Some(reason),
-                }),
-            ),
+                },
+                None,
+            ))),
             Err(Failure::Contention | Failure::Duplicate) => Ok(None),
             Err(Failure::Other(error)) => Err(error),
         }

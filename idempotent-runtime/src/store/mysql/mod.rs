@@ -339,6 +339,13 @@ fn completion<'q>(
 #[async_trait]
 impl Store for MySqlStore {
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        Ok(self.claim_with_expiry(claim).await?.0)
+    }
+
+    async fn claim_with_expiry(
+        &self,
+        claim: &ClaimRequest<'_>,
+    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
         sql::claim_with_retries(claim, || self.claim_once(claim)).await
     }
 

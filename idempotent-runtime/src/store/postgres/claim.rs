@@ -14,7 +14,7 @@ impl PostgresStore {
     pub(super) async fn claim_once(
         &self,
         claim: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
+    ) -> Result<Option<sql::Answer>, StoreError> {
         let row = sqlx::query(self.sql.claim.clone())
             .bind(claim.scope)
             .bind(claim.key)
@@ -29,10 +29,13 @@ impl PostgresStore {
         let Some(row) = row else { return Ok(None) };
         if row.try_get::<bool, _>("claimed")? {
             let takeover: Option<String> = row.try_get("takeover")?;
-            return Ok(Some(ClaimOutcome::Claimed {
-                token: claim.token,
-                takeover: parse_takeover(takeover.as_deref())?,
-            }));
+            return Ok(Some((
+                ClaimOutcome::Claimed {
+                    token: claim.token,
+                    takeover: parse_takeover(takeover.as_deref())?,
+                },
+                None,
+            )));
         }
         match sql::classify(found_row(&row)?)? {
             Classified::Refused(outcome) => Ok(Some(outcome)),
@@ -53,6 +56,7 @@ fn found_row(row: &PgRow) -> Result<FoundRow, StoreError> {
         lease_ran_out: row.try_get("lease_ran_out")?,
         same_fingerprint: row.try_get("same_fingerprint")?,
         lease_remaining_ms: row.try_get("lease_remaining_ms")?,
+        ttl_remaining_ms: row.try_get("ttl_remaining_ms")?,
         status: status.map(i64::from),
         headers: row.try_get("headers")?,
         body: row.try_get("body")?,

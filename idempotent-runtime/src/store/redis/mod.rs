@@ -313,6 +313,13 @@ impl std::fmt::Debug for RedisStore {
 #[async_trait]
 impl Store for RedisStore {
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        Ok(self.claim_with_expiry(claim).await?.0)
+    }
+
+    async fn claim_with_expiry(
+        &self,
+        claim: &ClaimRequest<'_>,
+    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
         let reply: Value = scripts::CLAIM
             .key(self.keys.record(claim.scope, claim.key))
             .arg(self.offset())
@@ -470,7 +477,11 @@ impl RedisStore {
 }
 
 /// Decodes the claim script's reply (see `scripts/claim.lua`).
-fn claim_outcome(reply: Value, token: FencingToken) -> Result<ClaimOutcome, StoreError> {
+/// The claim script's reply as an outcome, with a replayed record's remaining life.
+fn claim_outcome(
+    reply: Value,
+    token: FencingToken,
+) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt(format!("unexpected claim reply: {what}"));
     let Value::Array(items) = reply else {
         return Err(corrupt("not an array"));
@@ -488,13 +499,16 @@ fn claim_outcome(reply: Value, token: FencingToken) -> Result<ClaimOutcome, Stor
                 Some(b"lease_lost") => Some(Takeover::LeaseLost),
                 Some(other) => return Err(corrupt(&String::from_utf8_lossy(other))),
             };
-            Ok(ClaimOutcome::Claimed { token, takeover })
+            Ok((ClaimOutcome::Claimed { token, takeover }, None))
         }
-        b"mismatch" => Ok(ClaimOutcome::Mismatch),
+        b"mismatch" => Ok((ClaimOutcome::Mismatch, None)),
         b"in_progress" => match items.next() {
-            Some(Value::Int(left)) => Ok(ClaimOutcome::InProgress {
-                retry_after: retry_after_from_millis(left),
-            }),
+            Some(Value::Int(left)) => Ok((
+                ClaimOutcome::InProgress {
+                    retry_after: retry_after_from_millis(left),
+                },
+                None,
+            )),
             _ => Err(corrupt("in progress without the lease time left")),
         },
         b"replay" => {
@@ -515,11 +529,17 @@ fn claim_outcome(reply: Value, token: FencingToken) -> Result<ClaimOutcome, Stor
                     bulk(other).ok_or_else(|| corrupt("a body that is not a string"))?,
                 )),
             };
-            Ok(ClaimOutcome::Replay(StoredResponse {
+            // Milliseconds the record lives on, from the script's clock reading.
+            let life = match items.next() {
+                Some(Value::Int(ms)) => u64::try_from(ms).ok().map(Duration::from_millis),
+                _ => None,
+            };
+            let response = StoredResponse {
                 status,
                 headers: decode_headers(&headers)?,
                 body,
-            }))
+            };
+            Ok((ClaimOutcome::Replay(response), life))
         }
         other => Err(corrupt(&String::from_utf8_lossy(other))),
     }
@@ -659,21 +679,27 @@ mod tests {
         let token = FencingToken(7);
         let s = |b: &[u8]| Value::BulkString(b.to_vec());
         assert_eq!(
-            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"")]), token).unwrap(),
+            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"")]), token)
+                .unwrap()
+                .0,
             ClaimOutcome::Claimed {
                 token,
                 takeover: None
             }
         );
         assert_eq!(
-            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"expired")]), token).unwrap(),
+            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"expired")]), token)
+                .unwrap()
+                .0,
             ClaimOutcome::Claimed {
                 token,
                 takeover: Some(Takeover::Expired)
             }
         );
         assert_eq!(
-            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"lease_lost")]), token).unwrap(),
+            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"lease_lost")]), token)
+                .unwrap()
+                .0,
             ClaimOutcome::Claimed {
                 token,
                 takeover: Some(Takeover::LeaseLost)
@@ -681,7 +707,9 @@ mod tests {
         );
         assert!(claim_outcome(Value::Array(vec![s(b"claimed"), s(b"later")]), token).is_err());
         assert_eq!(
-            claim_outcome(Value::Array(vec![s(b"mismatch")]), token).unwrap(),
+            claim_outcome(Value::Array(vec![s(b"mismatch")]), token)
+                .unwrap()
+                .0,
             ClaimOutcome::Mismatch
         );
         assert_eq!(
@@ -689,18 +717,32 @@ mod tests {
                 Value::Array(vec![s(b"in_progress"), Value::Int(1001)]),
                 token
             )
-            .unwrap(),
+            .unwrap()
+            .0,
             ClaimOutcome::InProgress {
                 retry_after: Duration::from_secs(2)
             }
         );
         let headers = encode_headers(&[("a".to_owned(), b"b".to_vec())]);
+        let (_, life) = claim_outcome(
+            Value::Array(vec![
+                s(b"replay"),
+                s(b"201"),
+                s(&headers),
+                s(b"{}"),
+                Value::Int(1500),
+            ]),
+            token,
+        )
+        .unwrap();
+        assert_eq!(life, Some(Duration::from_millis(1500)));
         assert_eq!(
             claim_outcome(
                 Value::Array(vec![s(b"replay"), s(b"201"), s(&headers), Value::Nil]),
                 token
             )
-            .unwrap(),
+            .unwrap()
+            .0,
             ClaimOutcome::Replay(StoredResponse {
                 status: 201,
                 headers: vec![("a".to_owned(), b"b".to_vec())],

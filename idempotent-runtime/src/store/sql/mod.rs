@@ -50,6 +50,9 @@ pub(crate) struct FoundRow {
     pub(crate) same_fingerprint: bool,
     /// Milliseconds until the lease runs out (in progress only), for `Retry-After`.
     pub(crate) lease_remaining_ms: Option<i64>,
+    /// Milliseconds until the record expires, from no earlier than the claim was sent
+    /// (rounded down): a replayed record's remaining life, for the replay cache.
+    pub(crate) ttl_remaining_ms: Option<i64>,
     /// The `status`, `headers` and `body` columns (completed only).
     pub(crate) status: Option<i64>,
     pub(crate) headers: Option<Vec<u8>>,
@@ -63,8 +66,12 @@ pub(crate) enum Classified {
     /// statement decides (a refusal there means the record changed: claim again).
     Claimable(Takeover),
     /// The record refuses the claim: replay, in progress or mismatch.
-    Refused(ClaimOutcome),
+    Refused(Answer),
 }
+
+/// A claim's outcome, and a replayed record's remaining life when known (see
+/// [`Store::claim_with_expiry`](crate::store::Store::claim_with_expiry)).
+pub(crate) type Answer = (ClaimOutcome, Option<Duration>);
 
 /// Applies the takeover rule to a found record; decodes a completed record's response.
 pub(crate) fn classify(row: FoundRow) -> Result<Classified, StoreError> {
@@ -87,18 +94,25 @@ pub(crate) fn classify(row: FoundRow) -> Result<Classified, StoreError> {
         return Ok(Classified::Claimable(reason));
     }
     if !row.same_fingerprint {
-        return Ok(Classified::Refused(ClaimOutcome::Mismatch));
+        return Ok(Classified::Refused((ClaimOutcome::Mismatch, None)));
     }
     if completed {
         let response = decode_completed(row.status, row.headers, row.body)?;
-        return Ok(Classified::Refused(ClaimOutcome::Replay(response)));
+        let life = row
+            .ttl_remaining_ms
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis);
+        return Ok(Classified::Refused((ClaimOutcome::Replay(response), life)));
     }
     let remaining = row
         .lease_remaining_ms
         .ok_or_else(|| StoreError::Corrupt("in progress without a lease".into()))?;
-    Ok(Classified::Refused(ClaimOutcome::InProgress {
-        retry_after: retry_after_from_millis(remaining),
-    }))
+    Ok(Classified::Refused((
+        ClaimOutcome::InProgress {
+            retry_after: retry_after_from_millis(remaining),
+        },
+        None,
+    )))
 }
 
 /// A completed record's columns as the response to replay.
@@ -124,10 +138,10 @@ pub(crate) fn decode_completed(
 pub(crate) async fn claim_with_retries<F, Fut>(
     claim: &ClaimRequest<'_>,
     mut attempt: F,
-) -> Result<ClaimOutcome, StoreError>
+) -> Result<Answer, StoreError>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<ClaimOutcome>, StoreError>>,
+    Fut: Future<Output = Result<Option<Answer>, StoreError>>,
 {
     for n in 1..=CLAIM_ATTEMPTS {
         if let Some(outcome) = attempt().await? {
@@ -138,7 +152,7 @@ where
             "idempotency record changed during claim; retrying"
         );
     }
-    Ok(contended(claim, CLAIM_ATTEMPTS))
+    Ok((contended(claim, CLAIM_ATTEMPTS), None))
 }
 
 /// A store's answer when the record kept changing under every claim attempt: someone
@@ -167,6 +181,7 @@ mod tests {
             lease_ran_out: false,
             same_fingerprint: true,
             lease_remaining_ms: Some(1500),
+            ttl_remaining_ms: Some(60_000),
             status: None,
             headers: None,
             body: None,
@@ -177,7 +192,7 @@ mod tests {
     fn classifies_found_records() {
         assert!(matches!(
             classify(row("in_progress")).unwrap(),
-            Classified::Refused(ClaimOutcome::InProgress { retry_after }) if retry_after == Duration::from_secs(2)
+            Classified::Refused((ClaimOutcome::InProgress { retry_after }, None)) if retry_after == Duration::from_secs(2)
         ));
         let lease_ran_out = FoundRow {
             lease_ran_out: true,
@@ -193,7 +208,7 @@ mod tests {
         };
         assert!(matches!(
             classify(other).unwrap(),
-            Classified::Refused(ClaimOutcome::Mismatch)
+            Classified::Refused((ClaimOutcome::Mismatch, None))
         ));
         let completed = FoundRow {
             status: Some(201),
@@ -202,7 +217,8 @@ mod tests {
             ..row("completed")
         };
         match classify(completed).unwrap() {
-            Classified::Refused(ClaimOutcome::Replay(r)) => {
+            Classified::Refused((ClaimOutcome::Replay(r), life)) => {
+                assert_eq!(life, Some(Duration::from_secs(60)));
                 assert_eq!(r.status, 201);
                 assert_eq!(r.headers, vec![("a".to_owned(), b"b".to_vec())]);
                 assert_eq!(r.body.as_deref(), Some(&b"x"[..]));

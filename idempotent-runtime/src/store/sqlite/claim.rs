@@ -35,7 +35,7 @@ impl SqliteStore {
     pub(super) async fn claim_once(
         &self,
         claim: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
+    ) -> Result<Option<sql::Answer>, StoreError> {
         let now = self.clock.now_millis();
         let Some(row) = sqlx::query(CLAIM_READ)
             .bind(claim.scope)
@@ -46,14 +46,17 @@ impl SqliteStore {
             .fetch_optional(&self.pool)
             .await?
         else {
-            // No row inserted: a racing claim created the record since the read.
             let inserted = self
                 .claim_write(CLAIM_NEW, WriteKind::Claim, claim, now)
                 .await?;
-            return Ok((inserted == 1).then_some(ClaimOutcome::Claimed {
-                token: claim.token,
-                takeover: None,
-            }));
+            // No row inserted: a racing claim created the record since the read.
+            return Ok((inserted == 1).then_some((
+                ClaimOutcome::Claimed {
+                    token: claim.token,
+                    takeover: None,
+                },
+                None,
+            )));
         };
         let found = FoundRow {
             state: row.try_get("state")?,
@@ -61,6 +64,7 @@ impl SqliteStore {
             lease_ran_out: row.try_get("lease_ran_out")?,
             same_fingerprint: row.try_get("same_fingerprint")?,
             lease_remaining_ms: row.try_get("lease_remaining_ms")?,
+            ttl_remaining_ms: row.try_get("ttl_remaining_ms")?,
             status: row.try_get("status")?,
             headers: row.try_get("headers")?,
             body: row.try_get("body")?,
@@ -76,10 +80,13 @@ impl SqliteStore {
         let taken = self
             .claim_write(statement, WriteKind::TakeOver, claim, now)
             .await?;
-        Ok((taken == 1).then_some(ClaimOutcome::Claimed {
-            token: claim.token,
-            takeover: Some(reason),
-        }))
+        Ok((taken == 1).then_some((
+            ClaimOutcome::Claimed {
+                token: claim.token,
+                takeover: Some(reason),
+            },
+            None,
+        )))
     }
 
     /// Runs a claim statement (see `sql/claim_new.sql` for the parameters they share)

@@ -286,8 +286,19 @@ fn is_url(url_or_path: &str) -> bool {
 #[async_trait]
 impl Store for SqliteStore {
     async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        Ok(self.claim_with_expiry(claim).await?.0)
+    }
+
+    async fn claim_with_expiry(
+        &self,
+        claim: &ClaimRequest<'_>,
+    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
         let _write = self.writes.enter();
         sql::claim_with_retries(claim, || self.claim_once(claim)).await
+    }
+
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        Some(self.clock.clone())
     }
 
     async fn renew(

@@ -10,6 +10,8 @@ SELECT r.state,
            AS same_fingerprint,
        CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), r.lease_expires_at) / 1000)
             AS SIGNED) AS lease_remaining_ms,
+       CAST(FLOOR(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), r.expires_at) / 1000)
+            AS SIGNED) AS ttl_remaining_ms,
        IF(r.fingerprint = c.fingerprint AND r.fingerprint_version = c.version,
           r.status, NULL) AS status,
        IF(r.fingerprint = c.fingerprint AND r.fingerprint_version = c.version,

@@ -18,9 +18,10 @@
 --   and the store runs the claim again with a fresh snapshot.
 -- - The final SELECT returns the claim (with its takeover reason, NULL for a new key),
 --   or else the snapshot's record, judged at now(), with headers and body only for a
---   completed same-fingerprint record. The lease time left uses clock_timestamp().
+--   completed same-fingerprint record. The lease and TTL time left use clock_timestamp()
+--   (the TTL's rounded down: it bounds the replay cache's copy of the record).
 WITH existing AS (
-    SELECT state, token, status, headers, body,
+    SELECT state, token, status, headers, body, expires_at,
            expires_at <= now() AS ttl_ran_out,
            lease_expires_at <= now() AS lease_ran_out,
            (fingerprint = $3 AND fingerprint_version = $4) AS same_fingerprint,
@@ -72,6 +73,7 @@ SELECT TRUE AS claimed,
        NULL::boolean AS lease_ran_out,
        NULL::boolean AS same_fingerprint,
        NULL::bigint AS lease_remaining_ms,
+       NULL::bigint AS ttl_remaining_ms,
        NULL::smallint AS status,
        NULL::bytea AS headers,
        NULL::bytea AS body
@@ -84,6 +86,7 @@ SELECT FALSE,
        e.lease_ran_out,
        e.same_fingerprint,
        ceil(extract(epoch FROM e.lease_expires_at - clock_timestamp()) * 1000)::bigint,
+       floor(extract(epoch FROM e.expires_at - clock_timestamp()) * 1000)::bigint,
        CASE WHEN e.same_fingerprint THEN e.status END,
        CASE WHEN e.same_fingerprint THEN e.headers END,
        CASE WHEN e.same_fingerprint THEN e.body END

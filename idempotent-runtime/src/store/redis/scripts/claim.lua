@@ -2,7 +2,7 @@
 -- [3] fingerprint version, [4] token, [5] ttl ms, [6] lease ms.
 --
 -- Returns {'claimed', takeover} (takeover: '' for a new key, 'expired' or 'lease_lost')
---       | {'replay', status, headers, body or nil}
+--       | {'replay', status, headers, body or nil, ms until the record expires}
 --       | {'in_progress', lease ms left} | {'mismatch'}.
 local key = KEYS[1]
 local now = now_ms()
@@ -21,7 +21,7 @@ if record and is_live(record, now) then
   end
   if record.state == 'completed' then
     local r = redis.call('HMGET', key, 'status', 'headers', 'body')
-    return { 'replay', r[1], r[2], r[3] }
+    return { 'replay', r[1], r[2], r[3], record.expires_at - now }
   end
   if record.lease_expires_at > now then
     return { 'in_progress', record.lease_expires_at - now }

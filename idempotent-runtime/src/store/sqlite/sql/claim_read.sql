@@ -8,6 +8,7 @@ SELECT state,
        coalesce(lease_expires_at <= ?3, 0) AS lease_ran_out,
        (fingerprint = ?4 AND fingerprint_version = ?5) AS same_fingerprint,
        lease_expires_at - ?3 AS lease_remaining_ms,
+       expires_at - ?3 AS ttl_remaining_ms,
        status, headers, body
 FROM idempotency_records
 WHERE scope = ?1 AND key = ?2

@@ -1,0 +1,564 @@
+//! The replay cache: completed records this process has seen, kept in memory so that a
+//! replay is answered without a store round trip (and without spawning anything).
+//!
+//! # Why a completed record may be cached
+//!
+//! A completed record never changes: its fingerprint and response are fixed until it
+//! expires (or an operator deletes it). So a copy is exact for as long as the record
+//! lives, and the cache only has to make sure it never serves a copy longer than that.
+//!
+//! # Expiry: never past the record's TTL
+//!
+//! The store decides expiry on its own clock. Each entry carries a conservative local
+//! deadline, read on the *cache's clock* before the store call that proved the record:
+//!
+//! - **this process's own completion:** the record was claimed with the handler's TTL,
+//!   so it lives at least until *(cache time before the claim was sent) + TTL* (a renewal
+//!   only ever extends it);
+//! - **a replay the store answered:** only when the store says how long the record lives
+//!   on ([`Store::claim_with_expiry`](crate::store::Store::claim_with_expiry)): *(cache
+//!   time before the claim was sent) + that remaining life*. A store that cannot tell is
+//!   not cached from (its replays still go to the store).
+//!
+//! The cache's clock is the store's own clock when the store keeps time in this process
+//! ([`Store::clock`](crate::store::Store::clock): the memory and SQLite stores, and a
+//! test's [`ManualClock`](crate::ManualClock) moves both alike), and otherwise a
+//! monotonic clock: a database server's clock runs at the same rate, so a remaining life
+//! it measured is at most as long on ours. A server clock that *jumps* forward can make a
+//! record expire early; the maximum entry age below bounds how long the cache can then
+//! outlive it.
+//!
+//! # Across instances, and deletion
+//!
+//! Every instance keeps its own cache; they never disagree about a record's content
+//! (it is immutable), only about whether it was deleted. [`Idempotency::forget_cached`]
+//! drops one key from this process's cache (the engine's own deletion calls it); other
+//! instances may still replay a deleted record for at most the **maximum entry age**
+//! ([`ReplayCacheConfig::max_age`], default 10 s), after which every entry goes back to
+//! the store.
+//!
+//! # Memory
+//!
+//! Bounded in entries and bytes ([`ReplayCacheConfig`]), split over [`SHARDS`]
+//! independently locked shards whose maps are allocated at full size up front, so no
+//! request ever waits for a rehash. A shard evicts its oldest entries first (FIFO): a
+//! lookup only reads, so hits need no bookkeeping writes. Entries larger than a shard's
+//! byte share are not cached. Only completed records enter: never an in-progress claim,
+//! and never a released one (a 5xx released under `OnServerError::Release` is not a
+//! record at all).
+//!
+//! [`Idempotency::forget_cached`]: super::Idempotency::forget_cached
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+use crate::clock::{Clock, millis};
+use crate::fingerprint::Fingerprint;
+use crate::store::StoredResponse;
+
+/// How many independently locked shards hold the entries.
+const SHARDS: usize = 32;
+
+/// What an entry costs besides its key and response bytes (map slot, queue slot,
+/// allocation headers), counted against the byte bound.
+const ENTRY_OVERHEAD: usize = 160;
+
+/// The bounds of the engine's replay cache (see
+/// [`IdempotencyBuilder::replay_cache`](crate::IdempotencyBuilder::replay_cache)).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use idempotent_runtime::Idempotency;
+/// use idempotent_runtime::engine::ReplayCacheConfig;
+/// use idempotent_runtime::store::MemoryStore;
+///
+/// let idempotency = Idempotency::builder(MemoryStore::new())
+///     .replay_cache(Some(
+///         ReplayCacheConfig::new()
+///             .max_entries(50_000)
+///             .max_bytes(64 * 1024 * 1024)
+///             .max_age(Duration::from_secs(5)),
+///     ))
+///     .build();
+/// # let _ = idempotency;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayCacheConfig {
+    max_entries: usize,
+    max_bytes: usize,
+    max_age: Duration,
+}
+
+impl ReplayCacheConfig {
+    /// The defaults: 16,384 entries, 32 MiB, 10 s maximum age.
+    pub const fn new() -> Self {
+        Self {
+            max_entries: 16 * 1024,
+            max_bytes: 32 * 1024 * 1024,
+            max_age: Duration::from_secs(10),
+        }
+    }
+
+    /// How many records the cache keeps at most (default 16,384). The cache's maps are
+    /// allocated for this many up front.
+    pub const fn max_entries(mut self, entries: usize) -> Self {
+        self.max_entries = entries;
+        self
+    }
+
+    /// How many bytes of keys, headers and bodies the cache keeps at most (default
+    /// 32 MiB). A response larger than 1/32 of it is not cached.
+    pub const fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    /// How long an entry is served at most before the store is asked again (default
+    /// 10 s), whatever the record's TTL: after a record is deleted on one instance,
+    /// another instance may replay it for this long.
+    pub const fn max_age(mut self, age: Duration) -> Self {
+        self.max_age = age;
+        self
+    }
+}
+
+impl Default for ReplayCacheConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The time entries' deadlines are kept in, in milliseconds.
+#[derive(Debug)]
+enum CacheClock {
+    /// The store's own clock (it decides expiry in this process).
+    Store(Arc<dyn Clock>),
+    /// Monotonic time since the cache was built.
+    Monotonic(Instant),
+}
+
+impl CacheClock {
+    fn now(&self) -> i64 {
+        match self {
+            Self::Store(clock) => clock.now_millis(),
+            Self::Monotonic(start) => millis(start.elapsed()),
+        }
+    }
+}
+
+/// A cached replay, ready to answer: the response as [`super::answers::replay`] builds
+/// it, headers parsed once.
+#[derive(Debug)]
+pub(super) struct CachedReplay {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl CachedReplay {
+    /// The replayed response (marked as a replay).
+    pub(super) fn response(&self) -> Response {
+        let mut response = Response::new(Body::from(self.body.clone()));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers.clone();
+        response
+    }
+
+    /// The status replayed, for logs.
+    pub(super) fn status(&self) -> u16 {
+        self.status.as_u16()
+    }
+}
+
+/// What the cache knows of a request's key.
+#[derive(Debug)]
+pub(super) enum Cached {
+    /// Completed with the request's fingerprint: answer with this.
+    Hit(Arc<CachedReplay>),
+    /// Completed with another fingerprint: `422`.
+    Mismatch,
+    /// Nothing (or nothing still valid): ask the store.
+    Miss,
+}
+
+/// The engine's replay cache (see the module docs).
+#[derive(Debug)]
+pub(crate) struct ReplayCache {
+    hasher: RandomState,
+    shards: Box<[Mutex<Shard>]>,
+    clock: CacheClock,
+    max_age: i64,
+    shard_entries: usize,
+    shard_bytes: usize,
+}
+
+/// One shard: entries by the keyed hash of their `(scope, key)` (a colliding id is
+/// compared and simply misses), and their insertion order for eviction.
+#[derive(Debug)]
+struct Shard {
+    entries: HashMap<u64, Entry, BuildHasherDefault<PassThrough>>,
+    /// `(hash, seq)` oldest first; a pair whose entry was replaced or removed is skipped.
+    order: VecDeque<(u64, u64)>,
+    bytes: usize,
+    next_seq: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    seq: u64,
+    /// The scope followed by the key.
+    id: Box<str>,
+    scope_len: usize,
+    fingerprint: Fingerprint,
+    /// Cache time after which the entry is not served.
+    expires_at: i64,
+    size: usize,
+    replay: Arc<CachedReplay>,
+}
+
+impl Entry {
+    fn is(&self, scope: &str, key: &str) -> bool {
+        self.scope_len == scope.len()
+            && self.id[..self.scope_len] == *scope
+            && self.id[self.scope_len..] == *key
+    }
+}
+
+/// The hasher of a shard's map: its keys are hashes already.
+#[derive(Debug, Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl ReplayCache {
+    /// An empty cache within `config`'s bounds, on `store_clock` when the store keeps
+    /// time in this process, otherwise on a monotonic clock.
+    pub(crate) fn new(config: ReplayCacheConfig, store_clock: Option<Arc<dyn Clock>>) -> Self {
+        let shard_entries = config.max_entries.div_ceil(SHARDS);
+        let shard_bytes = config.max_bytes / SHARDS;
+        let clock = match store_clock {
+            Some(clock) => CacheClock::Store(clock),
+            None => CacheClock::Monotonic(Instant::now()),
+        };
+        Self {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        entries: HashMap::with_capacity_and_hasher(
+                            shard_entries + 1,
+                            BuildHasherDefault::default(),
+                        ),
+                        order: VecDeque::with_capacity(order_capacity(shard_entries)),
+                        bytes: 0,
+                        next_seq: 0,
+                    })
+                })
+                .collect(),
+            clock,
+            max_age: millis(config.max_age),
+            shard_entries,
+            shard_bytes,
+        }
+    }
+
+    /// The cache's time now: read it before the store call whose answer is cached.
+    pub(crate) fn now(&self) -> i64 {
+        self.clock.now()
+    }
+
+    fn locate(&self, scope: &str, key: &str) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.hasher.hash_one((scope, key));
+        // Bits 32.. pick the shard; the map uses the low and top bits of the same hash.
+        let shard = &self.shards[(hash >> 32) as usize % SHARDS];
+        // Every mutation below leaves the shard consistent at each step.
+        (hash, shard.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// What the cache knows of `(scope, key)` for a request with `fingerprint`.
+    pub(super) fn get(&self, scope: &str, key: &str, fingerprint: &Fingerprint) -> Cached {
+        let now = self.now();
+        let (hash, mut shard) = self.locate(scope, key);
+        let Some(entry) = shard.entries.get(&hash) else {
+            return Cached::Miss;
+        };
+        if !entry.is(scope, key) {
+            return Cached::Miss;
+        }
+        if entry.expires_at <= now {
+            shard.remove(hash);
+            return Cached::Miss;
+        }
+        if entry.fingerprint != *fingerprint {
+            return Cached::Mismatch;
+        }
+        Cached::Hit(entry.replay.clone())
+    }
+
+    /// Keeps the completed record of `(scope, key)` until `lives_until` (cache time; see
+    /// the module docs for how callers bound it), and no longer than the maximum age.
+    pub(super) fn insert(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+        stored: &StoredResponse,
+        lives_until: i64,
+    ) {
+        let now = self.now();
+        let expires_at = lives_until.min(now.saturating_add(self.max_age));
+        if expires_at <= now {
+            return;
+        }
+        let size = ENTRY_OVERHEAD
+            + scope.len()
+            + key.len()
+            + stored.body.as_ref().map_or(0, Bytes::len)
+            + stored
+                .headers
+                .iter()
+                .map(|(name, value)| 2 * (name.len() + value.len()))
+                .sum::<usize>();
+        if size > self.shard_bytes || self.shard_entries == 0 {
+            return;
+        }
+        // Built outside the lock: parsing headers is the expensive part.
+        let (status, headers, body) = super::answers::replay_parts(stored);
+        let mut id = String::with_capacity(scope.len() + key.len());
+        id.push_str(scope);
+        id.push_str(key);
+        let replay = Arc::new(CachedReplay {
+            status,
+            headers,
+            body,
+        });
+        let (hash, mut shard) = self.locate(scope, key);
+        shard.remove(hash);
+        let seq = shard.next_seq;
+        shard.next_seq += 1;
+        shard.entries.insert(
+            hash,
+            Entry {
+                seq,
+                id: id.into_boxed_str(),
+                scope_len: scope.len(),
+                fingerprint,
+                expires_at,
+                size,
+                replay,
+            },
+        );
+        shard.order.push_back((hash, seq));
+        shard.bytes += size;
+        shard.evict(self.shard_entries, self.shard_bytes);
+    }
+
+    /// Drops `(scope, key)` from the cache.
+    pub(super) fn invalidate(&self, scope: &str, key: &str) {
+        let (hash, mut shard) = self.locate(scope, key);
+        if shard.entries.get(&hash).is_some_and(|e| e.is(scope, key)) {
+            shard.remove(hash);
+        }
+    }
+
+    /// How many entries the cache holds (expired ones until they are evicted or looked
+    /// up).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).entries.len())
+            .sum()
+    }
+}
+
+/// The insertion queue's size: room for every live entry plus as many stale pairs
+/// (replaced or removed entries) before it is compacted, so it never grows.
+fn order_capacity(shard_entries: usize) -> usize {
+    2 * shard_entries + 16
+}
+
+impl Shard {
+    fn remove(&mut self, hash: u64) {
+        if let Some(old) = self.entries.remove(&hash) {
+            self.bytes -= old.size;
+        }
+    }
+
+    /// Evicts the oldest entries until the shard is within its bounds.
+    fn evict(&mut self, max_entries: usize, max_bytes: usize) {
+        while self.entries.len() > max_entries || self.bytes > max_bytes {
+            let Some((hash, seq)) = self.order.pop_front() else {
+                break;
+            };
+            if self.entries.get(&hash).is_some_and(|e| e.seq == seq) {
+                self.remove(hash);
+            }
+        }
+        // Stale pairs accumulate when entries are replaced or invalidated: drop them
+        // before the queue would have to grow.
+        if self.order.len() + 1 >= order_capacity(max_entries) {
+            let entries = &self.entries;
+            self.order
+                .retain(|(hash, seq)| entries.get(hash).is_some_and(|e| e.seq == *seq));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn fingerprint(n: u8) -> Fingerprint {
+        Fingerprint {
+            version: 1,
+            digest: [n; 32],
+        }
+    }
+
+    fn stored(body: &str) -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: vec![("location".to_owned(), b"/x".to_vec())],
+            body: Some(Bytes::copy_from_slice(body.as_bytes())),
+        }
+    }
+
+    fn new_cache(config: ReplayCacheConfig) -> (ReplayCache, ManualClock) {
+        let clock = ManualClock::new();
+        (
+            ReplayCache::new(config, Some(Arc::new(clock.clone()))),
+            clock,
+        )
+    }
+
+    #[test]
+    fn hits_mismatches_and_misses() {
+        let (cache, _) = new_cache(ReplayCacheConfig::new());
+        let until = cache.now() + 60_000;
+        cache.insert("s", "k", fingerprint(1), &stored("a"), until);
+        match cache.get("s", "k", &fingerprint(1)) {
+            Cached::Hit(replay) => {
+                let response = replay.response();
+                assert_eq!(response.status(), StatusCode::CREATED);
+                assert_eq!(response.headers()["location"], "/x");
+                assert_eq!(response.headers()[super::super::REPLAYED_HEADER], "true");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            cache.get("s", "k", &fingerprint(2)),
+            Cached::Mismatch
+        ));
+        // Scope and key are framed apart.
+        assert!(matches!(cache.get("sk", "", &fingerprint(1)), Cached::Miss));
+        assert!(matches!(cache.get("", "sk", &fingerprint(1)), Cached::Miss));
+        cache.invalidate("s", "k");
+        assert!(matches!(cache.get("s", "k", &fingerprint(1)), Cached::Miss));
+    }
+
+    #[test]
+    fn never_serves_past_the_record_or_the_maximum_age() {
+        let (cache, clock) = new_cache(ReplayCacheConfig::new().max_age(Duration::from_secs(10)));
+        let now = cache.now();
+        cache.insert("s", "short", fingerprint(1), &stored("a"), now + 2_000);
+        cache.insert("s", "long", fingerprint(1), &stored("a"), now + 3_600_000);
+        cache.insert("s", "gone", fingerprint(1), &stored("a"), now);
+        assert!(matches!(
+            cache.get("s", "gone", &fingerprint(1)),
+            Cached::Miss
+        ));
+        clock.advance(Duration::from_millis(1_999));
+        assert!(matches!(
+            cache.get("s", "short", &fingerprint(1)),
+            Cached::Hit(_)
+        ));
+        clock.advance(Duration::from_millis(1));
+        assert!(matches!(
+            cache.get("s", "short", &fingerprint(1)),
+            Cached::Miss
+        ));
+        assert!(matches!(
+            cache.get("s", "long", &fingerprint(1)),
+            Cached::Hit(_)
+        ));
+        clock.advance(Duration::from_secs(8));
+        assert!(matches!(
+            cache.get("s", "long", &fingerprint(1)),
+            Cached::Miss
+        ));
+    }
+
+    #[test]
+    fn stays_within_its_bounds_oldest_out_first() {
+        let (cache, _) = new_cache(ReplayCacheConfig::new().max_entries(SHARDS * 4));
+        let until = cache.now() + 60_000;
+        for i in 0..10_000 {
+            cache.insert("s", &format!("k{i}"), fingerprint(1), &stored("a"), until);
+            // Replacing and invalidating leave stale queue pairs behind.
+            cache.insert("s", &format!("k{i}"), fingerprint(1), &stored("b"), until);
+            if i % 3 == 0 {
+                cache.invalidate("s", &format!("k{i}"));
+            }
+        }
+        assert!(cache.len() <= SHARDS * 4, "{}", cache.len());
+        assert!(matches!(
+            cache.get("s", "k9998", &fingerprint(1)),
+            Cached::Hit(_)
+        ));
+        assert!(matches!(
+            cache.get("s", "k0", &fingerprint(1)),
+            Cached::Miss
+        ));
+        for shard in cache.shards.iter() {
+            let shard = shard.lock().unwrap();
+            assert!(shard.order.capacity() <= order_capacity(4).next_power_of_two());
+            assert_eq!(
+                shard.bytes,
+                shard.entries.values().map(|e| e.size).sum::<usize>()
+            );
+        }
+
+        let (small, _) = new_cache(ReplayCacheConfig::new().max_bytes(SHARDS * 1024));
+        let big = "x".repeat(2048);
+        small.insert("s", "big", fingerprint(1), &stored(&big), until);
+        assert!(matches!(
+            small.get("s", "big", &fingerprint(1)),
+            Cached::Miss
+        ));
+        for i in 0..100 {
+            small.insert("s", &format!("k{i}"), fingerprint(1), &stored("a"), until);
+        }
+        for shard in small.shards.iter() {
+            assert!(shard.lock().unwrap().bytes <= 1024);
+        }
+    }
+
+    #[test]
+    fn a_disabled_size_caches_nothing() {
+        let (cache, _) = new_cache(ReplayCacheConfig::new().max_entries(0));
+        cache.insert("s", "k", fingerprint(1), &stored("a"), cache.now() + 60_000);
+        assert!(matches!(cache.get("s", "k", &fingerprint(1)), Cached::Miss));
+    }
+}
