@@ -13,8 +13,8 @@ use http_body_util::BodyExt;
 use idempotent_runtime::engine::ReplayCacheConfig;
 use idempotent_runtime::store::MemoryStore;
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, HandlerConfig, Idempotency,
-    ManualClock, OnServerError, Store, StoreError, StoredResponse,
+    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
+    Idempotency, ManualClock, OnServerError, RecordInfo, Store, StoreError, StoredResponse,
 };
 
 const CONFIG: HandlerConfig = HandlerConfig::new().ttl(Duration::from_secs(600));
@@ -88,6 +88,12 @@ impl Store for Counting {
     }
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         self.inner.purge_expired(limit).await
+    }
+    async fn inspect(&self, s: &str, k: &str) -> Result<Option<RecordInfo>, StoreError> {
+        self.inner.inspect(s, k).await
+    }
+    async fn forget(&self, s: &str, k: &str, force: bool) -> Result<ForgetOutcome, StoreError> {
+        self.inner.forget(s, k, force).await
     }
     fn clock(&self) -> Option<Arc<dyn Clock>> {
         self.inner.clock().filter(|_| self.forward_clock)
@@ -256,6 +262,29 @@ async fn forget_cached_sends_the_key_back_to_the_store() {
     engine.forget_cached("alice", "never-seen");
     let replay = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
     assert!(replayed(&replay));
+    assert_eq!(store.claims(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_drops_the_cached_copy_so_the_key_runs_as_new() {
+    let store = Counting::new(MemoryStore::new());
+    let engine = Idempotency::builder_shared(store.clone()).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+    let cached = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+    assert!(replayed(&cached));
+    assert_eq!(store.claims(), 1);
+    let forgotten = engine.forget("alice", "k", false).await.expect("forget");
+    assert!(
+        matches!(forgotten, ForgetOutcome::Forgotten(_)),
+        "{forgotten:?}"
+    );
+    let again = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+    assert!(
+        !replayed(&again),
+        "a forgotten key runs as new, not from the cache"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
     assert_eq!(store.claims(), 2);
 }
 

@@ -26,7 +26,7 @@ mod waiting;
 pub(crate) use answers::store_unavailable;
 #[cfg(feature = "sql")]
 use answers::transaction_unsupported;
-use answers::{in_progress, key_reused, replay, scope_empty};
+use answers::{in_progress, internal_error, key_reused, replay, scope_empty};
 use execution::Execution;
 use inline::Uncancellable;
 pub use replay_cache::ReplayCacheConfig;
