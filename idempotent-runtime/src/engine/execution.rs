@@ -67,12 +67,6 @@ struct Captured {
     answer: Response,
 }
 
-impl Captured {
-    fn into_response(self) -> Response {
-        self.answer
-    }
-}
-
 /// Why a claim is given up. Each has its own log line; all release the claim so that a
 /// retry runs the handler again.
 enum GiveUp {
@@ -295,7 +289,7 @@ impl Execution {
                     );
                     self.remember(&captured.stored);
                     self.observe_duration();
-                    return captured.into_response();
+                    return captured.answer;
                 }
                 // A deferred constraint, a serialization failure: the database refused
                 // the transaction at COMMIT. Nothing was written.
