@@ -115,8 +115,10 @@
 //! - [`scope`]: the [`Scope`] of a key, the authenticated caller;
 //! - [`fingerprint`]: SHA-256 over method, path, query and raw body (or canonical JSON);
 //! - [`store`]: the [`Store`] trait and its implementations;
-//! - [`engine`]: [`Idempotency`], the claim → execute → record loop, and the operator
-//!   tools [`Idempotency::inspect`] and [`Idempotency::forget`];
+//! - [`engine`]: [`Idempotency`], the claim → execute → record loop, duplicates that
+//!   wait for the running original ([`HandlerConfig::wait`]), the replay cache
+//!   ([`IdempotencyBuilder::replay_cache`]), and the operator tools
+//!   [`Idempotency::inspect`] and [`Idempotency::forget`];
 //! - [`layer`]: [`IdempotencyLayer`], the same contract as a tower layer, for routes
 //!   protected without the macro;
 //! - [`transaction`]: handlers whose writes commit together with the stored response
