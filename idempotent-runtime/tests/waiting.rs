@@ -448,7 +448,8 @@ mod postgres {
 
     /// The triggers' payload is the hash `watch_claim` listens for: SHA-256 over scope,
     /// a zero byte and key, first 32 hex digits, on the channel `idempotent_claim_ended`
-    /// — for a completion and for a release, and not for a renewal.
+    /// — for a completion and for a release of a record a waiter's watch marked; not for
+    /// a renewal, and not for the end of a record nobody waits for.
     pub(super) async fn notifications_name_the_claim() {
         use sha2::{Digest, Sha256};
         use sqlx::postgres::PgListener;
@@ -482,7 +483,11 @@ mod postgres {
         // The channel is database-wide: other tests' claims notify on it too. Only this
         // test's payloads (and the closing sentinel) count.
         const SENTINEL: &str = "sentinel-of-notifications_name_the_claim";
-        let ours = [expected("notify-complete"), expected("notify-release")];
+        let ours = [
+            expected("notify-complete"),
+            expected("notify-release"),
+            expected("notify-unwatched"),
+        ];
         let mut next_own = async || loop {
             let notification = listener.recv().await.expect("notification");
             let payload = notification.payload();
@@ -490,13 +495,39 @@ mod postgres {
                 return payload.to_owned();
             }
         };
-        for (key, complete) in [("notify-complete", true), ("notify-release", false)] {
+        let mut conn = sqlx::PgConnection::connect(&schema.url)
+            .await
+            .expect("connect");
+        for (key, complete, watched) in [
+            // Nobody waits: its end notifies nothing (checked by the sentinel below).
+            ("notify-unwatched", true, false),
+            ("notify-complete", true, true),
+            ("notify-release", false, true),
+        ] {
             let token = FencingToken::random();
             let outcome = store.try_claim(&claim(key, token)).await.expect("claim");
             assert!(
                 matches!(outcome, ClaimOutcome::Claimed { .. }),
                 "{outcome:?}"
             );
+            // A waiter's watch marks the record; the end is then notified.
+            let watch = watched
+                .then(|| tokio::spawn(store.watch_claim(SCOPE, key, Duration::from_secs(60))));
+            while watched {
+                let marked: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+                    "SELECT waited FROM \"{}\".idempotency_records WHERE scope = $1 AND key = $2",
+                    schema.name
+                )))
+                .bind(SCOPE)
+                .bind(key)
+                .fetch_one(&mut conn)
+                .await
+                .expect("read the mark");
+                if marked {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
             assert!(
                 store
                     .renew(SCOPE, key, token, Duration::from_secs(30))
@@ -514,18 +545,17 @@ mod postgres {
                 store.release(SCOPE, key, token).await
             };
             assert!(ended.expect("end the claim"));
-            // The renewal notified nothing: the first notification is the end.
-            assert_eq!(next_own().await, expected(key));
+            if let Some(watch) = watch {
+                // The renewal notified nothing: the first notification is the end.
+                assert_eq!(next_own().await, expected(key));
+                watch.await.expect("the watch ends");
+            }
         }
         // Nothing more of ours: notifications arrive in commit order, and the sentinel
         // commits after everything above.
         sqlx::query("SELECT pg_notify('idempotent_claim_ended', $1)")
             .bind(SENTINEL)
-            .execute(
-                &mut sqlx::PgConnection::connect(&schema.url)
-                    .await
-                    .expect("connect"),
-            )
+            .execute(&mut conn)
             .await
             .expect("NOTIFY the sentinel");
         assert_eq!(next_own().await, SENTINEL);

@@ -45,6 +45,7 @@ pub(super) struct Statements {
     pub(super) purge: SqlStr,
     pub(super) inspect: SqlStr,
     pub(super) forget: SqlStr,
+    pub(super) mark_waited: SqlStr,
 }
 
 impl Statements {
@@ -62,6 +63,7 @@ impl Statements {
             purge: sql(include_str!("sql/purge.sql")),
             inspect: sql(include_str!("sql/inspect.sql")),
             forget: sql(include_str!("sql/forget.sql")),
+            mark_waited: sql(include_str!("sql/mark_waited.sql")),
         }
     }
 }
@@ -101,6 +103,7 @@ mod tests {
                 &statements.purge,
                 &statements.inspect,
                 &statements.forget,
+                &statements.mark_waited,
             ] {
                 assert!(!sql.as_str().contains("{t}"), "{}", sql.as_str());
             }
