@@ -3,8 +3,8 @@
 //!
 //! Same engine, same stores, same answers: the layer parses the `Idempotency-Key`
 //! header, reads and fingerprints the body, and calls the wrapped service through
-//! [`Idempotency::run`] — inside the engine's detached task, so a client that hangs up
-//! cancels nothing. The handler finds the claimed key as an
+//! [`Idempotency::run`] — uncancellable, like an attribute handler: a client that hangs
+//! up cancels nothing (the rest moves to a task of the engine's own). The handler finds the claimed key as an
 //! `Extension<IdempotencyKey>`.
 //!
 //! The scope never comes from a header the client controls: it comes from the request
@@ -301,7 +301,7 @@ impl<S> Layer<S> for IdempotencyLayer<ScopeSource> {
 
 /// The service an [`IdempotencyLayer`] wraps around `S`.
 ///
-/// `S` is called inside the engine's detached task, so it must be `Clone + Send +
+/// `S` is called inside the engine's uncancellable request, so it must be `Clone + Send +
 /// 'static` with a `Send` future; it must never fail (`Error = Infallible`, as every
 /// axum route). It is always ready, as axum's routes are: `S` is driven to readiness
 /// right before the call.

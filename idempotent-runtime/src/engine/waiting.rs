@@ -13,7 +13,7 @@
 //!   `NOTIFY` on Postgres, a poll backed off from 20 ms to 500 ms on stores that cannot
 //!   tell.
 //!
-//! Which task waits: the request's own. Each claim attempt runs in a detached task as
+//! Which task waits: the request's own. Each claim attempt is uncancellable as
 //! without waiting (a claim that wins executes there, out of the client's reach), and
 //! hands the handler back when it finds the key still in progress; the wait itself holds
 //! nothing (no pooled connection, no transaction, no tracked task), so a client that hangs
@@ -91,7 +91,7 @@ impl Idempotency {
 
     /// Claims, and while the key is in progress, waits for a wake-up and claims again,
     /// until `wait` has passed. `attempt` runs one claim (and the handler, if it wins)
-    /// in a detached task, handing the handler back when the key is in progress.
+    /// uncancellably, handing the handler back when the key is in progress.
     pub(super) async fn claim_waiting<X, A, Fut>(
         &self,
         config: &HandlerConfig,
