@@ -498,7 +498,14 @@ async fn script(store: &'static str, inner: Arc<dyn Store>) {
     // The store's lease ends at most a round trip after the engine gave it up: until
     // then the retry is `409`, counted as such.
     let mut conflicts = 0;
+    // Bounded far above the 300 ms lease: a key that never frees fails the test, not
+    // hangs it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lost lease never let the retry take the key over"
+        );
         match send(&app, &lease_path, Some(&k6), "").await {
             StatusCode::CONFLICT => conflicts += 1,
             status => {
