@@ -363,7 +363,7 @@ where
     S::Response: IntoResponse + 'static,
     S::Future: Send + 'static,
 {
-    let (mut parts, body) = request.into_parts();
+    let (parts, body) = request.into_parts();
     let Some(scope) = (shared.scope.scope_of)(&parts) else {
         error!(
             event = "scope_missing",
@@ -386,8 +386,8 @@ where
             return key_problem(&err).into_response();
         }
     };
-    let body = match buffer_body(&parts, body).await {
-        Ok(body) => body,
+    let (mut parts, body) = match buffer_body(parts, body).await {
+        Ok(buffered) => buffered,
         Err(refused) => return refused,
     };
     let uri = original_uri(&parts);

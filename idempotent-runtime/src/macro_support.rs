@@ -5,11 +5,13 @@
 //! they change with it. Write `#[idempotent(...)]` instead, or call
 //! [`Idempotency::run`] from your own code.
 
+use axum::RequestExt;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRef, FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::response::{IntoResponse, Response};
 use http::Method;
 use http::request::Parts;
+use http_body_util::BodyExt;
 
 use crate::config::HandlerConfig;
 use crate::engine::Idempotency;
@@ -139,8 +141,7 @@ impl Guard<true> {
 pub struct Hashed<T> {
     value: T,
     method: Method,
-    path: String,
-    query: Option<String>,
+    uri: http::Uri,
     body: Bytes,
 }
 
@@ -159,11 +160,10 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (parts, body) = req.into_parts();
-        let raw = buffer_body(&parts, body).await?;
+        let (parts, raw) = buffer_body(parts, body).await?;
         let method = parts.method.clone();
-        let uri = original_uri(&parts);
-        let path = uri.path().to_owned();
-        let query = uri.query().map(str::to_owned);
+        // A clone shares the URI's bytes: nothing is copied.
+        let uri = original_uri(&parts).clone();
         let rebuilt = Request::from_parts(parts, Body::from(raw.clone()));
         let value = T::from_request(rebuilt, state)
             .await
@@ -171,8 +171,7 @@ where
         Ok(Self {
             value,
             method,
-            path,
-            query,
+            uri,
             body: raw,
         })
     }
@@ -181,13 +180,31 @@ where
 /// Reads a request body whole for its fingerprint, as axum's `Bytes` extractor does: within
 /// the `DefaultBodyLimit` in the request's extensions (2 MiB when none is set), and
 /// refusing a body that a `tower_http` `RequestBodyLimitLayer` cut off. Over the limit is
-/// `413`, any refusal problem+json — like every other answer the library gives itself.
-pub(crate) async fn buffer_body(parts: &Parts, body: Body) -> Result<Bytes, Response> {
-    let request = Request::from_parts(parts.clone(), body);
-    match Bytes::from_request(request, &()).await {
-        Ok(raw) => Ok(raw),
-        Err(rejection) => Err(crate::rejection::problem_from(rejection.into_response()).await),
+/// `413`, any other failure `400`, both problem+json — like every other answer the
+/// library gives itself. The request head comes back untouched (never copied).
+pub(crate) async fn buffer_body(parts: Parts, body: Body) -> Result<(Parts, Bytes), Response> {
+    let (parts, body) = Request::from_parts(parts, body)
+        .with_limited_body()
+        .into_parts();
+    match body.collect().await {
+        Ok(collected) => Ok((parts, collected.to_bytes())),
+        Err(err) => Err(crate::rejection::problem_from(body_refused(&err)).await),
     }
+}
+
+/// What axum's `Bytes` extractor answers for a body that failed while buffering: `413`
+/// when a length limit (axum's or `tower_http`'s) cut it off, `400` otherwise.
+fn body_refused(err: &axum::Error) -> Response {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(cause) = source {
+        if cause.is::<http_body_util::LengthLimitError>() {
+            let message = "Failed to buffer the request body: length limit exceeded";
+            return (http::StatusCode::PAYLOAD_TOO_LARGE, message).into_response();
+        }
+        source = cause.source();
+    }
+    let message = format!("Failed to buffer the request body: {err}");
+    (http::StatusCode::BAD_REQUEST, message).into_response()
 }
 
 /// The URI the client sent. Behind `Router::nest` the request's URI has lost its prefix
@@ -205,8 +222,8 @@ impl<T> Hashed<T> {
         let fingerprint = Fingerprint::compute(
             mode,
             &self.method,
-            &self.path,
-            self.query.as_deref(),
+            self.uri.path(),
+            self.uri.query(),
             &self.body,
         );
         (self.value, fingerprint)

@@ -215,19 +215,72 @@ pub(crate) async fn timed<T>(
 ) -> Result<T, StoreError> {
     let started = std::time::Instant::now();
     let result = future.await;
-    let outcome = if result.is_ok() { "ok" } else { "error" };
-    ::metrics::histogram!(
-        STORE_OPERATION_DURATION,
-        "operation" => operation.as_str(),
-        "result" => outcome
-    )
-    .record(started.elapsed().as_secs_f64());
+    let key = store_operation_key(operation, result.is_ok());
+    ::metrics::with_recorder(|recorder| recorder.register_histogram(key, &METADATA))
+        .record(started.elapsed().as_secs_f64());
     result
+}
+
+/// Where this module's metrics come from, as the `metrics` macros would say it.
+static METADATA: ::metrics::Metadata<'static> =
+    ::metrics::Metadata::new(module_path!(), ::metrics::Level::INFO, Some(module_path!()));
+
+/// The [`STORE_OPERATION_DURATION`] key of `operation` and its result: built at compile
+/// time, as every request records two of them (the macros would allocate and hash the
+/// labels on each call).
+fn store_operation_key(operation: StoreOperation, ok: bool) -> &'static ::metrics::Key {
+    use ::metrics::{Key, Label};
+    /// The `(ok, error)` keys of one operation.
+    macro_rules! keys_of {
+        ($operation:expr) => {{
+            static LABELS: [[Label; 2]; 2] = [
+                [
+                    Label::from_static_parts("operation", $operation.as_str()),
+                    Label::from_static_parts("result", "ok"),
+                ],
+                [
+                    Label::from_static_parts("operation", $operation.as_str()),
+                    Label::from_static_parts("result", "error"),
+                ],
+            ];
+            static KEYS: [Key; 2] = [
+                Key::from_static_parts(STORE_OPERATION_DURATION, &LABELS[0]),
+                Key::from_static_parts(STORE_OPERATION_DURATION, &LABELS[1]),
+            ];
+            &KEYS
+        }};
+    }
+    let keys = match operation {
+        StoreOperation::Claim => keys_of!(StoreOperation::Claim),
+        StoreOperation::Renew => keys_of!(StoreOperation::Renew),
+        StoreOperation::Complete => keys_of!(StoreOperation::Complete),
+        StoreOperation::Release => keys_of!(StoreOperation::Release),
+        StoreOperation::Purge => keys_of!(StoreOperation::Purge),
+    };
+    &keys[usize::from(!ok)]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn store_operation_keys_carry_their_labels() {
+        for &operation in StoreOperation::ALL {
+            for (ok, result) in [(true, "ok"), (false, "error")] {
+                let key = store_operation_key(operation, ok);
+                assert_eq!(key.name(), STORE_OPERATION_DURATION);
+                let labels: Vec<(&str, &str)> = key
+                    .labels()
+                    .map(|label| (label.key(), label.value()))
+                    .collect();
+                assert_eq!(
+                    labels,
+                    [("operation", operation.as_str()), ("result", result)]
+                );
+            }
+        }
+    }
 
     #[test]
     fn label_values_are_distinct_snake_case() {

@@ -17,7 +17,7 @@ use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use futures_util::FutureExt;
-use tokio_util::task::AbortOnDropHandle;
+use futures_util::future::Either;
 use tracing::{Instrument, debug, error, info, warn};
 
 use super::answers::internal_error;
@@ -50,6 +50,9 @@ pub(super) struct Execution {
     pub(super) claimed_at: tokio::time::Instant,
     /// Raised when the lease is lost while the handler runs.
     pub(super) lease_signal: std::sync::Arc<crate::lease::LeaseSignal>,
+    /// Until when the store holds the lease at least: sent time of the claim or of the
+    /// last successful renewal, plus the lease.
+    pub(super) lease_held_until: std::sync::Mutex<tokio::time::Instant>,
 }
 
 /// What the handler's answer means for the claim.
@@ -142,10 +145,9 @@ fn panicked() -> Response {
 impl Execution {
     /// Runs a plain handler (its answer becomes the response).
     pub(super) async fn execute(self, handler: impl Future<Output = Response> + Send) -> Response {
-        let heartbeat = self.start_heartbeat();
         let release_server_errors = self.config.on_server_error == OnServerError::Release;
         let started = std::time::Instant::now();
-        let outcome = AssertUnwindSafe(async {
+        let run = AssertUnwindSafe(async {
             match tokio::time::timeout_at(self.deadline(), handler).await {
                 Ok(response) => self.capture(response, release_server_errors).await,
                 // The side effect may or may not have happened: record that, so that a
@@ -153,22 +155,21 @@ impl Execution {
                 Err(_elapsed) => Outcome::Record(self.interrupted()),
             }
         })
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|_panic| Outcome::GiveUp(GiveUp::Panic, panicked()));
+        .catch_unwind();
+        let outcome = self
+            .with_heartbeat(run)
+            .await
+            .unwrap_or_else(|_panic| Outcome::GiveUp(GiveUp::Panic, panicked()));
         metrics::handler_duration(self.config.name, started.elapsed());
         match outcome {
-            // The heartbeat goes on until the outcome is recorded: a store outage after
-            // the handler finished must not let the lease lapse while we retry.
+            // The lease is renewed until the outcome is recorded: a store outage after
+            // the handler finished must not let it lapse while we retry.
             Outcome::Record(Captured { stored, answer }) => {
                 self.observe_duration();
-                complete_with_retries(self, stored, heartbeat).await;
+                complete_with_retries(self, stored).await;
                 answer
             }
-            Outcome::GiveUp(why, answer) => {
-                drop(heartbeat);
-                self.give_up(why, answer).await
-            }
+            Outcome::GiveUp(why, answer) => self.give_up(why, answer).await,
         }
     }
 
@@ -190,7 +191,7 @@ impl Execution {
     {
         use crate::transaction::{BEGIN_TIMEOUT, Tx};
 
-        let heartbeat = self.start_heartbeat();
+        self.with_heartbeat(async {
         let begin = async {
             // The store's bound on open transactions: wait for a permit holding nothing.
             let permit = match tx_store.concurrency() {
@@ -259,8 +260,9 @@ impl Execution {
                 self.commit(tx_store.as_ref(), tx, captured).await
             }
         };
-        drop(heartbeat);
         answer
+        })
+        .await
     }
 
     /// Completes the claim inside the handler's transaction and commits both.
@@ -483,74 +485,107 @@ impl Execution {
             .observe(self.config.name, self.claimed_at.elapsed());
     }
 
-    /// Renews the lease every third of it until the returned handle is dropped. Runs as
-    /// its own task so a slow store never stalls the handler.
+    /// Runs `work` while renewing the lease alongside it, in the same task: no task is
+    /// spawned per request, and a slow renewal never stalls `work` (both are polled
+    /// whenever the task wakes).
+    async fn with_heartbeat<T>(&self, work: impl Future<Output = T>) -> T {
+        let work = std::pin::pin!(work);
+        let heartbeat = std::pin::pin!(self.heartbeat());
+        match futures_util::future::select(work, heartbeat).await {
+            Either::Left((done, _heartbeat)) => done,
+            // The claim is no longer held (completed, released or taken over): nothing
+            // left to renew.
+            Either::Right(((), work)) => work.await,
+        }
+    }
+
+    /// Renews the lease every third of it; ends when the store says the claim is no
+    /// longer held. Nothing is registered before the first renewal is due, so a short
+    /// handler pays for one timer.
     ///
     /// Raises the lease signal (the handler sees [`IdempotencyKey::lease_lost`]) when
     /// the store says the claim was taken over, or when no renewal succeeded for a whole
     /// lease: counted from before the last successful renewal (or the claim) was sent,
     /// so the signal is raised no later than the store could hand the key to a retry.
+    /// That deadline lives in the execution, so a heartbeat restarted in the background
+    /// (completion retries) keeps it.
     ///
     /// [`IdempotencyKey::lease_lost`]: crate::IdempotencyKey::lease_lost
-    fn start_heartbeat(&self) -> AbortOnDropHandle<()> {
-        let store = self.engine.inner.store.clone();
+    async fn heartbeat(&self) {
+        let period = (self.lease / 3).max(Duration::from_millis(10));
+        let first_tick = tokio::time::Instant::now() + period;
+        // One timer until the first renewal is due (or the lease ends first); the
+        // renewal loop, much larger, lives in a box of its own from then on, so every
+        // request's future stays small.
+        tokio::time::sleep_until(first_tick.min(self.lease_deadline())).await;
+        Box::pin(self.renew_until_released(first_tick, period)).await;
+    }
+
+    /// Until when the store holds the lease at least.
+    fn lease_deadline(&self) -> tokio::time::Instant {
+        *self
+            .lease_held_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The heartbeat's renewal loop, from the first tick on.
+    async fn renew_until_released(&self, first_tick: tokio::time::Instant, period: Duration) {
+        let store = &self.engine.inner.store;
         let renew_timeout = renew_timeout(self.engine.inner.store_timeout, self.lease);
-        let (scope, key, token, lease) =
-            (self.scope.clone(), self.key.clone(), self.token, self.lease);
-        let signal = self.lease_signal.clone();
-        let handler = self.config.name;
-        let mut deadline = self.claimed_at + lease;
-        let heartbeat = async move {
-            let period = (lease / 3).max(Duration::from_millis(10));
-            let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let lose = || {
-                if !signal.is_raised() {
-                    warn!(
-                        event = "lease_lost",
-                        "no lease renewal succeeded for a whole lease; a retry may take the key over"
-                    );
-                    signal.raise();
-                    signal.count_loss_once(handler);
-                }
-            };
-            loop {
-                tokio::select! {
-                    () = tokio::time::sleep_until(deadline), if !signal.is_raised() => {
-                        lose();
-                        continue;
-                    }
-                    _ = ticker.tick() => {}
-                }
-                let sent_at = tokio::time::Instant::now();
-                let renewal = bounded(renew_timeout, store.renew(&scope, &key, token, lease));
-                let renewal = metrics::timed(StoreOperation::Renew, renewal);
-                let renewed = tokio::select! {
-                    renewed = renewal => renewed,
-                    () = tokio::time::sleep_until(deadline), if !signal.is_raised() => {
-                        lose();
-                        continue;
-                    }
-                };
-                match renewed {
-                    Ok(true) => {
-                        debug!(event = "renewed", "lease renewed");
-                        deadline = sent_at + lease;
-                    }
-                    // Completed or released just now, or taken over: completion tells
-                    // which (and warns with `lease_lost` when it was taken over).
-                    Ok(false) => {
-                        debug!(event = "renewed", "claim no longer held; heartbeat stops");
-                        signal.raise();
-                        return;
-                    }
-                    Err(err) => {
-                        warn!(event = "store_error", error = %err, "renewing the lease failed")
-                    }
-                }
+        let (scope, key, token, lease) = (&self.scope, &self.key, self.token, self.lease);
+        let signal = &self.lease_signal;
+        let deadline = || self.lease_deadline();
+        let lose = || {
+            if !signal.is_raised() {
+                warn!(
+                    event = "lease_lost",
+                    "no lease renewal succeeded for a whole lease; a retry may take the key over"
+                );
+                signal.raise();
+                signal.count_loss_once(self.config.name);
             }
         };
-        AbortOnDropHandle::new(tokio::spawn(heartbeat.in_current_span()))
+        let mut ticker = tokio::time::interval_at(first_tick, period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline()), if !signal.is_raised() => {
+                    lose();
+                    continue;
+                }
+                _ = ticker.tick() => {}
+            }
+            let sent_at = tokio::time::Instant::now();
+            let renewal = bounded(renew_timeout, store.renew(scope, key, token, lease));
+            let renewal = metrics::timed(StoreOperation::Renew, renewal);
+            let renewed = tokio::select! {
+                renewed = renewal => renewed,
+                () = tokio::time::sleep_until(deadline()), if !signal.is_raised() => {
+                    lose();
+                    continue;
+                }
+            };
+            match renewed {
+                Ok(true) => {
+                    debug!(event = "renewed", "lease renewed");
+                    *self
+                        .lease_held_until
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = sent_at + lease;
+                }
+                // Completed or released just now, or taken over: completion tells
+                // which (and warns with `lease_lost` when it was taken over).
+                Ok(false) => {
+                    debug!(event = "renewed", "claim no longer held; heartbeat stops");
+                    signal.raise();
+                    return;
+                }
+                Err(err) => {
+                    warn!(event = "store_error", error = %err, "renewing the lease failed")
+                }
+            }
+        }
     }
 
     /// One attempt to record `stored`; `true` when there is nothing left to do.
@@ -613,25 +648,30 @@ fn renew_timeout(store_timeout: Duration, lease: Duration) -> Duration {
 /// Tries to record the outcome a few times inline; if the store stays unreachable the
 /// client gets its answer and the attempts go on in the background, so the claim is
 /// completed as soon as the store is back (unless the lease was taken over meanwhile).
-async fn complete_with_retries(
-    execution: Execution,
-    stored: StoredResponse,
-    heartbeat: AbortOnDropHandle<()>,
-) {
+/// The lease is renewed all along.
+async fn complete_with_retries(execution: Execution, stored: StoredResponse) {
     let started = tokio::time::Instant::now();
     let deadline = started + execution.engine.inner.completion_retry_window;
     // Inline, the client waits: a few quick attempts within about a second.
-    for (attempt, delay_ms) in [25, 50, 100, 200].into_iter().enumerate() {
-        if execution.try_complete(&stored).await {
-            return;
-        }
-        if attempt == 0 {
-            metrics::count(execution.config.name, Counted::CompletionRetried);
-        }
-        if started.elapsed() > Duration::from_secs(1) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    let recorded = execution
+        .with_heartbeat(async {
+            for (attempt, delay_ms) in [25, 50, 100, 200].into_iter().enumerate() {
+                if execution.try_complete(&stored).await {
+                    return true;
+                }
+                if attempt == 0 {
+                    metrics::count(execution.config.name, Counted::CompletionRetried);
+                }
+                if started.elapsed() > Duration::from_secs(1) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            }
+            false
+        })
+        .await;
+    if recorded {
+        return;
     }
     let span = tracing::Span::current();
     let engine = execution.engine.clone();
@@ -639,19 +679,21 @@ async fn complete_with_retries(
         async move {
             // Short steps: once the store answers again, record before a retry can take
             // the key over.
-            let mut delay = Duration::from_millis(250);
-            while !execution.try_complete(&stored).await {
-                if tokio::time::Instant::now() + delay > deadline {
-                    error!(
-                        event = "store_error",
-                        "gave up recording the response; the claim frees when its lease runs out"
-                    );
-                    break;
+            let retries = async {
+                let mut delay = Duration::from_millis(250);
+                while !execution.try_complete(&stored).await {
+                    if tokio::time::Instant::now() + delay > deadline {
+                        error!(
+                            event = "store_error",
+                            "gave up recording the response; the claim frees when its lease runs out"
+                        );
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
                 }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-            drop(heartbeat);
+            };
+            execution.with_heartbeat(retries).await;
         }
         .instrument(span),
     );

@@ -588,6 +588,7 @@ impl Idempotency {
                     lease,
                     claimed_at: sent_at,
                     lease_signal: Default::default(),
+                    lease_held_until: std::sync::Mutex::new(sent_at + lease),
                 })
             }
         }
