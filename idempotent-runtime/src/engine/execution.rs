@@ -1,5 +1,6 @@
-//! One claimed request: the handler runs (detached), the lease is renewed meanwhile, and
-//! the outcome is recorded — or the claim is released on a 5xx, an error or a panic.
+//! One claimed request: the handler runs (uncancellable, in the request's task), the
+//! lease is renewed alongside it, and the outcome is recorded — or the claim is released
+//! on a 5xx, an error or a panic.
 //!
 //! Both paths, plain and transactional, go through the same three steps: [`capture`]
 //! turns what the handler answered into an [`Outcome`]; a recorded outcome is completed
@@ -174,7 +175,8 @@ impl Execution {
     }
 
     /// Runs a transactional handler: its writes and the recorded response commit
-    /// together; anything else rolls back and releases the claim.
+    /// together; anything else rolls back and releases the claim. The lease is renewed
+    /// throughout.
     #[cfg(feature = "sql")]
     pub(super) async fn execute_in_transaction<DB, F, Fut, T, E>(
         self,
@@ -189,9 +191,27 @@ impl Execution {
         T: IntoResponse + 'static,
         E: IntoResponse + 'static,
     {
+        self.with_heartbeat(self.transact(tx_store, idempotency_key, handler))
+            .await
+    }
+
+    /// [`execute_in_transaction`](Self::execute_in_transaction) without the heartbeat.
+    #[cfg(feature = "sql")]
+    async fn transact<DB, F, Fut, T, E>(
+        &self,
+        tx_store: std::sync::Arc<dyn crate::transaction::TxStore<DB>>,
+        idempotency_key: crate::key::IdempotencyKey,
+        handler: F,
+    ) -> Response
+    where
+        DB: crate::transaction::TxDatabase,
+        F: FnOnce(crate::key::IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
+        Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
+        T: IntoResponse + 'static,
+        E: IntoResponse + 'static,
+    {
         use crate::transaction::{BEGIN_TIMEOUT, Tx};
 
-        self.with_heartbeat(async {
         let begin = async {
             // The store's bound on open transactions: wait for a permit holding nothing.
             let permit = match tx_store.concurrency() {
@@ -242,7 +262,7 @@ impl Execution {
         .catch_unwind()
         .await;
         metrics::handler_duration(self.config.name, started.elapsed());
-        let answer = match finished {
+        match finished {
             Err(_panic) => self.give_up(GiveUp::Panic, panicked()).await,
             Ok(Err(max_duration)) => {
                 let answer = internal_error(
@@ -259,10 +279,7 @@ impl Execution {
             Ok(Ok((Outcome::Record(captured), tx))) => {
                 self.commit(tx_store.as_ref(), tx, captured).await
             }
-        };
-        answer
-        })
-        .await
+        }
     }
 
     /// Completes the claim inside the handler's transaction and commits both.
