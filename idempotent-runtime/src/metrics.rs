@@ -29,6 +29,8 @@ use std::time::Duration;
 
 use crate::StoreError;
 
+mod keys;
+
 /// Counter: requests by `handler` and `outcome` (an [`Outcome`]'s
 /// [`as_str`](Outcome::as_str)).
 pub const REQUESTS_TOTAL: &str = "idempotent_requests_total";
@@ -183,11 +185,12 @@ impl Outcome {
 
 /// Counts one request of `handler` under `outcome`.
 pub(crate) fn count(handler: Option<&'static str>, outcome: Outcome) {
-    count_labelled(handler.unwrap_or(UNNAMED), outcome);
+    let key = keys::of_handler(REQUESTS_TOTAL, handler, Some(("outcome", outcome.as_str())));
+    keys::counter(key).increment(1);
 }
 
-/// Counts one request under `outcome`, labelled `handler` as given (a route, for the
-/// attribute's key errors).
+/// Counts one request under `outcome`, labelled `handler` as given: a route, for the
+/// attribute's key errors (not a `&'static str`, so its key is built on each call).
 pub(crate) fn count_labelled(handler: impl Into<::metrics::SharedString>, outcome: Outcome) {
     ::metrics::counter!(REQUESTS_TOTAL, "handler" => handler.into(), "outcome" => outcome.as_str())
         .increment(1);
@@ -195,15 +198,16 @@ pub(crate) fn count_labelled(handler: impl Into<::metrics::SharedString>, outcom
 
 /// Counts one wait of `handler` that ended in `result`, and how long it took.
 pub(crate) fn waited(handler: Option<&'static str>, result: &'static str, took: Duration) {
-    let handler = handler.unwrap_or(UNNAMED);
-    ::metrics::counter!(WAITS_TOTAL, "handler" => handler, "result" => result).increment(1);
-    ::metrics::histogram!(WAIT_DURATION, "handler" => handler).record(took.as_secs_f64());
+    let key = keys::of_handler(WAITS_TOTAL, handler, Some(("result", result)));
+    keys::counter(key).increment(1);
+    let key = keys::of_handler(WAIT_DURATION, handler, None);
+    keys::histogram(key).record(took.as_secs_f64());
 }
 
 /// Records how long one handler run took.
 pub(crate) fn handler_duration(handler: Option<&'static str>, took: Duration) {
-    ::metrics::histogram!(HANDLER_DURATION, "handler" => handler.unwrap_or(UNNAMED))
-        .record(took.as_secs_f64());
+    let key = keys::of_handler(HANDLER_DURATION, handler, None);
+    keys::histogram(key).record(took.as_secs_f64());
 }
 
 /// Runs the store operation `operation`, recording how long it took and whether it failed.
@@ -215,72 +219,14 @@ pub(crate) async fn timed<T>(
 ) -> Result<T, StoreError> {
     let started = std::time::Instant::now();
     let result = future.await;
-    let key = store_operation_key(operation, result.is_ok());
-    ::metrics::with_recorder(|recorder| recorder.register_histogram(key, &METADATA))
-        .record(started.elapsed().as_secs_f64());
+    let key = keys::of_store_operation(operation, result.is_ok());
+    keys::histogram(key).record(started.elapsed().as_secs_f64());
     result
-}
-
-/// Where this module's metrics come from, as the `metrics` macros would say it.
-static METADATA: ::metrics::Metadata<'static> =
-    ::metrics::Metadata::new(module_path!(), ::metrics::Level::INFO, Some(module_path!()));
-
-/// The [`STORE_OPERATION_DURATION`] key of `operation` and its result: built at compile
-/// time, as every request records two of them (the macros would allocate and hash the
-/// labels on each call).
-fn store_operation_key(operation: StoreOperation, ok: bool) -> &'static ::metrics::Key {
-    use ::metrics::{Key, Label};
-    /// The `(ok, error)` keys of one operation.
-    macro_rules! keys_of {
-        ($operation:expr) => {{
-            static LABELS: [[Label; 2]; 2] = [
-                [
-                    Label::from_static_parts("operation", $operation.as_str()),
-                    Label::from_static_parts("result", "ok"),
-                ],
-                [
-                    Label::from_static_parts("operation", $operation.as_str()),
-                    Label::from_static_parts("result", "error"),
-                ],
-            ];
-            static KEYS: [Key; 2] = [
-                Key::from_static_parts(STORE_OPERATION_DURATION, &LABELS[0]),
-                Key::from_static_parts(STORE_OPERATION_DURATION, &LABELS[1]),
-            ];
-            &KEYS
-        }};
-    }
-    let keys = match operation {
-        StoreOperation::Claim => keys_of!(StoreOperation::Claim),
-        StoreOperation::Renew => keys_of!(StoreOperation::Renew),
-        StoreOperation::Complete => keys_of!(StoreOperation::Complete),
-        StoreOperation::Release => keys_of!(StoreOperation::Release),
-        StoreOperation::Purge => keys_of!(StoreOperation::Purge),
-    };
-    &keys[usize::from(!ok)]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn store_operation_keys_carry_their_labels() {
-        for &operation in StoreOperation::ALL {
-            for (ok, result) in [(true, "ok"), (false, "error")] {
-                let key = store_operation_key(operation, ok);
-                assert_eq!(key.name(), STORE_OPERATION_DURATION);
-                let labels: Vec<(&str, &str)> = key
-                    .labels()
-                    .map(|label| (label.key(), label.value()))
-                    .collect();
-                assert_eq!(
-                    labels,
-                    [("operation", operation.as_str()), ("result", result)]
-                );
-            }
-        }
-    }
 
     #[test]
     fn label_values_are_distinct_snake_case() {
