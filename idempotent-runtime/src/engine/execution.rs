@@ -11,6 +11,8 @@
 //! [`capture`]: Execution::capture
 
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -18,7 +20,6 @@ use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use futures_util::FutureExt;
-use futures_util::future::Either;
 use tracing::{Instrument, debug, error, info, warn};
 
 use super::answers::internal_error;
@@ -504,15 +505,13 @@ impl Execution {
 
     /// Runs `work` while renewing the lease alongside it, in the same task: no task is
     /// spawned per request, and a slow renewal never stalls `work` (both are polled
-    /// whenever the task wakes).
-    async fn with_heartbeat<T>(&self, work: impl Future<Output = T>) -> T {
-        let work = std::pin::pin!(work);
-        let heartbeat = std::pin::pin!(self.heartbeat());
-        match futures_util::future::select(work, heartbeat).await {
-            Either::Left((done, _heartbeat)) => done,
-            // The claim is no longer held (completed, released or taken over): nothing
-            // left to renew.
-            Either::Right(((), work)) => work.await,
+    /// whenever the task wakes). The heartbeat is only built once `work` has to wait: a
+    /// handler that answers at its first poll costs no timer and no allocation.
+    fn with_heartbeat<W: Future>(&self, work: W) -> WithHeartbeat<'_, W> {
+        WithHeartbeat {
+            work,
+            execution: self,
+            heartbeat: Heartbeat::NotStarted,
         }
     }
 
@@ -531,11 +530,9 @@ impl Execution {
     async fn heartbeat(&self) {
         let period = (self.lease / 3).max(Duration::from_millis(10));
         let first_tick = tokio::time::Instant::now() + period;
-        // One timer until the first renewal is due (or the lease ends first); the
-        // renewal loop, much larger, lives in a box of its own from then on, so every
-        // request's future stays small.
+        // One timer until the first renewal is due (or the lease ends first).
         tokio::time::sleep_until(first_tick.min(self.lease_deadline())).await;
-        Box::pin(self.renew_until_released(first_tick, period)).await;
+        self.renew_until_released(first_tick, period).await;
     }
 
     /// Until when the store holds the lease at least.
@@ -652,6 +649,47 @@ impl Execution {
                 warn!(event = "store_error", error = %err, "releasing the claim failed; it frees when the lease runs out")
             }
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `work` with the lease renewed alongside it; see [`Execution::with_heartbeat`].
+    struct WithHeartbeat<'a, W> {
+        #[pin]
+        work: W,
+        execution: &'a Execution,
+        heartbeat: Heartbeat<'a>,
+    }
+}
+
+/// The heartbeat of a [`WithHeartbeat`].
+enum Heartbeat<'a> {
+    /// `work` has not had to wait yet.
+    NotStarted,
+    /// Renewing (boxed: most requests never get here, so their futures stay small).
+    Running(Pin<Box<dyn Future<Output = ()> + Send + 'a>>),
+    /// The claim is no longer held (completed, released or taken over): nothing left to
+    /// renew.
+    Ended,
+}
+
+impl<W: Future> Future for WithHeartbeat<'_, W> {
+    type Output = W::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<W::Output> {
+        let this = self.project();
+        if let Poll::Ready(done) = this.work.poll(cx) {
+            return Poll::Ready(done);
+        }
+        if let Heartbeat::NotStarted = this.heartbeat {
+            *this.heartbeat = Heartbeat::Running(Box::pin(this.execution.heartbeat()));
+        }
+        if let Heartbeat::Running(heartbeat) = this.heartbeat
+            && heartbeat.as_mut().poll(cx).is_ready()
+        {
+            *this.heartbeat = Heartbeat::Ended;
+        }
+        Poll::Pending
     }
 }
 

@@ -7,8 +7,9 @@
 //! ones. The recorder is still looked up on every call, so a recorder installed later, or
 //! a thread-local one in a test, sees everything.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{LazyLock, RwLock};
+use std::sync::{LazyLock, Mutex};
 
 use metrics::{Counter, Histogram, Key, Label, Level, Metadata};
 
@@ -69,8 +70,14 @@ type Identity = [(usize, usize); 4];
 /// Handler-labelled keys built so far. A program has finitely many handler names
 /// (`&'static str`s) and label values, so this stays small; each key and its labels are
 /// leaked once, as `&'static` is what a key without allocation needs.
-static HANDLER_KEYS: LazyLock<RwLock<HashMap<Identity, &'static Key>>> =
-    LazyLock::new(RwLock::default);
+static HANDLER_KEYS: LazyLock<Mutex<HashMap<Identity, &'static Key>>> =
+    LazyLock::new(Mutex::default);
+
+thread_local! {
+    /// This thread's copy of the keys it used: a lookup takes no lock and writes nothing
+    /// shared, so worker threads never contend over a metric.
+    static LOCAL_KEYS: RefCell<HashMap<Identity, &'static Key>> = RefCell::default();
+}
 
 /// The `metric` key labelled `handler` (unnamed: [`UNNAMED`]) and, when given, one more
 /// `(label, value)`.
@@ -82,22 +89,24 @@ pub(super) fn of_handler(
     let handler = handler.unwrap_or(UNNAMED);
     let (label, value) = second.unwrap_or(("", ""));
     let identity = [metric, handler, label, value].map(|s| (s.as_ptr() as usize, s.len()));
-    let known = HANDLER_KEYS
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&identity)
-        .copied();
-    if let Some(key) = known {
-        return key;
-    }
-    let mut keys = HANDLER_KEYS.write().unwrap_or_else(|e| e.into_inner());
-    keys.entry(identity).or_insert_with(|| {
-        let mut labels = vec![Label::from_static_parts("handler", handler)];
-        if let Some((label, value)) = second {
-            labels.push(Label::from_static_parts(label, value));
+    LOCAL_KEYS.with(|local| {
+        if let Some(key) = local.borrow().get(&identity) {
+            return *key;
         }
-        let labels: &'static [Label] = Vec::leak(labels);
-        Box::leak(Box::new(Key::from_static_parts(metric, labels)))
+        let key = *HANDLER_KEYS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(identity)
+            .or_insert_with(|| {
+                let mut labels = vec![Label::from_static_parts("handler", handler)];
+                if let Some((label, value)) = second {
+                    labels.push(Label::from_static_parts(label, value));
+                }
+                let labels: &'static [Label] = Vec::leak(labels);
+                Box::leak(Box::new(Key::from_static_parts(metric, labels)))
+            });
+        local.borrow_mut().insert(identity, key);
+        key
     })
 }
 
