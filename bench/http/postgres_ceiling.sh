@@ -13,6 +13,7 @@ url="${1:-${IDEMPOTENT_BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/te
 clients="${BENCH_CONNECTIONS:-64}"
 client_cpu="${BENCH_CLIENT_CPU:-1}"
 table=idempotent_bench_ceiling
+export PGOPTIONS="-c client_min_messages=warning"
 
 command -v pgbench >/dev/null || { echo "pgbench is missing (apt-get install -y postgresql-client)" >&2; exit 1; }
 script="$(mktemp)"
