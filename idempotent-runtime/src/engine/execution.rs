@@ -515,9 +515,10 @@ impl Execution {
         }
     }
 
-    /// Renews the lease every third of it; ends when the store says the claim is no
-    /// longer held. Nothing is registered before the first renewal is due, so a short
-    /// handler pays for one timer.
+    /// Renews the lease every third of it, counted from the claim or the last successful
+    /// renewal (so a heartbeat built late, or restarted for the completion retries, keeps
+    /// the schedule); ends when the store says the claim is no longer held. Until the
+    /// first renewal is due it holds one timer.
     ///
     /// Raises the lease signal (the handler sees [`IdempotencyKey::lease_lost`]) when
     /// the store says the claim was taken over, or when no renewal succeeded for a whole
@@ -529,9 +530,13 @@ impl Execution {
     /// [`IdempotencyKey::lease_lost`]: crate::IdempotencyKey::lease_lost
     async fn heartbeat(&self) {
         let period = (self.lease / 3).max(Duration::from_millis(10));
-        let first_tick = tokio::time::Instant::now() + period;
+        let held_until = self.lease_deadline();
+        let last_renewed = held_until
+            .checked_sub(self.lease)
+            .unwrap_or(self.claimed_at);
+        let first_tick = last_renewed + period;
         // One timer until the first renewal is due (or the lease ends first).
-        tokio::time::sleep_until(first_tick.min(self.lease_deadline())).await;
+        tokio::time::sleep_until(first_tick.min(held_until)).await;
         self.renew_until_released(first_tick, period).await;
     }
 
