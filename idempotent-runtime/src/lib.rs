@@ -163,6 +163,7 @@ pub mod macro_support;
 pub mod metrics;
 #[cfg(feature = "utoipa")]
 pub mod openapi;
+mod prehashed;
 pub mod problem;
 pub mod rejection;
 pub mod scope;

@@ -50,7 +50,7 @@
 //! [`Idempotency::forget_cached`]: super::Idempotency::forget_cached
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,7 @@ use http::{HeaderMap, StatusCode};
 
 use crate::clock::{Clock, millis};
 use crate::fingerprint::Fingerprint;
+use crate::prehashed::PassThrough;
 use crate::store::StoredResponse;
 
 /// How many independently locked shards hold the entries.
@@ -229,24 +230,6 @@ impl Entry {
         self.scope_len == scope.len()
             && self.id[..self.scope_len] == *scope
             && self.id[self.scope_len..] == *key
-    }
-}
-
-/// The hasher of a shard's map: its keys are hashes already.
-#[derive(Debug, Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
     }
 }
 

@@ -26,6 +26,7 @@ use super::{
 };
 use crate::clock::{Clock, SystemClock, millis};
 use crate::fingerprint::Fingerprint;
+use crate::prehashed::PassThrough;
 
 /// How many independently locked maps hold the records: a map's growth rehashes 1/SHARDS
 /// of them, and concurrent requests on different keys rarely wait for each other.
@@ -136,25 +137,6 @@ impl Eq for dyn IdParts + '_ {}
 impl<'a> Borrow<dyn IdParts + 'a> for RecordId {
     fn borrow(&self) -> &(dyn IdParts + 'a) {
         self
-    }
-}
-
-/// The hasher of a shard's map: the id was hashed already, with [`Shards::hasher`]; its
-/// hash passes through. (Only `write_u64` is ever called; other writes fold in anyway.)
-#[derive(Debug, Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
     }
 }
 

@@ -132,6 +132,18 @@ async fn until(store: &SqliteStore, what: &str, ready: impl Fn(&GroupCommitStats
     }
 }
 
+/// Claims `key`, which must be free (`why` says why it is): claimed, nothing taken over.
+async fn claim_free(store: &SqliteStore, key: &str, why: &str) -> FencingToken {
+    let token = FencingToken::random();
+    let outcome = store.try_claim(&request(key, token)).await.unwrap();
+    let claimed = ClaimOutcome::Claimed {
+        token,
+        takeover: None,
+    };
+    assert_eq!(outcome, claimed, "{key}: {why}");
+    token
+}
+
 const SHARED_KEYS: usize = 8;
 const CONTENDERS: usize = 4;
 const DISTINCT_KEYS: usize = 24;
@@ -190,19 +202,7 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
     for n in 0..DISTINCT_KEYS {
         let store = store.clone();
         distinct_claims.push(tokio::spawn(async move {
-            let token = FencingToken::random();
-            let outcome = store
-                .try_claim(&request(&distinct(n), token))
-                .await
-                .unwrap();
-            assert_eq!(
-                outcome,
-                ClaimOutcome::Claimed {
-                    token,
-                    takeover: None
-                },
-                "a distinct key is free"
-            );
+            let token = claim_free(&store, &distinct(n), "a distinct key is free").await;
             let done = if released(n) {
                 store.release(SCOPE, &distinct(n), token).await.unwrap()
             } else {
@@ -294,19 +294,7 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
     for n in (0..DISTINCT_KEYS).filter(|&n| released(n)) {
         let store = store.clone();
         reclaims.push(tokio::spawn(async move {
-            let token = FencingToken::random();
-            let outcome = store
-                .try_claim(&request(&distinct(n), token))
-                .await
-                .unwrap();
-            assert_eq!(
-                outcome,
-                ClaimOutcome::Claimed {
-                    token,
-                    takeover: None
-                },
-                "a released key is free"
-            );
+            let token = claim_free(&store, &distinct(n), "a released key is free").await;
             let done = store
                 .complete(SCOPE, &distinct(n), token, &response_of(token))
                 .await
