@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use idempotent_runtime::store::{MemoryStore, MySqlStore, PostgresStore, RedisStore, SqliteStore};
 use idempotent_runtime::{Store, SystemClock};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::sqlite::{SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqlitePool, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
 
 use crate::variant::StoreKind;
@@ -69,8 +69,8 @@ pub async fn open(kind: StoreKind, data_dir: &Path) -> Result<Arc<dyn Store>, Un
     }
 }
 
-/// The store's own defaults (`SqliteStore::open`: WAL, `synchronous = NORMAL`, a pool of
-/// 8), or the same with `synchronous = FULL`.
+/// The store's own defaults (`SqliteStore::open`: WAL, `synchronous = NORMAL`, its pool options),
+/// or the same with `synchronous = FULL`.
 async fn open_sqlite(
     kind: StoreKind,
     data_dir: &Path,
@@ -84,10 +84,7 @@ async fn open_sqlite(
     let path_str = path.to_str().ok_or("the data directory is not UTF-8")?;
     let store = if kind == StoreKind::SqliteFull {
         let options = SqliteStore::connect_options(path_str)?.synchronous(SqliteSynchronous::Full);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(SqliteStore::DEFAULT_MAX_CONNECTIONS)
-            .connect_with(options)
-            .await?;
+        let pool = SqliteStore::pool_options().connect_with(options).await?;
         SqliteStore::from_pool(pool, Arc::new(SystemClock)).await?
     } else {
         SqliteStore::open(path_str).await?

@@ -144,10 +144,7 @@ impl SqliteStore {
         // waits a moment and tries again.
         let mut attempt = 1;
         let pool = loop {
-            let connected = SqlitePoolOptions::new()
-                .max_connections(Self::DEFAULT_MAX_CONNECTIONS)
-                .connect_with(options.clone())
-                .await;
+            let connected = Self::pool_options().connect_with(options.clone()).await;
             match connected {
                 Ok(pool) => break pool,
                 Err(e) if is_busy(&e) && attempt < OPEN_ATTEMPTS => {
@@ -161,6 +158,17 @@ impl SqliteStore {
             .await
             .map_err(|e| open_error(url_or_path, e))?;
         Ok(Self::with_parts(pool, clock))
+    }
+
+    /// The pool options [`open`](Self::open) uses: [`DEFAULT_MAX_CONNECTIONS`]
+    /// (Self::DEFAULT_MAX_CONNECTIONS), and no ping before each acquire. A SQLite
+    /// connection is a file handle served by a thread of this process, not a socket that
+    /// can die while idle; sqlx's default ping would only add a hop to that thread on
+    /// every read. Start from them to build a pool for [`from_pool`](Self::from_pool).
+    pub fn pool_options() -> SqlitePoolOptions {
+        SqlitePoolOptions::new()
+            .max_connections(Self::DEFAULT_MAX_CONNECTIONS)
+            .test_before_acquire(false)
     }
 
     /// The connect options [`open`](Self::open) uses for `url_or_path` (a file path or a
