@@ -309,6 +309,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// store's [`ManualClock`](crate::ManualClock) past a TTL expires the cache's copy
     /// too. `None` (the default): the store keeps time elsewhere (a database server), and
     /// the cache uses a monotonic clock.
+    ///
+    /// A store that wraps another (a decorator adding logging, faults or metrics) must
+    /// forward this to the inner store: the default `None` would make the replay cache
+    /// count on a clock other than the one the inner store expires records by.
     fn clock(&self) -> Option<std::sync::Arc<dyn crate::Clock>> {
         None
     }

@@ -160,8 +160,9 @@ impl SqliteStore {
         Ok(Self::with_parts(pool, clock))
     }
 
-    /// The pool options [`open`](Self::open) uses: [`DEFAULT_MAX_CONNECTIONS`]
-    /// (Self::DEFAULT_MAX_CONNECTIONS), and no ping before each acquire. A SQLite
+    /// The pool options [`open`](Self::open) uses:
+    /// [`DEFAULT_MAX_CONNECTIONS`](Self::DEFAULT_MAX_CONNECTIONS), and no ping before
+    /// each acquire. A SQLite
     /// connection is a file handle served by a thread of this process, not a socket that
     /// can die while idle; sqlx's default ping would only add a hop to that thread on
     /// every read. Start from them to build a pool for [`from_pool`](Self::from_pool).
