@@ -69,8 +69,8 @@ pub async fn open(kind: StoreKind, data_dir: &Path) -> Result<Arc<dyn Store>, Un
     }
 }
 
-/// The store's own defaults (`SqliteStore::open`: WAL, `synchronous = NORMAL`, its pool options),
-/// or the same with `synchronous = FULL`.
+/// The store's own defaults (`SqliteStore::open`: WAL, `synchronous = NORMAL`, its pool
+/// options), or the same with `synchronous = FULL`.
 async fn open_sqlite(
     kind: StoreKind,
     data_dir: &Path,

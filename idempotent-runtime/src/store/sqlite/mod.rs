@@ -162,10 +162,10 @@ impl SqliteStore {
 
     /// The pool options [`open`](Self::open) uses:
     /// [`DEFAULT_MAX_CONNECTIONS`](Self::DEFAULT_MAX_CONNECTIONS), and no ping before
-    /// each acquire. A SQLite
-    /// connection is a file handle served by a thread of this process, not a socket that
-    /// can die while idle; sqlx's default ping would only add a hop to that thread on
-    /// every read. Start from them to build a pool for [`from_pool`](Self::from_pool).
+    /// each acquire. A SQLite connection is a file handle served by a thread of this
+    /// process, not a socket that can die while idle; sqlx's default ping would only add
+    /// a hop to that thread on every read. Start from them to build a pool for
+    /// [`from_pool`](Self::from_pool).
     pub fn pool_options() -> SqlitePoolOptions {
         SqlitePoolOptions::new()
             .max_connections(Self::DEFAULT_MAX_CONNECTIONS)
@@ -398,6 +398,16 @@ impl Store for SqliteStore {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pool_options_skip_the_ping_before_acquire() {
+        let options = super::SqliteStore::pool_options();
+        assert!(!options.get_test_before_acquire());
+        assert_eq!(
+            options.get_max_connections(),
+            super::SqliteStore::DEFAULT_MAX_CONNECTIONS
+        );
+    }
+
     #[test]
     fn embeds_every_migration_file() {
         super::sql::assert_embedded_migrations_match("sqlite", super::MIGRATIONS);
