@@ -22,7 +22,7 @@ mod migrations;
 mod operator;
 
 pub(crate) use super::redact::redact_url;
-#[cfg(feature = "mysql")]
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) use completion::CompletionColumns;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use completion::bind_completion;

@@ -34,20 +34,27 @@
 //!   whose caller gave up before its batch began is not run.
 //!
 //! The writer holds one connection of the store's pool while writes keep coming and
-//! returns it when the queue runs dry. It runs on the runtime the store was opened in
-//! and ends when the last clone of the store is dropped; if it is gone (that runtime
-//! shut down), writes fail with an error, never a silent success.
+//! returns it when the queue runs dry. It runs each batch on that connection's C handle
+//! in a single call on Tokio's blocking pool (`raw_connection.rs`): one hand-off between
+//! threads per batch, not one per statement through sqlx's connection thread, and the
+//! runtime's threads never wait for SQLite's locks or fsyncs. A connection a failed
+//! batch left in an unknown state is closed, never returned to the pool. The writer
+//! runs on the runtime the store was opened in and ends when the last clone of the store
+//! is dropped; if it is gone (that runtime shut down), writes fail with an error, never a
+//! silent success.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
-use sqlx::sqlite::SqliteArguments;
-use sqlx::{Connection, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::SqlitePool;
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::Sqlite;
 use tokio::sync::{mpsc, oneshot};
 
+use super::raw_connection::{Lending, Param, RawConnection};
 use super::writers::StoreWrites;
 use super::{COMPLETE, PURGE, RELEASE, RENEW};
-use crate::store::sql::bind_completion;
+use crate::store::sql::CompletionColumns;
 use crate::store::{FencingToken, StoreError, StoredResponse};
 
 /// Writes per transaction at most: bounds how long one transaction holds the write lock
@@ -110,8 +117,8 @@ impl Write {
     }
 
     /// Runs the statement; the rows it affected.
-    async fn execute(&self, conn: &mut SqliteConnection) -> Result<u64, StoreError> {
-        let query = match self {
+    fn execute(&self, db: &mut RawConnection) -> Result<u64, StoreError> {
+        let rows = match self {
             Self::Claim {
                 statement,
                 scope,
@@ -123,46 +130,62 @@ impl Write {
                 now,
                 expires_at,
                 ..
-            } => sqlx::query::<Sqlite>(*statement)
-                .bind(scope.as_str())
-                .bind(key.as_str())
-                .bind(fingerprint.as_slice())
-                .bind(*fingerprint_version)
-                .bind(token.0)
-                .bind(*lease_expires_at)
-                .bind(*now)
-                .bind(*expires_at),
+            } => db.execute(
+                statement,
+                &[
+                    Param::Text(scope),
+                    Param::Text(key),
+                    Param::Blob(fingerprint),
+                    Param::Int(*fingerprint_version),
+                    Param::Int(token.0),
+                    Param::Int(*lease_expires_at),
+                    Param::Int(*now),
+                    Param::Int(*expires_at),
+                ],
+            ),
             Self::Renew {
                 scope,
                 key,
                 token,
                 lease_expires_at,
-            } => sqlx::query(RENEW)
-                .bind(scope.as_str())
-                .bind(key.as_str())
-                .bind(token.0)
-                .bind(*lease_expires_at),
+            } => db.execute(
+                RENEW,
+                &[
+                    Param::Text(scope),
+                    Param::Text(key),
+                    Param::Int(token.0),
+                    Param::Int(*lease_expires_at),
+                ],
+            ),
             Self::Complete {
                 scope,
                 key,
                 token,
                 response,
-            } => bind_completion::<Sqlite>(COMPLETE, scope, key, *token, response)?,
-            Self::Release { scope, key, token } => sqlx::query(RELEASE)
-                .bind(scope.as_str())
-                .bind(key.as_str())
-                .bind(token.0),
-            Self::Purge { now, limit } => sqlx::query(PURGE).bind(*now).bind(*limit),
+            } => {
+                let columns = CompletionColumns::of(response)?;
+                db.execute(
+                    COMPLETE,
+                    &[
+                        Param::Text(scope),
+                        Param::Text(key),
+                        Param::Int(token.0),
+                        Param::Int(i64::from(columns.status)),
+                        Param::Blob(&columns.headers),
+                        columns.body.map_or(Param::Null, Param::Blob),
+                    ],
+                )
+            }
+            Self::Release { scope, key, token } => db.execute(
+                RELEASE,
+                &[Param::Text(scope), Param::Text(key), Param::Int(token.0)],
+            ),
+            Self::Purge { now, limit } => {
+                db.execute(PURGE, &[Param::Int(*now), Param::Int(*limit)])
+            }
         };
-        Ok(run(query, conn).await?.rows_affected())
+        rows.map_err(|failure| StoreError::Database(failure.into_sqlx()))
     }
-}
-
-async fn run(
-    query: sqlx::query::Query<'_, Sqlite, SqliteArguments>,
-    conn: &mut SqliteConnection,
-) -> Result<sqlx::sqlite::SqliteQueryResult, sqlx::Error> {
-    query.execute(conn).await
 }
 
 /// What a write does, for [`GroupCommitStats`].
@@ -320,49 +343,120 @@ async fn writer(
                 continue;
             }
         };
-        // Keep the connection while writes keep coming; after a failed batch it goes
-        // back (the pool checks a connection before lending it again).
-        while commit(&mut conn, &mut batch, &writes, &counters).await && !waiting.is_empty() {
-            waiting.recv_many(&mut batch, MAX_BATCH).await;
+        let end;
+        (batch, end) = write_while_busy(&mut conn, batch, &mut waiting, &writes, &counters).await;
+        match end {
+            // After a failed batch the connection goes back to the pool (a clean one:
+            // no transaction left open).
+            BatchEnd::Committed | BatchEnd::Failed => drop(conn),
+            // Never lend out a connection in an unknown state: the pool opens another.
+            BatchEnd::Broken => {
+                let _ = conn.close().await;
+            }
         }
-        drop(conn);
     }
 }
 
-/// Runs `batch` in one transaction and answers each write; `false` when the transaction
-/// failed as a whole. Leaves `batch` empty.
-async fn commit(
-    conn: &mut SqliteConnection,
-    batch: &mut Vec<Pending>,
+/// Borrows `conn`'s handle and commits batch after batch on it while writes keep
+/// coming; how the last batch ended. Leaves the batch empty.
+async fn write_while_busy(
+    conn: &mut PoolConnection<Sqlite>,
+    mut batch: Vec<Pending>,
+    waiting: &mut mpsc::Receiver<Pending>,
     writes: &StoreWrites,
     counters: &Counters,
-) -> bool {
+) -> (Vec<Pending>, BatchEnd) {
+    let mut locked = match conn.lock_handle().await {
+        Ok(locked) => locked,
+        Err(e) => {
+            fail_all(&mut batch, Vec::new(), e);
+            return (batch, BatchEnd::Broken);
+        }
+    };
+    // SAFETY: while `locked` lives, sqlx's thread leaves the handle alone; `lending` is
+    // dropped before it (declared after it, and dropped explicitly below), and its drop
+    // waits for any batch still running. sqlx opens SQLite connections in multi-thread
+    // or serialized mode, in which a connection may move between threads.
+    let lending = unsafe { Lending::new(locked.as_raw_handle()) };
+    let mut end;
+    loop {
+        (batch, end) = commit(&lending, batch, writes, counters).await;
+        if end != BatchEnd::Committed || waiting.is_empty() {
+            break;
+        }
+        waiting.recv_many(&mut batch, MAX_BATCH).await;
+    }
+    drop(lending);
+    drop(locked);
+    (batch, end)
+}
+
+/// How a batch ended, and so what the writer does with its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BatchEnd {
+    /// Committed (or nothing left to run): every write answered.
+    Committed,
+    /// Failed, every write answered with an error; no transaction left open.
+    Failed,
+    /// Failed with the connection in an unknown state (a transaction that would not
+    /// roll back, a batch that did not run to its end): it must not be reused.
+    Broken,
+}
+
+/// Runs `batch` in one transaction on the writer's connection and answers each write.
+/// Returns the batch, emptied, for reuse.
+async fn commit(
+    lending: &Lending,
+    mut batch: Vec<Pending>,
+    writes: &StoreWrites,
+    counters: &Counters,
+) -> (Vec<Pending>, BatchEnd) {
     // A transactional handler about to take the lock goes first (see `writers.rs`).
     writes.let_transactions_begin().await;
     // A caller that gave up (the engine's store timeout) gets no write it stopped
     // waiting for.
     batch.retain(|pending| !pending.reply.is_closed());
     if batch.is_empty() {
-        return true;
+        return (batch, BatchEnd::Committed);
     }
-    counters.count(batch);
+    counters.count(&batch);
+    // One hand-off for the whole batch. If it does not come back (it panicked, or the
+    // runtime is shutting down), its writes were dropped unanswered: their callers get
+    // `stopped()`, never a success.
+    lending
+        .run(move |db| {
+            let end = run_batch(db, &mut batch);
+            (batch, end)
+        })
+        .await
+        .unwrap_or_else(|| (Vec::with_capacity(MAX_BATCH), BatchEnd::Broken))
+}
+
+/// The batch's statements in one `BEGIN IMMEDIATE … COMMIT` (a batch of one: the
+/// statement alone, autocommitted), on the blocking pool; answers each write once the
+/// transaction committed or failed. Leaves `batch` empty.
+fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
     if let [alone] = &batch[..] {
         // Nothing to share the transaction with: the statement commits on its own
-        // (autocommit) before it returns, one round trip instead of three.
-        let result = alone.write.execute(conn).await;
-        let failed = result.is_err();
+        // (autocommit) before it returns.
+        let result = alone.write.execute(db);
+        let end = if result.is_ok() {
+            BatchEnd::Committed
+        } else {
+            end_of_failure(db)
+        };
         if let Some(pending) = batch.pop() {
             answer(pending, result);
         }
-        return !failed;
+        return end;
     }
-    let mut tx = match conn.begin_with("BEGIN IMMEDIATE").await {
-        Ok(tx) => tx,
-        Err(e) => return fail_all(batch, Vec::new(), e),
-    };
+    if let Err(e) = db.exec(c"BEGIN IMMEDIATE") {
+        fail_all(batch, Vec::new(), e.into_sqlx());
+        return end_of_failure(db);
+    }
     let mut done = Vec::with_capacity(batch.len());
     for pending in batch.iter() {
-        let result = pending.write.execute(&mut tx).await;
+        let result = pending.write.execute(db);
         // A constraint failure undid only its own statement (SQLite's statement
         // atomicity): the transaction goes on. Any other failure may have ended it.
         let fatal = match &result {
@@ -371,18 +465,35 @@ async fn commit(
         };
         done.push(result);
         if let Some(reason) = fatal {
-            let _ = tx.rollback().await;
-            return fail_all(batch, done, sqlx::Error::Protocol(reason));
+            let end = end_of_failure(db);
+            fail_all(batch, done, sqlx::Error::Protocol(reason));
+            return end;
         }
     }
-    match tx.commit().await {
+    match db.exec(c"COMMIT") {
         Ok(()) => {
             for (pending, result) in batch.drain(..).zip(done) {
                 answer(pending, result);
             }
-            true
+            BatchEnd::Committed
         }
-        Err(e) => fail_all(batch, done, e),
+        Err(e) => {
+            let end = end_of_failure(db);
+            fail_all(batch, done, e.into_sqlx());
+            end
+        }
+    }
+}
+
+/// After a failure: rolls back what is still open; whether the connection is clean.
+fn end_of_failure(db: &mut RawConnection) -> BatchEnd {
+    if db.in_transaction() {
+        let _ = db.exec(c"ROLLBACK");
+    }
+    if db.in_transaction() {
+        BatchEnd::Broken
+    } else {
+        BatchEnd::Failed
     }
 }
 
@@ -404,12 +515,8 @@ fn answer(pending: Pending, result: Result<u64, StoreError>) {
 
 /// Answers every write of a batch whose transaction failed with `error` — except those
 /// that had already failed on their own (`done`, in batch order), which keep their own
-/// error. Always `false`.
-fn fail_all(
-    batch: &mut Vec<Pending>,
-    done: Vec<Result<u64, StoreError>>,
-    error: sqlx::Error,
-) -> bool {
+/// error.
+fn fail_all(batch: &mut Vec<Pending>, done: Vec<Result<u64, StoreError>>, error: sqlx::Error) {
     tracing::warn!(
         %error,
         writes = batch.len(),
@@ -424,5 +531,4 @@ fn fail_all(
         };
         answer(pending, result);
     }
-    false
 }

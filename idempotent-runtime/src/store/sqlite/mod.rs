@@ -53,6 +53,7 @@ use group_commit::Write;
 mod claim;
 mod group_commit;
 mod operator;
+mod raw_connection;
 mod transaction;
 mod writers;
 
