@@ -31,6 +31,14 @@ pub(crate) fn trials() -> Vec<Trial> {
             "group_commit::a_failing_write_fails_alone_in_its_batch",
             a_failing_write_fails_alone_in_its_batch,
         ),
+        async_trial(
+            "group_commit::a_batch_that_fails_as_a_whole_commits_none_of_its_writes",
+            a_batch_that_fails_as_a_whole_commits_none_of_its_writes,
+        ),
+        async_trial(
+            "group_commit::an_in_memory_store_takes_many_concurrent_writers_and_readers",
+            an_in_memory_store_takes_many_concurrent_writers_and_readers,
+        ),
     ]
 }
 
@@ -539,4 +547,157 @@ async fn a_failing_write_fails_alone_in_its_batch() {
             takeover: None
         }
     );
+}
+
+async fn a_batch_that_fails_as_a_whole_commits_none_of_its_writes() {
+    let Setup {
+        store, path, _dir, ..
+    } = setup().await;
+    let mut tokens = Vec::new();
+    for key in ["renewed", "poisoned"] {
+        let token = FencingToken::random();
+        assert!(matches!(
+            store.try_claim(&request(key, token)).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+        tokens.push(token);
+    }
+    let [renewed, poisoned] = tokens[..] else {
+        unreachable!()
+    };
+    // While this trigger exists a completion fails with an error that is not a
+    // constraint (SQLite compiles the trigger into the statement and finds no such
+    // function; renewals and claims set no `status` and are unaffected): such a failure
+    // may have ended the transaction, so the whole batch must fail and roll back.
+    sqlx::raw_sql(
+        "CREATE TRIGGER poison BEFORE UPDATE OF status ON idempotency_records \
+         BEGIN SELECT no_such_function(); END",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    let lock = WriteLock::take(&path).await;
+    let before = store.group_commit_stats();
+    let renew = tokio::spawn({
+        let store = store.clone();
+        async move { store.renew(SCOPE, "renewed", renewed, LEASE).await }
+    });
+    until(&store, "the writer to take the renewal", |now| {
+        now.batches == before.batches + 1
+    })
+    .await;
+    // Queued behind the renewal, in this order: one batch of three.
+    let first = FencingToken::random();
+    let claim_first = tokio::spawn({
+        let store = store.clone();
+        async move { store.try_claim(&request("first", first)).await }
+    });
+    until(&store, "the first claim to queue", |now| now.queued == 1).await;
+    let complete = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .complete(SCOPE, "poisoned", poisoned, &response_of(poisoned))
+                .await
+        }
+    });
+    until(&store, "the completion to queue", |now| now.queued == 2).await;
+    let last = FencingToken::random();
+    let claim_last = tokio::spawn({
+        let store = store.clone();
+        async move { store.try_claim(&request("last", last)).await }
+    });
+    until(&store, "three writes to queue", |now| now.queued == 3).await;
+    lock.release().await;
+
+    assert!(renew.await.unwrap().unwrap());
+    match complete.await.unwrap() {
+        Err(StoreError::Database(e)) => {
+            assert!(e.to_string().contains("no_such_function"), "{e}");
+        }
+        other => panic!("the completion's own error, got {other:?}"),
+    }
+    // The claim before it had run in the transaction, the one after had not: neither
+    // is answered as done.
+    for claim in [claim_first, claim_last] {
+        let error = claim.await.unwrap().unwrap_err();
+        assert!(
+            error.to_string().contains("nothing of it was committed"),
+            "{error}"
+        );
+    }
+    let stats = store.group_commit_stats();
+    assert_eq!(stats.batches, before.batches + 2, "{stats:?}");
+    assert!(stats.largest_batch >= 3, "{stats:?}");
+
+    // Nothing of the batch is in the database; the writer goes on with a clean
+    // connection.
+    sqlx::raw_sql("DROP TRIGGER poison")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    for key in ["first", "last"] {
+        claim_free(&store, key, "its claim was rolled back").await;
+    }
+    assert!(matches!(
+        store
+            .try_claim(&request("poisoned", FencingToken::random()))
+            .await
+            .unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    assert!(
+        store
+            .complete(SCOPE, "poisoned", poisoned, &response_of(poisoned))
+            .await
+            .unwrap()
+    );
+}
+
+/// An in-memory database (`sqlite::memory:`) is a shared cache: a connection that runs
+/// into another's lock is told at once instead of waiting out the busy timeout. The
+/// writer waits for the lock to go, as sqlx does, so no write fails for it.
+async fn an_in_memory_store_takes_many_concurrent_writers_and_readers() {
+    const TASKS: usize = 64;
+    const KEYS_EACH: usize = 100;
+    let store = Arc::new(SqliteStore::open("sqlite::memory:").await.expect("open"));
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for k in 0..KEYS_EACH {
+                let key = format!("mem-{t}-{k}");
+                let token = FencingToken::random();
+                let claimed = store.try_claim(&request(&key, token)).await?;
+                assert!(matches!(claimed, ClaimOutcome::Claimed { .. }), "{key}");
+                assert!(
+                    store
+                        .complete(SCOPE, &key, token, &response_of(token))
+                        .await?
+                );
+                let replay = store
+                    .try_claim(&request(&key, FencingToken::random()))
+                    .await?;
+                assert_eq!(replay, ClaimOutcome::Replay(response_of(token)), "{key}");
+            }
+            Ok::<_, StoreError>(())
+        }));
+    }
+    let mut failures = Vec::new();
+    for task in tasks {
+        if let Err(e) = task.await.unwrap() {
+            failures.push(e.to_string());
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} tasks failed: {failures:?}",
+        failures.len()
+    );
+    let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(records, (TASKS * KEYS_EACH) as i64);
 }

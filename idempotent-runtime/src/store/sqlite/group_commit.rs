@@ -38,7 +38,9 @@
 //! in a single call on Tokio's blocking pool (`raw_connection.rs`): one hand-off between
 //! threads per batch, not one per statement through sqlx's connection thread, and the
 //! runtime's threads never wait for SQLite's locks or fsyncs. A connection a failed
-//! batch left in an unknown state is closed, never returned to the pool. The writer
+//! batch left in an unknown state is closed, never returned to the pool. A runtime
+//! shutting down while a batch runs waits for that batch to end (at most the busy
+//! timeout, when it waits for another connection's write lock). The writer
 //! runs on the runtime the store was opened in and ends when the last clone of the store
 //! is dropped; if it is gone (that runtime shut down), writes fail with an error, never a
 //! silent success.
@@ -373,11 +375,9 @@ async fn write_while_busy(
             return (batch, BatchEnd::Broken);
         }
     };
-    // SAFETY: while `locked` lives, sqlx's thread leaves the handle alone; `lending` is
-    // dropped before it (declared after it, and dropped explicitly below), and its drop
-    // waits for any batch still running. sqlx opens SQLite connections in multi-thread
-    // or serialized mode, in which a connection may move between threads.
-    let lending = unsafe { Lending::new(locked.as_raw_handle()) };
+    // SAFETY: `lending` is dropped (explicitly below, or with this future), never
+    // forgotten; its drop waits for a batch still running on the handle.
+    let lending = unsafe { Lending::new(&mut locked) };
     let mut end;
     loop {
         (batch, end) = commit(&lending, batch, writes, counters).await;
@@ -406,7 +406,7 @@ enum BatchEnd {
 /// Runs `batch` in one transaction on the writer's connection and answers each write.
 /// Returns the batch, emptied, for reuse.
 async fn commit(
-    lending: &Lending,
+    lending: &Lending<'_>,
     mut batch: Vec<Pending>,
     writes: &StoreWrites,
     counters: &Counters,

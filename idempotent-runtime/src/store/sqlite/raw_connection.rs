@@ -18,12 +18,14 @@
 //! started yet finds no handle and runs nothing.
 
 use std::borrow::Cow;
-use std::ffi::{CStr, c_char, c_int};
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use libsqlite3_sys as ffi;
 use sqlx::error::{DatabaseError, ErrorKind};
+use sqlx::sqlite::LockedSqliteHandle;
 
 /// A parameter of a statement, bound by its position (`?1` is the first).
 #[derive(Debug, Clone, Copy)]
@@ -50,18 +52,23 @@ unsafe impl Send for RawConnection {}
 impl RawConnection {
     /// Runs `sql` (no parameters, no rows: `BEGIN`, `COMMIT`, `ROLLBACK`).
     pub(super) fn exec(&mut self, sql: &CStr) -> Result<(), SqliteFailure> {
-        // SAFETY: `db` is a live connection this thread alone uses (see `Lending`); `sql`
-        // is NUL-terminated; no callback, no error-message out-pointer.
-        let code = unsafe {
-            ffi::sqlite3_exec(
-                self.db.as_ptr(),
-                sql.as_ptr(),
-                None,
-                ptr::null_mut(),
-                ptr::null_mut(),
-            )
-        };
-        self.check(code)
+        loop {
+            // SAFETY: `db` is a live connection this thread alone uses (see `Lending`);
+            // `sql` is NUL-terminated; no callback, no error-message out-pointer.
+            let code = unsafe {
+                ffi::sqlite3_exec(
+                    self.db.as_ptr(),
+                    sql.as_ptr(),
+                    None,
+                    ptr::null_mut(),
+                    ptr::null_mut(),
+                )
+            };
+            if code != ffi::SQLITE_LOCKED_SHAREDCACHE {
+                return self.check(code);
+            }
+            self.wait_for_unlock()?;
+        }
     }
 
     /// Whether a transaction is open (a failed statement or `COMMIT` may leave one).
@@ -128,6 +135,12 @@ impl RawConnection {
             match unsafe { ffi::sqlite3_step(stmt.as_ptr()) } {
                 ffi::SQLITE_ROW => continue,
                 ffi::SQLITE_DONE => break,
+                ffi::SQLITE_LOCKED_SHAREDCACHE => {
+                    self.wait_for_unlock()?;
+                    // SAFETY: as above. A statement stopped by a lock starts over (its
+                    // bindings stay); `reset` repeats the lock's code, already handled.
+                    unsafe { ffi::sqlite3_reset(stmt.as_ptr()) };
+                }
                 code => return Err(self.failure(code)),
             }
         }
@@ -143,25 +156,58 @@ impl RawConnection {
             return Ok(*stmt);
         }
         let mut stmt = ptr::null_mut();
-        // SAFETY: `sql` is valid UTF-8 of the given length (no NUL needed); `stmt` is an
-        // out-pointer SQLite fills; the statement is finalized in `finalize_all`.
-        let code = unsafe {
-            ffi::sqlite3_prepare_v3(
-                self.db.as_ptr(),
-                sql.as_ptr().cast::<c_char>(),
-                length(sql.len())?,
-                ffi::SQLITE_PREPARE_PERSISTENT,
-                &mut stmt,
-                ptr::null_mut(),
-            )
-        };
-        self.check(code)?;
+        loop {
+            // SAFETY: `sql` is valid UTF-8 of the given length (no NUL needed); `stmt` is
+            // an out-pointer SQLite fills; the statement is finalized in `finalize_all`.
+            let code = unsafe {
+                ffi::sqlite3_prepare_v3(
+                    self.db.as_ptr(),
+                    sql.as_ptr().cast::<c_char>(),
+                    length(sql.len())?,
+                    ffi::SQLITE_PREPARE_PERSISTENT,
+                    &mut stmt,
+                    ptr::null_mut(),
+                )
+            };
+            if code != ffi::SQLITE_LOCKED_SHAREDCACHE {
+                self.check(code)?;
+                break;
+            }
+            self.wait_for_unlock()?;
+        }
         let stmt = NonNull::new(stmt).ok_or_else(|| SqliteFailure {
             code: ffi::SQLITE_MISUSE,
             message: "the statement's SQL holds no statement".into(),
         })?;
         self.statements.push((sql, stmt));
         Ok(stmt)
+    }
+
+    /// Waits until the connection holding a shared-cache lock this connection ran into
+    /// ends its transaction. A shared-cache database (sqlx's `sqlite::memory:`) reports
+    /// such a lock at once, without the busy timeout: the call is then tried again, as
+    /// sqlx does for its own statements. A wait that would deadlock is an error.
+    fn wait_for_unlock(&self) -> Result<(), SqliteFailure> {
+        let unlocked = Unlocked::default();
+        // SAFETY: `db` as in `exec`. SQLite calls `unlock_notified` once with a pointer to
+        // `unlocked` (possibly before this returns); `unlocked` outlives that call, since
+        // a registration that succeeded is always notified and we wait for it below.
+        let code = unsafe {
+            ffi::sqlite3_unlock_notify(
+                self.db.as_ptr(),
+                Some(unlock_notified),
+                ptr::from_ref(&unlocked).cast_mut().cast(),
+            )
+        };
+        self.check(code)?;
+        let mut done = unlocked.done.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*done {
+            done = unlocked
+                .wait
+                .wait(done)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        Ok(())
     }
 
     fn finalize_all(&mut self) {
@@ -205,6 +251,30 @@ impl RawConnection {
     }
 }
 
+/// What [`RawConnection::wait_for_unlock`] waits on.
+#[derive(Debug, Default)]
+struct Unlocked {
+    done: Mutex<bool>,
+    wait: Condvar,
+}
+
+/// SQLite's unlock-notify callback: `args` holds `count` pointers to [`Unlocked`]. Must
+/// not unwind into C: nothing here panics (a poisoned lock is taken as it is).
+unsafe extern "C" fn unlock_notified(args: *mut *mut c_void, count: c_int) {
+    let count = usize::try_from(count).unwrap_or(0);
+    for i in 0..count {
+        // SAFETY: SQLite passes the `count` argument pointers it was registered with,
+        // each an `Unlocked` its waiter keeps alive until notified.
+        let unlocked = unsafe { &*(*args.add(i)).cast::<Unlocked>() };
+        let mut done = unlocked.done.lock().unwrap_or_else(PoisonError::into_inner);
+        *done = true;
+        // Notified under the lock: the waiter cannot see `done`, return and free
+        // `unlocked` before this last use of it.
+        unlocked.wait.notify_one();
+        drop(done);
+    }
+}
+
 /// A length as SQLite's C API takes it; lengths beyond `i32` are refused, not cut.
 fn length(len: usize) -> Result<c_int, SqliteFailure> {
     c_int::try_from(len).map_err(|_| SqliteFailure {
@@ -213,26 +283,34 @@ fn length(len: usize) -> Result<c_int, SqliteFailure> {
     })
 }
 
-/// The handle, lent by the writer to the batches it runs, until this is dropped.
+/// The handle, lent by the writer to the batches it runs, until this is dropped. It
+/// borrows sqlx's lock on the handle, so the compiler keeps that lock held until after
+/// this is dropped.
 #[derive(Debug)]
-pub(super) struct Lending {
+pub(super) struct Lending<'a> {
     shared: Arc<Mutex<Option<RawConnection>>>,
+    // The borrow of sqlx's lock (see `new`), without its type: `Lending` stays `Sync`.
+    _locked: PhantomData<&'a mut ()>,
 }
 
-impl Lending {
-    /// Lends `db` until the returned value is dropped.
+impl<'a> Lending<'a> {
+    /// Lends the handle `locked` holds until the returned value is dropped.
     ///
     /// # Safety
     ///
-    /// `db` must be a live connection that nothing else uses from now until the
-    /// `Lending` is dropped (sqlx's `LockedSqliteHandle` held past that drop), and whose
-    /// threading mode lets it move between threads.
-    pub(super) unsafe fn new(db: NonNull<ffi::sqlite3>) -> Self {
+    /// The returned value must be dropped, not forgotten: its drop is what waits for a
+    /// batch still running on the handle before sqlx may use it again. (sqlx opens its
+    /// connections in a threading mode that lets a connection move between threads.)
+    pub(super) unsafe fn new<'h>(locked: &'a mut LockedSqliteHandle<'h>) -> Self
+    where
+        'h: 'a,
+    {
         Self {
             shared: Arc::new(Mutex::new(Some(RawConnection {
-                db,
+                db: locked.as_raw_handle(),
                 statements: Vec::new(),
             }))),
+            _locked: PhantomData,
         }
     }
 
@@ -254,7 +332,7 @@ impl Lending {
     }
 }
 
-impl Drop for Lending {
+impl Drop for Lending<'_> {
     fn drop(&mut self) {
         // Waits for a batch running on the handle; a batch not started yet finds `None`.
         let taken = self
@@ -351,8 +429,8 @@ mod tests {
         let mut conn = pool.acquire().await.unwrap();
         {
             let mut locked = conn.lock_handle().await.unwrap();
-            // SAFETY: `locked` outlives `lending`.
-            let lending = unsafe { Lending::new(locked.as_raw_handle()) };
+            // SAFETY: `lending` is dropped, not forgotten.
+            let lending = unsafe { Lending::new(&mut locked) };
             let written = lending
                 .run(|db| {
                     db.exec(c"BEGIN IMMEDIATE")?;
@@ -394,8 +472,8 @@ mod tests {
         let pool = pool(&dir).await;
         let mut conn = pool.acquire().await.unwrap();
         let mut locked = conn.lock_handle().await.unwrap();
-        // SAFETY: `locked` outlives `lending`.
-        let lending = unsafe { Lending::new(locked.as_raw_handle()) };
+        // SAFETY: `lending` is dropped, not forgotten.
+        let lending = unsafe { Lending::new(&mut locked) };
         let failure = lending
             .run(|db| db.execute(INSERT, &[Param::Text("v"), Param::Int(-1)]))
             .await
