@@ -33,12 +33,14 @@
 //!   finding the queue full waits for room (and for the engine's store timeout). A write
 //!   whose caller gave up before its batch began is not run.
 //!
-//! The writer holds one connection of the store's pool while writes keep coming and
-//! returns it when the queue runs dry. It runs each batch on that connection's C handle
-//! in a single call on Tokio's blocking pool (`raw_connection.rs`): one hand-off between
-//! threads per batch, not one per statement through sqlx's connection thread, and the
-//! runtime's threads never wait for SQLite's locks or fsyncs. A connection a failed
-//! batch left in an unknown state is closed, never returned to the pool. A runtime
+//! The writer takes one connection out of the store's pool for itself (the pool may open
+//! a replacement, so the store uses one connection more than the pool's size) and keeps
+//! it, with its statements prepared once. It runs each batch on that connection's C
+//! handle in a single call on Tokio's blocking pool (`raw_connection.rs`): one hand-off
+//! between threads per batch, not one per statement through sqlx's connection thread,
+//! and the runtime's threads never wait for SQLite's locks or fsyncs. A connection a
+//! failed batch left in an unknown state is closed and replaced by another from the
+//! pool. A runtime
 //! shutting down while a batch runs waits for that batch to end (at most the busy
 //! timeout, when it waits for another connection's write lock). The writer
 //! runs on the runtime the store was opened in and ends when the last clone of the store
@@ -48,9 +50,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
-use sqlx::SqlitePool;
-use sqlx::pool::PoolConnection;
-use sqlx::sqlite::Sqlite;
+use sqlx::{Connection, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
 use super::raw_connection::{Lending, Param, RawConnection};
@@ -338,68 +338,61 @@ async fn writer(
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while waiting.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        // The writer's own connection, out of the pool (which may open a replacement):
+        // kept with its statements prepared for as long as it works, so that no write
+        // pays for borrowing a connection and preparing its statement.
         let mut conn = match pool.acquire().await {
-            Ok(conn) => conn,
+            Ok(conn) => conn.detach(),
             Err(e) => {
                 fail_all(&mut batch, Vec::new(), e);
                 continue;
             }
         };
-        let end;
-        (batch, end) = write_while_busy(&mut conn, batch, &mut waiting, &writes, &counters).await;
-        match end {
-            // After a failed batch the connection goes back to the pool (a clean one:
-            // no transaction left open).
-            BatchEnd::Committed | BatchEnd::Failed => drop(conn),
-            // Never lend out a connection in an unknown state: the pool opens another.
-            BatchEnd::Broken => {
-                let _ = conn.close().await;
-            }
-        }
+        batch = write_on(&mut conn, batch, &mut waiting, &writes, &counters).await;
+        // Broken, or every handle dropped.
+        let _ = conn.close().await;
     }
 }
 
-/// Borrows `conn`'s handle and commits batch after batch on it while writes keep
-/// coming; how the last batch ended. Leaves the batch empty.
-async fn write_while_busy(
-    conn: &mut PoolConnection<Sqlite>,
+/// Borrows `conn`'s handle and commits batch after batch on it, until a batch leaves it
+/// in an unknown state or every handle is dropped. Returns the batch, emptied, for
+/// reuse.
+async fn write_on(
+    conn: &mut SqliteConnection,
     mut batch: Vec<Pending>,
     waiting: &mut mpsc::Receiver<Pending>,
     writes: &StoreWrites,
     counters: &Counters,
-) -> (Vec<Pending>, BatchEnd) {
+) -> Vec<Pending> {
     let mut locked = match conn.lock_handle().await {
         Ok(locked) => locked,
         Err(e) => {
             fail_all(&mut batch, Vec::new(), e);
-            return (batch, BatchEnd::Broken);
+            return batch;
         }
     };
     // SAFETY: `lending` is dropped (explicitly below, or with this future), never
     // forgotten; its drop waits for a batch still running on the handle.
     let lending = unsafe { Lending::new(&mut locked) };
-    let mut end;
     loop {
+        let end;
         (batch, end) = commit(&lending, batch, writes, counters).await;
-        if end != BatchEnd::Committed || waiting.is_empty() {
+        if end == BatchEnd::Broken || waiting.recv_many(&mut batch, MAX_BATCH).await == 0 {
             break;
         }
-        waiting.recv_many(&mut batch, MAX_BATCH).await;
     }
     drop(lending);
     drop(locked);
-    (batch, end)
+    batch
 }
 
-/// How a batch ended, and so what the writer does with its connection.
+/// What a batch left its connection in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BatchEnd {
-    /// Committed (or nothing left to run): every write answered.
-    Committed,
-    /// Failed, every write answered with an error; no transaction left open.
-    Failed,
-    /// Failed with the connection in an unknown state (a transaction that would not
-    /// roll back, a batch that did not run to its end): it must not be reused.
+    /// No transaction open: committed, or failed and rolled back (every write answered).
+    Clean,
+    /// An unknown state (a transaction that would not roll back, a batch that did not
+    /// run to its end): the connection must not be used again.
     Broken,
 }
 
@@ -417,7 +410,7 @@ async fn commit(
     // waiting for.
     batch.retain(|pending| !pending.reply.is_closed());
     if batch.is_empty() {
-        return (batch, BatchEnd::Committed);
+        return (batch, BatchEnd::Clean);
     }
     counters.count(&batch);
     // One hand-off for the whole batch. If it does not come back (it panicked, or the
@@ -441,7 +434,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
         // (autocommit) before it returns.
         let result = alone.write.execute(db);
         let end = if result.is_ok() {
-            BatchEnd::Committed
+            BatchEnd::Clean
         } else {
             end_of_failure(db)
         };
@@ -475,7 +468,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
             for (pending, result) in batch.drain(..).zip(done) {
                 answer(pending, result);
             }
-            BatchEnd::Committed
+            BatchEnd::Clean
         }
         Err(e) => {
             let end = end_of_failure(db);
@@ -493,7 +486,7 @@ fn end_of_failure(db: &mut RawConnection) -> BatchEnd {
     if db.in_transaction() {
         BatchEnd::Broken
     } else {
-        BatchEnd::Failed
+        BatchEnd::Clean
     }
 }
 
