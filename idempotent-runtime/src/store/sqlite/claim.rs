@@ -11,21 +11,21 @@
 //! purged, completed, taken over) makes that write affect no row, and the claim runs
 //! again from the start — so exactly one of any number of racing claims wins.
 //!
-//! The write goes through the store's writer (`group_commit.rs`), which may run it in one
+//! The read goes through the store's reader (`group_read.rs`), batched with other
+//! claims' reads. The write goes through the store's writer (`group_commit.rs`), which
+//! may run it in one
 //! transaction with other requests' writes; it is answered only once that transaction
 //! committed, so the claim is durable before its handler runs, and a claim that runs
 //! again reads the committed record that beat it.
 
-use sqlx::Row;
-
 use super::SqliteStore;
 use super::group_commit::{Write, WriteKind};
+use super::group_read::ClaimRead;
 use crate::clock::millis;
-use crate::store::sql::{self, Classified, FoundRow};
+use crate::store::sql::{self, Classified};
 use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
 
 const CLAIM_NEW: &str = include_str!("sql/claim_new.sql");
-const CLAIM_READ: &str = include_str!("sql/claim_read.sql");
 const TAKE_OVER_EXPIRED: &str = include_str!("sql/take_over_expired.sql");
 const TAKE_OVER_LEASE_LOST: &str = include_str!("sql/take_over_lease_lost.sql");
 
@@ -37,15 +37,14 @@ impl SqliteStore {
         claim: &ClaimRequest<'_>,
     ) -> Result<Option<sql::Answer>, StoreError> {
         let now = self.clock.now_millis();
-        let Some(row) = sqlx::query(CLAIM_READ)
-            .bind(claim.scope)
-            .bind(claim.key)
-            .bind(now)
-            .bind(&claim.fingerprint.digest[..])
-            .bind(i64::from(claim.fingerprint.version))
-            .fetch_optional(&self.pool)
-            .await?
-        else {
+        let read = ClaimRead {
+            scope: claim.scope.to_owned(),
+            key: claim.key.to_owned(),
+            now,
+            fingerprint: claim.fingerprint.digest,
+            fingerprint_version: i64::from(claim.fingerprint.version),
+        };
+        let Some(found) = self.reader.read(read).await? else {
             let inserted = self
                 .claim_write(CLAIM_NEW, WriteKind::Claim, claim, now)
                 .await?;
@@ -57,17 +56,6 @@ impl SqliteStore {
                 },
                 None,
             )));
-        };
-        let found = FoundRow {
-            state: row.try_get("state")?,
-            ttl_ran_out: row.try_get("ttl_ran_out")?,
-            lease_ran_out: row.try_get("lease_ran_out")?,
-            same_fingerprint: row.try_get("same_fingerprint")?,
-            lease_remaining_ms: row.try_get("lease_remaining_ms")?,
-            ttl_remaining_ms: row.try_get("ttl_remaining_ms")?,
-            status: row.try_get("status")?,
-            headers: row.try_get("headers")?,
-            body: row.try_get("body")?,
         };
         let reason = match sql::classify(found)? {
             Classified::Refused(outcome) => return Ok(Some(outcome)),

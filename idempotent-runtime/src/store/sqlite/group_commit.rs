@@ -33,27 +33,22 @@
 //!   finding the queue full waits for room (and for the engine's store timeout). A write
 //!   whose caller gave up before its batch began is not run.
 //!
-//! The writer takes one connection out of the store's pool for itself (the pool may open
-//! a replacement, so the store uses one connection more than the pool's size) and keeps
-//! it, with its statements prepared once. It runs each batch on that connection's C
-//! handle in a single call on Tokio's blocking pool (`raw_connection.rs`): one hand-off
-//! between threads per batch, not one per statement through sqlx's connection thread,
-//! and the runtime's threads never wait for SQLite's locks or fsyncs. A connection a
-//! failed batch left in an unknown state is closed and replaced by another from the
-//! pool. A runtime
-//! shutting down while a batch runs waits for that batch to end (at most the busy
-//! timeout, when it waits for another connection's write lock). The writer
-//! runs on the runtime the store was opened in and ends when the last clone of the store
-//! is dropped; if it is gone (that runtime shut down), writes fail with an error, never a
+//! The writer is a task with a connection of its own (`dedicated.rs`): each batch runs
+//! in a single call on its C handle, on Tokio's blocking pool, with statements prepared
+//! once. A runtime shutting down while a batch runs waits for that batch to end (at most
+//! the busy timeout, when it waits for another connection's write lock). The writer runs
+//! on the runtime the store was opened in and ends when the last clone of the store is
+//! dropped; if it is gone (that runtime shut down), writes fail with an error, never a
 //! silent success.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
-use sqlx::{Connection, SqliteConnection, SqlitePool};
+use sqlx::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
 
-use super::raw_connection::{Lending, Param, RawConnection};
+use super::dedicated::{self, BatchEnd, Batches};
+use super::raw_connection::{Param, RawConnection};
 use super::writers::StoreWrites;
 use super::{COMPLETE, PURGE, RELEASE, RENEW};
 use crate::store::sql::CompletionColumns;
@@ -290,7 +285,11 @@ impl GroupCommit {
     pub(super) fn start(pool: SqlitePool, writes: Arc<StoreWrites>) -> Self {
         let (queue, waiting) = mpsc::channel(QUEUE);
         let counters = Arc::new(Counters::default());
-        tokio::spawn(writer(pool, writes, waiting, counters.clone()));
+        let writer = Writer {
+            writes,
+            counters: counters.clone(),
+        };
+        tokio::spawn(dedicated::serve(pool, writer, waiting, MAX_BATCH));
         Self { queue, counters }
     }
 
@@ -329,100 +328,33 @@ fn stopped() -> StoreError {
 #[error("the write's transaction failed, nothing of it was committed: {0}")]
 struct BatchFailed(#[source] Arc<sqlx::Error>);
 
-/// The writer task: batch after batch until every handle is dropped.
-async fn writer(
-    pool: SqlitePool,
+/// The writer's work: its batches are group commits.
+struct Writer {
     writes: Arc<StoreWrites>,
-    mut waiting: mpsc::Receiver<Pending>,
     counters: Arc<Counters>,
-) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    while waiting.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        // The writer's own connection, out of the pool (which may open a replacement):
-        // kept with its statements prepared for as long as it works, so that no write
-        // pays for borrowing a connection and preparing its statement.
-        let mut conn = match pool.acquire().await {
-            Ok(conn) => conn.detach(),
-            Err(e) => {
-                fail_all(&mut batch, Vec::new(), e);
-                continue;
-            }
-        };
-        batch = write_on(&mut conn, batch, &mut waiting, &writes, &counters).await;
-        // Broken, or every handle dropped.
-        let _ = conn.close().await;
-    }
 }
 
-/// Borrows `conn`'s handle and commits batch after batch on it, until a batch leaves it
-/// in an unknown state or every handle is dropped. Returns the batch, emptied, for
-/// reuse.
-async fn write_on(
-    conn: &mut SqliteConnection,
-    mut batch: Vec<Pending>,
-    waiting: &mut mpsc::Receiver<Pending>,
-    writes: &StoreWrites,
-    counters: &Counters,
-) -> Vec<Pending> {
-    let mut locked = match conn.lock_handle().await {
-        Ok(locked) => locked,
-        Err(e) => {
-            fail_all(&mut batch, Vec::new(), e);
-            return batch;
-        }
-    };
-    // SAFETY: `lending` is dropped (explicitly below, or with this future), never
-    // forgotten; its drop waits for a batch still running on the handle.
-    let lending = unsafe { Lending::new(&mut locked) };
-    loop {
-        let end;
-        (batch, end) = commit(&lending, batch, writes, counters).await;
-        if end == BatchEnd::Broken || waiting.recv_many(&mut batch, MAX_BATCH).await == 0 {
-            break;
+impl Batches for Writer {
+    type Item = Pending;
+
+    async fn prepare(&self, batch: &mut Vec<Pending>) {
+        // A transactional handler about to take the lock goes first (see `writers.rs`).
+        self.writes.let_transactions_begin().await;
+        // A caller that gave up (the engine's store timeout) gets no write it stopped
+        // waiting for.
+        batch.retain(|pending| !pending.reply.is_closed());
+        if !batch.is_empty() {
+            self.counters.count(batch);
         }
     }
-    drop(lending);
-    drop(locked);
-    batch
-}
 
-/// What a batch left its connection in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BatchEnd {
-    /// No transaction open: committed, or failed and rolled back (every write answered).
-    Clean,
-    /// An unknown state (a transaction that would not roll back, a batch that did not
-    /// run to its end): the connection must not be used again.
-    Broken,
-}
-
-/// Runs `batch` in one transaction on the writer's connection and answers each write.
-/// Returns the batch, emptied, for reuse.
-async fn commit(
-    lending: &Lending<'_>,
-    mut batch: Vec<Pending>,
-    writes: &StoreWrites,
-    counters: &Counters,
-) -> (Vec<Pending>, BatchEnd) {
-    // A transactional handler about to take the lock goes first (see `writers.rs`).
-    writes.let_transactions_begin().await;
-    // A caller that gave up (the engine's store timeout) gets no write it stopped
-    // waiting for.
-    batch.retain(|pending| !pending.reply.is_closed());
-    if batch.is_empty() {
-        return (batch, BatchEnd::Clean);
+    fn run(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
+        run_batch(db, batch)
     }
-    counters.count(&batch);
-    // One hand-off for the whole batch. If it does not come back (it panicked, or the
-    // runtime is shutting down), its writes were dropped unanswered: their callers get
-    // `stopped()`, never a success.
-    lending
-        .run(move |db| {
-            let end = run_batch(db, &mut batch);
-            (batch, end)
-        })
-        .await
-        .unwrap_or_else(|| (Vec::with_capacity(MAX_BATCH), BatchEnd::Broken))
+
+    fn fail(batch: &mut Vec<Pending>, error: sqlx::Error) {
+        fail_all(batch, Vec::new(), error);
+    }
 }
 
 /// The batch's statements in one `BEGIN IMMEDIATE … COMMIT` (a batch of one: the
@@ -436,7 +368,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
         let end = if result.is_ok() {
             BatchEnd::Clean
         } else {
-            end_of_failure(db)
+            dedicated::after_failure(db)
         };
         if let Some(pending) = batch.pop() {
             answer(pending, result);
@@ -445,7 +377,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
     }
     if let Err(e) = db.exec(c"BEGIN IMMEDIATE") {
         fail_all(batch, Vec::new(), e.into_sqlx());
-        return end_of_failure(db);
+        return dedicated::after_failure(db);
     }
     let mut done = Vec::with_capacity(batch.len());
     for pending in batch.iter() {
@@ -458,7 +390,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
         };
         done.push(result);
         if let Some(reason) = fatal {
-            let end = end_of_failure(db);
+            let end = dedicated::after_failure(db);
             fail_all(batch, done, sqlx::Error::Protocol(reason));
             return end;
         }
@@ -471,22 +403,10 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
             BatchEnd::Clean
         }
         Err(e) => {
-            let end = end_of_failure(db);
+            let end = dedicated::after_failure(db);
             fail_all(batch, done, e.into_sqlx());
             end
         }
-    }
-}
-
-/// After a failure: rolls back what is still open; whether the connection is clean.
-fn end_of_failure(db: &mut RawConnection) -> BatchEnd {
-    if db.in_transaction() {
-        let _ = db.exec(c"ROLLBACK");
-    }
-    if db.in_transaction() {
-        BatchEnd::Broken
-    } else {
-        BatchEnd::Clean
     }
 }
 

@@ -53,7 +53,9 @@ use crate::clock::{Clock, SystemClock, millis};
 use group_commit::Write;
 
 mod claim;
+mod dedicated;
 mod group_commit;
+mod group_read;
 mod operator;
 mod raw_connection;
 mod transaction;
@@ -98,6 +100,8 @@ pub struct SqliteStore {
     writes: Arc<writers::StoreWrites>,
     /// The one writer every write of the store goes through (group commit).
     writer: group_commit::GroupCommit,
+    /// The one reader every claim's read goes through (group read).
+    reader: group_read::GroupRead,
 }
 
 impl SqliteStore {
@@ -221,12 +225,14 @@ impl SqliteStore {
         let writes = Arc::new(writers::StoreWrites::default());
         let transactions = transaction::support(pool.clone(), writes.clone());
         let writer = group_commit::GroupCommit::start(pool.clone(), writes.clone());
+        let reader = group_read::GroupRead::start(pool.clone());
         Self {
             pool,
             clock,
             transactions,
             writes,
             writer,
+            reader,
         }
     }
 

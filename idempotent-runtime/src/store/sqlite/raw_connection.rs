@@ -83,11 +83,46 @@ impl RawConnection {
         sql: &'static str,
         params: &[Param<'_>],
     ) -> Result<u64, SqliteFailure> {
+        self.with_statement(sql, params, |this, stmt| {
+            while this.step(stmt)? {}
+            // SAFETY: as in `exec`; the count is of the statement that just completed
+            // (an `int`: the store's statements change one row, a purge at most its
+            // limit).
+            let changes = unsafe { ffi::sqlite3_changes(this.db.as_ptr()) };
+            Ok(u64::try_from(changes).unwrap_or(0))
+        })
+    }
+
+    /// Runs `sql` with `params` and reads its first row with `read`; `None`: no row.
+    pub(super) fn query_row<T>(
+        &mut self,
+        sql: &'static str,
+        params: &[Param<'_>],
+        read: impl FnOnce(&Row<'_>) -> T,
+    ) -> Result<Option<T>, SqliteFailure> {
+        self.with_statement(sql, params, |this, stmt| {
+            Ok(this.step(stmt)?.then(|| {
+                read(&Row {
+                    stmt,
+                    _statement: PhantomData,
+                })
+            }))
+        })
+    }
+
+    /// `sql` prepared and bound to `params` for `run`, then reset for its next use.
+    fn with_statement<T>(
+        &mut self,
+        sql: &'static str,
+        params: &[Param<'_>],
+        run: impl FnOnce(&mut Self, NonNull<ffi::sqlite3_stmt>) -> Result<T, SqliteFailure>,
+    ) -> Result<T, SqliteFailure> {
         let stmt = self.prepared(sql)?;
-        let result = self.bind_and_step(stmt, params);
+        let result = self.bind(stmt, params).and_then(|()| run(self, stmt));
         // SAFETY: `stmt` belongs to `db`; resetting and clearing the bindings leaves it
         // ready for its next use and drops its references to `params` (bound without a
-        // copy, `SQLITE_STATIC`). `reset` repeats the step's error, already handled.
+        // copy, `SQLITE_STATIC`) — after `run` read what it needed of the row. `reset`
+        // repeats the step's error, already handled.
         unsafe {
             ffi::sqlite3_reset(stmt.as_ptr());
             ffi::sqlite3_clear_bindings(stmt.as_ptr());
@@ -95,11 +130,29 @@ impl RawConnection {
         result
     }
 
-    fn bind_and_step(
+    /// One step of `stmt`: `true` when it produced a row, `false` when it is done.
+    fn step(&mut self, stmt: NonNull<ffi::sqlite3_stmt>) -> Result<bool, SqliteFailure> {
+        loop {
+            // SAFETY: a prepared, fully bound statement of `db`.
+            match unsafe { ffi::sqlite3_step(stmt.as_ptr()) } {
+                ffi::SQLITE_ROW => return Ok(true),
+                ffi::SQLITE_DONE => return Ok(false),
+                ffi::SQLITE_LOCKED_SHAREDCACHE => {
+                    self.wait_for_unlock()?;
+                    // SAFETY: as above. A statement stopped by a lock starts over (its
+                    // bindings stay); `reset` repeats the lock's code, already handled.
+                    unsafe { ffi::sqlite3_reset(stmt.as_ptr()) };
+                }
+                code => return Err(self.failure(code)),
+            }
+        }
+    }
+
+    fn bind(
         &mut self,
         stmt: NonNull<ffi::sqlite3_stmt>,
         params: &[Param<'_>],
-    ) -> Result<u64, SqliteFailure> {
+    ) -> Result<(), SqliteFailure> {
         for (i, param) in params.iter().enumerate() {
             let index = c_int::try_from(i + 1).expect("a handful of parameters");
             let s = stmt.as_ptr();
@@ -130,27 +183,10 @@ impl RawConnection {
             };
             self.check(code)?;
         }
-        loop {
-            // SAFETY: a prepared, fully bound statement of `db`.
-            match unsafe { ffi::sqlite3_step(stmt.as_ptr()) } {
-                ffi::SQLITE_ROW => continue,
-                ffi::SQLITE_DONE => break,
-                ffi::SQLITE_LOCKED_SHAREDCACHE => {
-                    self.wait_for_unlock()?;
-                    // SAFETY: as above. A statement stopped by a lock starts over (its
-                    // bindings stay); `reset` repeats the lock's code, already handled.
-                    unsafe { ffi::sqlite3_reset(stmt.as_ptr()) };
-                }
-                code => return Err(self.failure(code)),
-            }
-        }
-        // SAFETY: as in `exec`; the count is of the statement that just completed (an
-        // `int`: the store's statements change one row, a purge at most its limit).
-        let changes = unsafe { ffi::sqlite3_changes(self.db.as_ptr()) };
-        Ok(u64::try_from(changes).unwrap_or(0))
+        Ok(())
     }
 
-    /// `sql` prepared on this connection, once per borrowing.
+    /// `sql` prepared on this connection, once per connection.
     fn prepared(&mut self, sql: &'static str) -> Result<NonNull<ffi::sqlite3_stmt>, SqliteFailure> {
         if let Some((_, stmt)) = self.statements.iter().find(|(s, _)| ptr::eq(*s, sql)) {
             return Ok(*stmt);
@@ -247,6 +283,48 @@ impl RawConnection {
         SqliteFailure {
             code,
             message: message.into(),
+        }
+    }
+}
+
+/// The row a statement stands on, read by column position (from 0).
+#[derive(Debug)]
+pub(super) struct Row<'s> {
+    stmt: NonNull<ffi::sqlite3_stmt>,
+    /// Valid only while its statement stands on the row (see `query_row`).
+    _statement: PhantomData<&'s ()>,
+}
+
+impl Row<'_> {
+    fn is_null(&self, column: c_int) -> bool {
+        // SAFETY: `stmt` stands on a row (see `_statement`).
+        unsafe { ffi::sqlite3_column_type(self.stmt.as_ptr(), column) == ffi::SQLITE_NULL }
+    }
+
+    /// An INTEGER column; `None` when NULL.
+    pub(super) fn int(&self, column: c_int) -> Option<i64> {
+        // SAFETY: as in `is_null`.
+        (!self.is_null(column))
+            .then(|| unsafe { ffi::sqlite3_column_int64(self.stmt.as_ptr(), column) })
+    }
+
+    /// A BLOB (or TEXT) column's bytes, copied; `None` when NULL. An empty blob is
+    /// `Some` of no bytes.
+    pub(super) fn bytes(&self, column: c_int) -> Option<Vec<u8>> {
+        if self.is_null(column) {
+            return None;
+        }
+        // SAFETY: as in `is_null`; the pointer is read before any other call on the
+        // column (SQLite's order: the value, then its length), and copied at once.
+        unsafe {
+            let data = ffi::sqlite3_column_blob(self.stmt.as_ptr(), column);
+            let len = ffi::sqlite3_column_bytes(self.stmt.as_ptr(), column);
+            let len = usize::try_from(len).unwrap_or(0);
+            if data.is_null() || len == 0 {
+                Some(Vec::new())
+            } else {
+                Some(std::slice::from_raw_parts(data.cast::<u8>(), len).to_vec())
+            }
         }
     }
 }

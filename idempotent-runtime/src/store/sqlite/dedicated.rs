@@ -1,0 +1,128 @@
+//! A task that runs queued work in batches on a connection of its own: the store's
+//! writer (`group_commit.rs`) and its reader of claims (`group_read.rs`).
+//!
+//! The task takes one connection out of the store's pool (the pool may open a
+//! replacement) and keeps it, with its statements prepared once, for as long as it
+//! works. Each batch — everything waiting, up to a bound — runs on the connection's C
+//! handle in a single call on Tokio's blocking pool (`raw_connection.rs`): one hand-off
+//! between threads per batch instead of one per statement through sqlx's connection
+//! thread, and the runtime's threads never wait for SQLite's locks or fsyncs. While one
+//! batch runs the next one gathers, so batches grow with the load and add no wait when
+//! there is none. A batch that leaves the connection in an unknown state gets it closed
+//! and replaced by another from the pool. The task ends when every sender is dropped.
+
+use std::future::Future;
+
+use sqlx::{Connection, SqliteConnection, SqlitePool};
+use tokio::sync::mpsc;
+
+use super::raw_connection::{Lending, RawConnection};
+
+/// What a batch left its connection in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BatchEnd {
+    /// No transaction open: every item answered, the connection is fit for the next.
+    Clean,
+    /// An unknown state (a transaction that would not roll back, a batch that did not
+    /// run to its end): the connection must not be used again.
+    Broken,
+}
+
+/// The work one kind of task does with its batches.
+pub(super) trait Batches: Send + Sync + 'static {
+    /// One queued piece of work, with where its answer goes.
+    type Item: Send + 'static;
+
+    /// Before each batch, on the runtime: may wait, and may drop items that need not
+    /// run any more.
+    fn prepare(&self, batch: &mut Vec<Self::Item>) -> impl Future<Output = ()> + Send;
+
+    /// Runs `batch` on the connection (on the blocking pool) and answers each item;
+    /// leaves it empty.
+    fn run(db: &mut RawConnection, batch: &mut Vec<Self::Item>) -> BatchEnd;
+
+    /// Answers each item of `batch` with `error`: there is no connection to run it on.
+    fn fail(batch: &mut Vec<Self::Item>, error: sqlx::Error);
+}
+
+/// Runs the batches of `work` from `waiting`, at most `max_batch` items each, until
+/// every sender is dropped.
+pub(super) async fn serve<B: Batches>(
+    pool: SqlitePool,
+    work: B,
+    mut waiting: mpsc::Receiver<B::Item>,
+    max_batch: usize,
+) {
+    let mut batch = Vec::with_capacity(max_batch);
+    while waiting.recv_many(&mut batch, max_batch).await > 0 {
+        let mut conn = match pool.acquire().await {
+            Ok(conn) => conn.detach(),
+            Err(e) => {
+                B::fail(&mut batch, e);
+                continue;
+            }
+        };
+        batch = serve_on(&mut conn, &work, batch, &mut waiting, max_batch).await;
+        // Broken, or every sender dropped.
+        let _ = conn.close().await;
+    }
+}
+
+/// Borrows `conn`'s handle and runs batch after batch on it, until a batch leaves it in
+/// an unknown state or every sender is dropped. Returns the batch, emptied, for reuse.
+async fn serve_on<B: Batches>(
+    conn: &mut SqliteConnection,
+    work: &B,
+    mut batch: Vec<B::Item>,
+    waiting: &mut mpsc::Receiver<B::Item>,
+    max_batch: usize,
+) -> Vec<B::Item> {
+    let mut locked = match conn.lock_handle().await {
+        Ok(locked) => locked,
+        Err(e) => {
+            B::fail(&mut batch, e);
+            return batch;
+        }
+    };
+    // SAFETY: `lending` is dropped (explicitly below, or with this future), never
+    // forgotten; its drop waits for a batch still running on the handle.
+    let lending = unsafe { Lending::new(&mut locked) };
+    loop {
+        work.prepare(&mut batch).await;
+        let end = if batch.is_empty() {
+            BatchEnd::Clean
+        } else {
+            // One hand-off for the whole batch. If it does not come back (it panicked,
+            // or the runtime is shutting down), its items were dropped unanswered: their
+            // callers see the task as stopped, never a success.
+            let ran = lending
+                .run(move |db| {
+                    let end = B::run(db, &mut batch);
+                    (batch, end)
+                })
+                .await;
+            let end;
+            (batch, end) = ran.unwrap_or_else(|| (Vec::with_capacity(max_batch), BatchEnd::Broken));
+            end
+        };
+        if end == BatchEnd::Broken || waiting.recv_many(&mut batch, max_batch).await == 0 {
+            break;
+        }
+    }
+    drop(lending);
+    drop(locked);
+    batch
+}
+
+/// After a batch (one that failed, or that must not leave one open): rolls back a
+/// transaction still open; whether the connection is fit for the next batch.
+pub(super) fn after_failure(db: &mut RawConnection) -> BatchEnd {
+    if db.in_transaction() {
+        let _ = db.exec(c"ROLLBACK");
+    }
+    if db.in_transaction() {
+        BatchEnd::Broken
+    } else {
+        BatchEnd::Clean
+    }
+}

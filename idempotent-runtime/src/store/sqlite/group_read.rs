@@ -1,0 +1,146 @@
+//! Group read: the claims' reads (`claim_read.sql`), batched by one reader task on a
+//! connection of its own (`dedicated.rs`), as the writer batches the writes.
+//!
+//! Every claim reads its record first: a fresh key to find none, a replay the cache does
+//! not hold to find its response. Through sqlx each read was a hand-off to the
+//! connection's thread and back; here the reads waiting, up to [`MAX_BATCH`], run one
+//! after another in a single hand-off. Each is still its own autocommitted `SELECT`, so
+//! each sees the last committed state when it runs (WAL: it waits for no writer), as
+//! before; a read that fails fails alone.
+
+use std::sync::Arc;
+
+use sqlx::SqlitePool;
+use tokio::sync::{mpsc, oneshot};
+
+use super::dedicated::{self, BatchEnd, Batches};
+use super::raw_connection::{Param, RawConnection, Row};
+use crate::store::StoreError;
+use crate::store::sql::FoundRow;
+
+const CLAIM_READ: &str = include_str!("sql/claim_read.sql");
+
+/// Reads per batch at most.
+const MAX_BATCH: usize = 64;
+
+/// Reads waiting for the reader at most; callers beyond it wait for room.
+const QUEUE: usize = 1024;
+
+/// One claim's read: the record of (scope, key), judged at `now` against the claim's
+/// fingerprint (the parameters of `claim_read.sql`).
+#[derive(Debug)]
+pub(super) struct ClaimRead {
+    pub(super) scope: String,
+    pub(super) key: String,
+    pub(super) now: i64,
+    pub(super) fingerprint: [u8; 32],
+    pub(super) fingerprint_version: i64,
+}
+
+/// A read waiting for its batch, and where its answer goes.
+#[derive(Debug)]
+pub(super) struct PendingRead {
+    read: ClaimRead,
+    reply: oneshot::Sender<Result<Option<FoundRow>, StoreError>>,
+}
+
+/// The handle claims send their reads through; clones share the one reader.
+#[derive(Debug, Clone)]
+pub(super) struct GroupRead {
+    queue: mpsc::Sender<PendingRead>,
+}
+
+impl GroupRead {
+    /// Starts the reader on the current Tokio runtime, reading through `pool`.
+    pub(super) fn start(pool: SqlitePool) -> Self {
+        let (queue, waiting) = mpsc::channel(QUEUE);
+        tokio::spawn(dedicated::serve(pool, Reader, waiting, MAX_BATCH));
+        Self { queue }
+    }
+
+    /// Runs `read` in the next batch; the record found, if any.
+    pub(super) async fn read(&self, read: ClaimRead) -> Result<Option<FoundRow>, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(PendingRead { read, reply })
+            .await
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+/// The reader ended (its runtime shut down) or dropped a read without answering.
+fn stopped() -> StoreError {
+    StoreError::backend(std::io::Error::other(
+        "the SQLite store's reader has stopped; the record was not read",
+    ))
+}
+
+/// The reader found no connection to read on.
+#[derive(Debug, thiserror::Error)]
+#[error("the SQLite store's reader has no connection: {0}")]
+struct NoConnection(#[source] Arc<sqlx::Error>);
+
+/// The reader's work.
+struct Reader;
+
+impl Batches for Reader {
+    type Item = PendingRead;
+
+    async fn prepare(&self, batch: &mut Vec<PendingRead>) {
+        // A caller that gave up (the engine's store timeout) needs no answer.
+        batch.retain(|pending| !pending.reply.is_closed());
+    }
+
+    fn run(db: &mut RawConnection, batch: &mut Vec<PendingRead>) -> BatchEnd {
+        for PendingRead { read, reply } in batch.drain(..) {
+            let params = [
+                Param::Text(&read.scope),
+                Param::Text(&read.key),
+                Param::Int(read.now),
+                Param::Blob(&read.fingerprint),
+                Param::Int(read.fingerprint_version),
+            ];
+            let found = match db.query_row(CLAIM_READ, &params, found_row) {
+                Ok(found) => found.transpose(),
+                Err(failure) => Err(StoreError::Database(failure.into_sqlx())),
+            };
+            // A caller that stopped waiting no longer needs the answer.
+            let _ = reply.send(found);
+        }
+        dedicated::after_failure(db)
+    }
+
+    fn fail(batch: &mut Vec<PendingRead>, error: sqlx::Error) {
+        let error = Arc::new(error);
+        for pending in batch.drain(..) {
+            let _ = pending
+                .reply
+                .send(Err(StoreError::backend(NoConnection(Arc::clone(&error)))));
+        }
+    }
+}
+
+/// The columns of `claim_read.sql`, in its order.
+fn found_row(row: &Row<'_>) -> Result<FoundRow, StoreError> {
+    let flag = |column, name: &str| {
+        row.int(column)
+            .map(|value| value != 0)
+            .ok_or_else(|| StoreError::Corrupt(format!("the record's {name} is NULL")))
+    };
+    let state = row
+        .bytes(0)
+        .ok_or_else(|| StoreError::Corrupt("the record has no state".to_owned()))?;
+    Ok(FoundRow {
+        state: String::from_utf8(state)
+            .map_err(|_| StoreError::Corrupt("the record's state is not UTF-8".to_owned()))?,
+        ttl_ran_out: flag(1, "expiry")?,
+        lease_ran_out: flag(2, "lease")?,
+        same_fingerprint: flag(3, "fingerprint")?,
+        lease_remaining_ms: row.int(4),
+        ttl_remaining_ms: row.int(5),
+        status: row.int(6),
+        headers: row.bytes(7),
+        body: row.bytes(8),
+    })
+}
