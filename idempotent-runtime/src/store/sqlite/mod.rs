@@ -29,9 +29,11 @@
 //!   every decision and every fencing check is the same as one transaction each; a
 //!   statement that fails (a constraint) fails only its own caller; a transaction that
 //!   fails as a whole fails every write in it, none is answered as done. Reads (every
-//!   replay, `409`, `422`) never queue behind the writer. The writer runs each batch on
-//!   its own connection's C handle in one call on Tokio's blocking pool, not statement by
-//!   statement through sqlx's connection thread. See `group_commit.rs`.
+//!   replay, `409`, `422`) never queue behind the writer. See `group_commit.rs`.
+//! - **Group read.** The claims' reads are batched the same way by one reader task
+//!   (`group_read.rs`). The writer and the reader each run every batch on a connection
+//!   of their own, in one call on its C handle on Tokio's blocking pool, not statement
+//!   by statement through sqlx's connection thread (`dedicated.rs`).
 
 use std::path::Path;
 use std::str::FromStr;
@@ -105,10 +107,11 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Connections in the pool [`open`](Self::open) creates. The store's writer takes
-    /// one connection out of the pool for itself on its first write, and the pool may
-    /// open a replacement: the store holds at most one connection more than its pool's
-    /// size (the same goes for a pool given to [`from_pool`](Self::from_pool)).
+    /// Connections in the pool [`open`](Self::open) creates. The store's writer and its
+    /// reader of claims each take one connection out of the pool for themselves on first
+    /// use, and the pool may open replacements: the store holds at most two connections
+    /// more than its pool's size (the same goes for a pool given to
+    /// [`from_pool`](Self::from_pool)).
     pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
 
     /// How long a statement waits for another connection's write lock before failing.
