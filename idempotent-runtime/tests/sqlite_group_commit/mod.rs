@@ -152,6 +152,47 @@ async fn claim_free(store: &SqliteStore, key: &str, why: &str) -> FencingToken {
     token
 }
 
+/// Takes SQLite's write lock and has the writer take a renewal of `key` by `owner` and
+/// wait for the lock with it: every write sent until the lock is released queues for the
+/// writer's next batch. The lock, the writer's counters before, the renewal.
+async fn hold_the_writer(
+    store: &Arc<SqliteStore>,
+    path: &str,
+    key: &'static str,
+    owner: FencingToken,
+) -> (
+    WriteLock,
+    GroupCommitStats,
+    tokio::task::JoinHandle<Result<bool, StoreError>>,
+) {
+    let lock = WriteLock::take(path).await;
+    let before = store.group_commit_stats();
+    let renew = tokio::spawn({
+        let store = store.clone();
+        async move { store.renew(SCOPE, key, owner, LEASE).await }
+    });
+    until(store, "the writer to take the renewal", |now| {
+        now.batches == before.batches + 1
+    })
+    .await;
+    (lock, before, renew)
+}
+
+/// `key` is still in progress under `owner` (a retry finds it running), and `owner`'s
+/// completion takes.
+async fn still_owned_then_completed(store: &SqliteStore, key: &str, owner: FencingToken) {
+    let retry = store
+        .try_claim(&request(key, FencingToken::random()))
+        .await
+        .unwrap();
+    assert!(matches!(retry, ClaimOutcome::InProgress { .. }), "{key}");
+    let done = store
+        .complete(SCOPE, key, owner, &response_of(owner))
+        .await
+        .unwrap();
+    assert!(done, "{key}: its owner completes");
+}
+
 const SHARED_KEYS: usize = 8;
 const CONTENDERS: usize = 4;
 const DISTINCT_KEYS: usize = 24;
@@ -436,28 +477,14 @@ async fn a_failing_write_fails_alone_in_its_batch() {
     } = setup().await;
     let mut tokens = Vec::new();
     for key in ["renewed", "completed", "refused", "released"] {
-        let token = FencingToken::random();
-        assert!(matches!(
-            store.try_claim(&request(key, token)).await.unwrap(),
-            ClaimOutcome::Claimed { .. }
-        ));
-        tokens.push(token);
+        tokens.push(claim_free(&store, key, "a fresh key").await);
     }
     let [renewed, completed, refused, released] = tokens[..] else {
         unreachable!()
     };
 
     // The writer takes the renewal and waits for the lock with it; the rest queue.
-    let lock = WriteLock::take(&path).await;
-    let before = store.group_commit_stats();
-    let renew = tokio::spawn({
-        let store = store.clone();
-        async move { store.renew(SCOPE, "renewed", renewed, LEASE).await }
-    });
-    until(&store, "the writer to take the renewal", |now| {
-        now.batches == before.batches + 1
-    })
-    .await;
+    let (lock, before, renew) = hold_the_writer(&store, &path, "renewed", renewed).await;
     let complete = tokio::spawn({
         let store = store.clone();
         async move {
@@ -519,19 +546,7 @@ async fn a_failing_write_fails_alone_in_its_batch() {
             .unwrap(),
         ClaimOutcome::Replay(response_of(completed))
     );
-    assert!(matches!(
-        store
-            .try_claim(&request("refused", FencingToken::random()))
-            .await
-            .unwrap(),
-        ClaimOutcome::InProgress { .. }
-    ));
-    assert!(
-        store
-            .complete(SCOPE, "refused", refused, &response_of(refused))
-            .await
-            .unwrap()
-    );
+    still_owned_then_completed(&store, "refused", refused).await;
     assert!(matches!(
         store
             .try_claim(&request("new", FencingToken::random()))
@@ -555,12 +570,7 @@ async fn a_batch_that_fails_as_a_whole_commits_none_of_its_writes() {
     } = setup().await;
     let mut tokens = Vec::new();
     for key in ["renewed", "poisoned"] {
-        let token = FencingToken::random();
-        assert!(matches!(
-            store.try_claim(&request(key, token)).await.unwrap(),
-            ClaimOutcome::Claimed { .. }
-        ));
-        tokens.push(token);
+        tokens.push(claim_free(&store, key, "a fresh key").await);
     }
     let [renewed, poisoned] = tokens[..] else {
         unreachable!()
@@ -577,16 +587,7 @@ async fn a_batch_that_fails_as_a_whole_commits_none_of_its_writes() {
     .await
     .unwrap();
 
-    let lock = WriteLock::take(&path).await;
-    let before = store.group_commit_stats();
-    let renew = tokio::spawn({
-        let store = store.clone();
-        async move { store.renew(SCOPE, "renewed", renewed, LEASE).await }
-    });
-    until(&store, "the writer to take the renewal", |now| {
-        now.batches == before.batches + 1
-    })
-    .await;
+    let (lock, before, renew) = hold_the_writer(&store, &path, "renewed", renewed).await;
     // Queued behind the renewal, in this order: one batch of three.
     let first = FencingToken::random();
     let claim_first = tokio::spawn({
@@ -640,19 +641,7 @@ async fn a_batch_that_fails_as_a_whole_commits_none_of_its_writes() {
     for key in ["first", "last"] {
         claim_free(&store, key, "its claim was rolled back").await;
     }
-    assert!(matches!(
-        store
-            .try_claim(&request("poisoned", FencingToken::random()))
-            .await
-            .unwrap(),
-        ClaimOutcome::InProgress { .. }
-    ));
-    assert!(
-        store
-            .complete(SCOPE, "poisoned", poisoned, &response_of(poisoned))
-            .await
-            .unwrap()
-    );
+    still_owned_then_completed(&store, "poisoned", poisoned).await;
 }
 
 /// An in-memory database (`sqlite::memory:`) is a shared cache: a connection that runs

@@ -14,9 +14,27 @@
 use std::future::Future;
 
 use sqlx::{Connection, SqliteConnection, SqlitePool};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::raw_connection::{Lending, RawConnection};
+use crate::store::StoreError;
+
+/// Where a queued item's answer goes.
+pub(super) type Reply<R> = oneshot::Sender<Result<R, StoreError>>;
+
+/// Queues the item `with_reply` builds around its reply channel and waits for the
+/// answer. A task that is gone (its runtime shut down) or dropped the item unanswered is
+/// an error saying `what` did not happen, never a success.
+pub(super) async fn ask<I, R>(
+    queue: &mpsc::Sender<I>,
+    with_reply: impl FnOnce(Reply<R>) -> I,
+    what: &'static str,
+) -> Result<R, StoreError> {
+    let stopped = || StoreError::backend(std::io::Error::other(what));
+    let (reply, answer) = oneshot::channel();
+    queue.send(with_reply(reply)).await.map_err(|_| stopped())?;
+    answer.await.map_err(|_| stopped())?
+}
 
 /// What a batch left its connection in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -45,9 +45,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use sqlx::SqlitePool;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use super::dedicated::{self, BatchEnd, Batches};
+use super::dedicated::{self, BatchEnd, Batches, Reply};
 use super::raw_connection::{Param, RawConnection};
 use super::writers::StoreWrites;
 use super::{COMPLETE, PURGE, RELEASE, RENEW};
@@ -261,7 +261,7 @@ impl Counters {
 /// A write waiting for its batch, and where its answer goes.
 struct Pending {
     write: Write,
-    reply: oneshot::Sender<Result<u64, StoreError>>,
+    reply: Reply<u64>,
 }
 
 /// The handle callers send their writes through; clones share the one writer.
@@ -295,12 +295,12 @@ impl GroupCommit {
 
     /// Runs `write` in the next batch; the rows it affected, once its batch committed.
     pub(super) async fn write(&self, write: Write) -> Result<u64, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.queue
-            .send(Pending { write, reply })
-            .await
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        dedicated::ask(
+            &self.queue,
+            |reply| Pending { write, reply },
+            "the SQLite store's writer has stopped; the write was not committed",
+        )
+        .await
     }
 
     pub(super) fn stats(&self) -> GroupCommitStats {
@@ -314,13 +314,6 @@ impl GroupCommit {
             kinds_in_mixed_batches: c.kinds_in_mixed_batches.load(Ordering::Relaxed),
         }
     }
-}
-
-/// The writer ended (its runtime shut down) or dropped a write without answering.
-fn stopped() -> StoreError {
-    StoreError::backend(std::io::Error::other(
-        "the SQLite store's writer has stopped; the write was not committed",
-    ))
 }
 
 /// The failure of a whole batch, given to each of its writes.

@@ -11,9 +11,9 @@
 use std::sync::Arc;
 
 use sqlx::SqlitePool;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use super::dedicated::{self, BatchEnd, Batches};
+use super::dedicated::{self, BatchEnd, Batches, Reply};
 use super::raw_connection::{Param, RawConnection, Row};
 use crate::store::StoreError;
 use crate::store::sql::FoundRow;
@@ -41,7 +41,7 @@ pub(super) struct ClaimRead {
 #[derive(Debug)]
 pub(super) struct PendingRead {
     read: ClaimRead,
-    reply: oneshot::Sender<Result<Option<FoundRow>, StoreError>>,
+    reply: Reply<Option<FoundRow>>,
 }
 
 /// The handle claims send their reads through; clones share the one reader.
@@ -60,20 +60,13 @@ impl GroupRead {
 
     /// Runs `read` in the next batch; the record found, if any.
     pub(super) async fn read(&self, read: ClaimRead) -> Result<Option<FoundRow>, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.queue
-            .send(PendingRead { read, reply })
-            .await
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        dedicated::ask(
+            &self.queue,
+            |reply| PendingRead { read, reply },
+            "the SQLite store's reader has stopped; the record was not read",
+        )
+        .await
     }
-}
-
-/// The reader ended (its runtime shut down) or dropped a read without answering.
-fn stopped() -> StoreError {
-    StoreError::backend(std::io::Error::other(
-        "the SQLite store's reader has stopped; the record was not read",
-    ))
 }
 
 /// The reader found no connection to read on.
