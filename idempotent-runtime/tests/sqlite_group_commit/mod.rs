@@ -39,6 +39,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             "group_commit::an_in_memory_store_takes_many_concurrent_writers_and_readers",
             an_in_memory_store_takes_many_concurrent_writers_and_readers,
         ),
+        async_trial(
+            "group_commit::a_connection_handed_over_inside_a_transaction_still_commits",
+            a_connection_handed_over_inside_a_transaction_still_commits,
+        ),
     ]
 }
 
@@ -689,4 +693,47 @@ async fn an_in_memory_store_takes_many_concurrent_writers_and_readers() {
         .await
         .unwrap();
     assert_eq!(records, (TASKS * KEYS_EACH) as i64);
+}
+
+/// An app sharing its pool with the store may give back a connection inside a
+/// transaction (a raw `BEGIN` it never ended). Whichever of the store's tasks takes it
+/// ends that transaction first: its writes commit, visible to another connection.
+async fn a_connection_handed_over_inside_a_transaction_still_commits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("shared.db");
+    let path = path.to_str().expect("utf-8 path");
+    let options = SqliteStore::connect_options(path).expect("options");
+    let pool = SqliteStore::pool_options()
+        .max_connections(1)
+        .connect_with(options.clone())
+        .await
+        .expect("pool");
+    let store = SqliteStore::from_pool(
+        pool.clone(),
+        Arc::new(ManualClock::at_millis(1_700_000_000_000)),
+    )
+    .await
+    .expect("store");
+    let mut conn = pool.acquire().await.expect("the pool's one connection");
+    sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
+    drop(conn);
+    // The writer takes the pool's one connection first (a purge has no read), then the
+    // claim's read another that the pool opens.
+    assert_eq!(store.purge_expired(10).await.unwrap(), 0);
+    let token = claim_free(&store, "handed-over", "a fresh key").await;
+    assert!(
+        store
+            .complete(SCOPE, "handed-over", token, &response_of(token))
+            .await
+            .unwrap()
+    );
+    let mut other = SqliteConnection::connect_with(&options)
+        .await
+        .expect("connect");
+    let records: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(records, 1, "the claim and its completion were committed");
+    other.close().await.unwrap();
 }

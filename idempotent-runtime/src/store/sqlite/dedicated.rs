@@ -115,6 +115,13 @@ async fn serve_on<B: Batches>(
             // callers see the task as stopped, never a success.
             let ran = lending
                 .run(move |db| {
+                    // A connection handed over inside a transaction (an app's raw `BEGIN`
+                    // on a pool it shares with the store) would hold the batch's writes
+                    // uncommitted: that transaction is ended first.
+                    if end_transaction(db) == BatchEnd::Broken {
+                        B::fail(&mut batch, stuck());
+                        return (batch, BatchEnd::Broken);
+                    }
                     let end = B::run(db, &mut batch);
                     (batch, end)
                 })
@@ -132,9 +139,14 @@ async fn serve_on<B: Batches>(
     batch
 }
 
-/// After a batch (one that failed, or that must not leave one open): rolls back a
-/// transaction still open; whether the connection is fit for the next batch.
-pub(super) fn after_failure(db: &mut RawConnection) -> BatchEnd {
+/// The error for a connection stuck in a transaction that would not roll back.
+fn stuck() -> sqlx::Error {
+    sqlx::Error::Protocol("the connection is stuck in a transaction that will not roll back".into())
+}
+
+/// Rolls back a transaction still open (after a failed statement, or one the connection
+/// came with); whether the connection is fit for the next batch.
+pub(super) fn end_transaction(db: &mut RawConnection) -> BatchEnd {
     if db.in_transaction() {
         let _ = db.exec(c"ROLLBACK");
     }

@@ -35,8 +35,9 @@
 //!
 //! The writer is a task with a connection of its own (`dedicated.rs`): each batch runs
 //! in a single call on its C handle, on Tokio's blocking pool, with statements prepared
-//! once. A runtime shutting down while a batch runs waits for that batch to end (at most
-//! the busy timeout, when it waits for another connection's write lock). The writer runs
+//! once. A runtime shutting down while a batch runs waits for that batch to end (for as
+//! long as the batch waits for another connection's lock: at most the busy timeout on a
+//! file). The writer runs
 //! on the runtime the store was opened in and ends when the last clone of the store is
 //! dropped; if it is gone (that runtime shut down), writes fail with an error, never a
 //! silent success.
@@ -298,7 +299,7 @@ impl GroupCommit {
         dedicated::ask(
             &self.queue,
             |reply| Pending { write, reply },
-            "the SQLite store's writer has stopped; the write was not committed",
+            "the SQLite store's writer did not answer (it stopped, or its batch failed unexpectedly); the write was not committed",
         )
         .await
     }
@@ -361,7 +362,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
         let end = if result.is_ok() {
             BatchEnd::Clean
         } else {
-            dedicated::after_failure(db)
+            dedicated::end_transaction(db)
         };
         if let Some(pending) = batch.pop() {
             answer(pending, result);
@@ -370,7 +371,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
     }
     if let Err(e) = db.exec(c"BEGIN IMMEDIATE") {
         fail_all(batch, Vec::new(), e.into_sqlx());
-        return dedicated::after_failure(db);
+        return dedicated::end_transaction(db);
     }
     let mut done = Vec::with_capacity(batch.len());
     for pending in batch.iter() {
@@ -383,7 +384,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
         };
         done.push(result);
         if let Some(reason) = fatal {
-            let end = dedicated::after_failure(db);
+            let end = dedicated::end_transaction(db);
             fail_all(batch, done, sqlx::Error::Protocol(reason));
             return end;
         }
@@ -396,7 +397,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
             BatchEnd::Clean
         }
         Err(e) => {
-            let end = dedicated::after_failure(db);
+            let end = dedicated::end_transaction(db);
             fail_all(batch, done, e.into_sqlx());
             end
         }

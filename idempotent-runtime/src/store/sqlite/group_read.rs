@@ -63,7 +63,7 @@ impl GroupRead {
         dedicated::ask(
             &self.queue,
             |reply| PendingRead { read, reply },
-            "the SQLite store's reader has stopped; the record was not read",
+            "the SQLite store's reader did not answer (it stopped, or its batch failed unexpectedly); the record was not read",
         )
         .await
     }
@@ -101,7 +101,7 @@ impl Batches for Reader {
             // A caller that stopped waiting no longer needs the answer.
             let _ = reply.send(found);
         }
-        dedicated::after_failure(db)
+        dedicated::end_transaction(db)
     }
 
     fn fail(batch: &mut Vec<PendingRead>, error: sqlx::Error) {

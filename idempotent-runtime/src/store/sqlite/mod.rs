@@ -129,7 +129,8 @@ impl SqliteStore {
     /// embedded migrations.
     ///
     /// The parent directory must exist. An in-memory URL (`sqlite::memory:`) works but
-    /// forgets everything once the pool's connections close; prefer
+    /// forgets everything once the store (its writer and reader hold connections of
+    /// their own) and the pool's connections are closed; prefer
     /// [`MemoryStore`](crate::store::MemoryStore) for that.
     ///
     /// # Errors

@@ -1,19 +1,21 @@
-//! The writer's connection as SQLite's C handle, borrowed from sqlx, so that a whole
-//! batch runs in one hand-off to another thread instead of one per statement.
+//! A connection as SQLite's C handle, borrowed from sqlx, so that a whole batch of the
+//! store's writer or reader (`dedicated.rs`) runs in one hand-off to another thread
+//! instead of one per statement.
 //!
 //! sqlx runs each SQLite connection on a thread of its own and sends every statement to
 //! it and back. For a batch that was `BEGIN`, each write, and `COMMIT`: a switch between
 //! threads and back for each, and on a busy server those switches, not SQLite, took most
-//! of a fresh key's CPU time. The writer now borrows the connection's handle from sqlx
-//! (`lock_handle`: sqlx's thread waits, using nothing, until the handle is given back)
-//! and runs each batch on Tokio's blocking pool as plain C calls: one hand-off per batch.
-//! The SQL is the same; each statement is prepared once per borrowing and reused.
+//! of a fresh key's CPU time. The writer and the reader now borrow their connection's
+//! handle from sqlx (`lock_handle`: sqlx's thread waits, using nothing, until the handle
+//! is given back) and run each batch on Tokio's blocking pool as plain C calls: one
+//! hand-off per batch. The SQL is the same; each statement is prepared once per
+//! borrowing and reused.
 //!
 //! Soundness rests on one rule: **nothing uses the handle after sqlx has it back, and
 //! only one thread uses it at a time.** [`Lending`] owns the handle behind a mutex; a
-//! batch locks it for its whole run, and dropping the `Lending` (which the writer does
+//! batch locks it for its whole run, and dropping the `Lending` (which the task does
 //! before it gives the handle back to sqlx) takes the mutex — so it waits for a batch
-//! still running, even when the writer's task is dropped mid-batch at runtime shutdown —
+//! still running, even when the task is dropped mid-batch at runtime shutdown —
 //! finalizes the prepared statements and leaves nothing behind, so a batch that had not
 //! started yet finds no handle and runs nothing.
 
@@ -158,7 +160,7 @@ impl RawConnection {
             let s = stmt.as_ptr();
             // SAFETY: `s` is a prepared statement of `db`; text and blobs are bound with
             // their exact length and `SQLITE_STATIC` (no copy): they outlive the step, and
-            // `execute` clears the bindings right after it. An empty blob is bound as a
+            // `with_statement` clears the bindings right after it. An empty blob is bound as a
             // zero-length blob, never through a pointer SQLite might read as NULL.
             let code = unsafe {
                 match *param {
@@ -361,7 +363,7 @@ fn length(len: usize) -> Result<c_int, SqliteFailure> {
     })
 }
 
-/// The handle, lent by the writer to the batches it runs, until this is dropped. It
+/// The handle, lent by a task to the batches it runs, until this is dropped. It
 /// borrows sqlx's lock on the handle, so the compiler keeps that lock held until after
 /// this is dropped.
 #[derive(Debug)]
@@ -403,7 +405,7 @@ impl<'a> Lending<'a> {
         let shared = Arc::clone(&self.shared);
         let job = tokio::task::spawn_blocking(move || {
             let mut lent = shared.lock().unwrap_or_else(PoisonError::into_inner);
-            // Gone: the writer already took the handle back, nothing may touch it.
+            // Gone: the task already took the handle back, nothing may touch it.
             lent.as_mut().map(work)
         });
         job.await.ok().flatten()
@@ -424,7 +426,7 @@ impl Drop for Lending<'_> {
     }
 }
 
-/// An SQLite error code and message from the writer's connection, as sqlx reports its
+/// An SQLite error code and message from a borrowed handle, as sqlx reports its
 /// own, so the store's errors look the same whichever path wrote.
 #[derive(Debug, thiserror::Error)]
 #[error("(code: {code}) {message}")]
