@@ -617,6 +617,10 @@ impl Store for ObservedStore {
     async fn forget(&self, s: &str, k: &str, force: bool) -> Result<ForgetOutcome, StoreError> {
         self.inner.forget(s, k, force).await
     }
+    // A decorator forwards the inner store's clock (see `Store::clock`).
+    fn clock(&self) -> Option<std::sync::Arc<dyn idempotent_runtime::Clock>> {
+        self.inner.clock()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -229,6 +229,10 @@ impl Store for Flaky {
     fn transactions(&self) -> Option<TxSupport> {
         self.inner.transactions()
     }
+    // A decorator forwards the inner store's clock (see `Store::clock`).
+    fn clock(&self) -> Option<std::sync::Arc<dyn idempotent_runtime::Clock>> {
+        self.inner.clock()
+    }
 }
 
 /// Lets the test hold a handler while it runs.

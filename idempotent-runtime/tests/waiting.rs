@@ -120,6 +120,10 @@ impl Store for Counting {
     fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
         self.inner.watch_claim(scope, key, poll)
     }
+    // A decorator forwards the inner store's clock (see `Store::clock`).
+    fn clock(&self) -> Option<std::sync::Arc<dyn idempotent_runtime::Clock>> {
+        self.inner.clock()
+    }
 }
 
 /// Engines (instances), one per store, all counting into one gate.
