@@ -13,10 +13,9 @@
 //!
 //! The read goes through the store's reader (`group_read.rs`), batched with other
 //! claims' reads. The write goes through the store's writer (`group_commit.rs`), which
-//! may run it in one
-//! transaction with other requests' writes; it is answered only once that transaction
-//! committed, so the claim is durable before its handler runs, and a claim that runs
-//! again reads the committed record that beat it.
+//! may run it in one transaction with other requests' writes; it is answered only once
+//! that transaction committed, so the claim is durable before its handler runs, and a
+//! claim that runs again reads the committed record that beat it.
 
 use super::SqliteStore;
 use super::group_commit::{Write, WriteKind};
