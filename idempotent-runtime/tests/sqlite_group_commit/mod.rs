@@ -43,6 +43,13 @@ pub(crate) fn trials() -> Vec<Trial> {
             "group_commit::a_connection_handed_over_inside_a_transaction_still_commits",
             a_connection_handed_over_inside_a_transaction_still_commits,
         ),
+        Trial::test(
+            "group_commit::a_runtime_shut_down_mid_batch_waits_for_it_and_leaves_the_file_sound",
+            || {
+                a_runtime_shut_down_mid_batch_waits_for_it_and_leaves_the_file_sound();
+                Ok(())
+            },
+        ),
     ]
 }
 
@@ -736,4 +743,80 @@ async fn a_connection_handed_over_inside_a_transaction_still_commits() {
         .unwrap();
     assert_eq!(records, 1, "the claim and its completion were committed");
     other.close().await.unwrap();
+}
+
+/// The store's runtime shuts down while a batch runs on the writer's connection (waiting
+/// for SQLite's write lock in the busy handler). Shutting down waits for the batch (Tokio
+/// waits for blocking work, and the writer for the batch using its handle before sqlx
+/// gets the handle back) and ends once the lock is free: nothing deadlocks, the file is
+/// sound afterwards and the store reopens on it.
+fn a_runtime_shut_down_mid_batch_waits_for_it_and_leaves_the_file_sound() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("shutdown.db");
+    let path = path.to_str().expect("utf-8 path").to_owned();
+    let store_runtime = runtime();
+    let store = Arc::new(
+        store_runtime
+            .block_on(SqliteStore::open(&path))
+            .expect("open"),
+    );
+    let done = store_runtime.block_on(async {
+        let token = claim_free(&store, "before", "a fresh key").await;
+        store
+            .complete(SCOPE, "before", token, &response_of(token))
+            .await
+            .unwrap()
+    });
+    assert!(done);
+
+    let side = runtime();
+    let lock = side.block_on(WriteLock::take(&path));
+    let before = store.group_commit_stats();
+    store_runtime.spawn({
+        let store = store.clone();
+        async move {
+            let _ = store
+                .try_claim(&request("during", FencingToken::random()))
+                .await;
+        }
+    });
+    store_runtime.block_on(until(&store, "the writer to take the claim", |now| {
+        now.batches == before.batches + 1
+    }));
+    drop(store);
+    const HELD: Duration = Duration::from_millis(300);
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(HELD);
+        side.block_on(lock.release());
+    });
+    let shutting_down = std::time::Instant::now();
+    drop(store_runtime);
+    let took = shutting_down.elapsed();
+    releaser.join().expect("the lock was released");
+    assert!(
+        took >= HELD / 2,
+        "shutdown waited for the running batch: {took:?}"
+    );
+
+    let check = runtime();
+    check.block_on(async {
+        let store = SqliteStore::open(&path).await.expect("reopen");
+        let integrity: String = sqlx::query_scalar("PRAGMA integrity_check")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(integrity, "ok");
+        let replay = store
+            .try_claim(&request("before", FencingToken::random()))
+            .await
+            .unwrap();
+        assert!(matches!(replay, ClaimOutcome::Replay(_)), "{replay:?}");
+    });
 }
