@@ -90,9 +90,10 @@ const PURGE: &str = include_str!("sql/purge.sql");
 /// A [`Store`] in an SQLite database file: the single-host embedded default (see the
 /// module docs).
 ///
-/// Cheap to clone; clones share the pool and the one writer that group-commits every
-/// write. The writer is a task on the Tokio runtime the store is opened in (open it in
-/// the runtime that serves requests); it stops when the last clone is dropped.
+/// Cheap to clone; clones share the pool, the one writer that group-commits every write
+/// and the one reader that batches the claims' reads. Both are tasks on the Tokio runtime
+/// the store is opened in (open it in the runtime that serves requests); they stop when
+/// the last clone is dropped.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
