@@ -745,11 +745,11 @@ async fn a_connection_handed_over_inside_a_transaction_still_commits() {
     other.close().await.unwrap();
 }
 
-/// The store's runtime shuts down while a batch runs on the writer's connection (waiting
-/// for SQLite's write lock in the busy handler). Shutting down waits for the batch (Tokio
-/// waits for blocking work, and the writer for the batch using its handle before sqlx
-/// gets the handle back) and ends once the lock is free: nothing deadlocks (the test
-/// would hang), the file is sound afterwards and the store reopens on it.
+/// The store's runtime shuts down once the writer took a write that waits for SQLite's
+/// write lock. Shutting down waits for a batch in flight (Tokio waits for blocking work,
+/// and the writer for the batch using its handle before sqlx gets the handle back) and
+/// ends once the lock is free: nothing deadlocks (bounded), the file is sound afterwards
+/// and the store reopens on it.
 fn a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound() {
     let runtime = || {
         tokio::runtime::Builder::new_multi_thread()
@@ -790,17 +790,20 @@ fn a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound() {
     store_runtime.block_on(until(&store, "the writer to take the claim", |now| {
         now.batches == before.batches + 1
     }));
-    // Time for the batch to reach SQLite's busy handler on the blocking pool. Not
-    // asserted: had it not started, shutdown would drop it unrun, and every check below
-    // holds either way.
-    std::thread::sleep(Duration::from_millis(50));
     drop(store);
-    let releaser = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        side.block_on(lock.release());
+    // Shut down on a thread of its own while the lock is held, then free the lock. A
+    // batch already on the blocking pool is waited for; one not started yet is dropped
+    // unrun. Every check below holds either way.
+    let (shut, shut_down) = std::sync::mpsc::channel();
+    let shutting_down = std::thread::spawn(move || {
+        drop(store_runtime);
+        let _ = shut.send(());
     });
-    drop(store_runtime);
-    releaser.join().expect("the lock was released");
+    side.block_on(lock.release());
+    shut_down
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the runtime shut down: nothing deadlocked");
+    shutting_down.join().expect("shut down");
 
     let check = runtime();
     check.block_on(async {

@@ -91,7 +91,7 @@ impl SqliteStore {
                 kind,
                 scope: claim.scope.to_owned(),
                 key: claim.key.to_owned(),
-                fingerprint: claim.fingerprint.digest.to_vec(),
+                fingerprint: claim.fingerprint.digest,
                 fingerprint_version: i64::from(claim.fingerprint.version),
                 token: claim.token,
                 lease_expires_at: now.saturating_add(millis(claim.lease)),

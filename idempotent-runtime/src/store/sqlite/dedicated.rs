@@ -112,7 +112,7 @@ async fn serve_on<B: Batches>(
         } else {
             // One hand-off for the whole batch. If it does not come back (it panicked,
             // or the runtime is shutting down), its items were dropped unanswered: their
-            // callers see the task as stopped, never a success.
+            // callers get an error saying so, never a success.
             let ran = lending
                 .run(move |db| {
                     // A connection handed over inside a transaction (an app's raw `BEGIN`

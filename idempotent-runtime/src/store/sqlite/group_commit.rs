@@ -37,10 +37,9 @@
 //! in a single call on its C handle, on Tokio's blocking pool, with statements prepared
 //! once. A runtime shutting down while a batch runs waits for that batch to end (for as
 //! long as the batch waits for another connection's lock: at most the busy timeout on a
-//! file). The writer runs
-//! on the runtime the store was opened in and ends when the last clone of the store is
-//! dropped; if it is gone (that runtime shut down), writes fail with an error, never a
-//! silent success.
+//! file). The writer runs on the runtime the store was opened in and ends when the last
+//! clone of the store is dropped; if it is gone (that runtime shut down), writes fail
+//! with an error, never a silent success.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -73,7 +72,7 @@ pub(super) enum Write {
         kind: WriteKind,
         scope: String,
         key: String,
-        fingerprint: Vec<u8>,
+        fingerprint: [u8; 32],
         fingerprint_version: i64,
         token: FencingToken,
         lease_expires_at: i64,

@@ -101,7 +101,9 @@ impl Batches for Reader {
             // A caller that stopped waiting no longer needs the answer.
             let _ = reply.send(found);
         }
-        dedicated::end_transaction(db)
+        // Autocommitted reads leave no transaction open (and each batch begins by
+        // ending one the connection came with).
+        BatchEnd::Clean
     }
 
     fn fail(batch: &mut Vec<PendingRead>, error: sqlx::Error) {
