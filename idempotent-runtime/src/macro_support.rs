@@ -9,6 +9,7 @@ use axum::RequestExt;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRef, FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
 use http::Method;
 use http::request::Parts;
 use http_body_util::BodyExt;
@@ -186,10 +187,34 @@ pub(crate) async fn buffer_body(parts: Parts, body: Body) -> Result<(Parts, Byte
     let (parts, body) = Request::from_parts(parts, body)
         .with_limited_body()
         .into_parts();
-    match body.collect().await {
-        Ok(collected) => Ok((parts, collected.to_bytes())),
+    match read_whole(body).await {
+        Ok(bytes) => Ok((parts, bytes)),
         Err(err) => Err(crate::rejection::problem_from(body_refused(&err)).await),
     }
+}
+
+/// Reads `body` to its end (trailers are dropped, as `collect().to_bytes()` drops them). A
+/// body that arrives in one frame, as hyper hands over a small request body, comes back
+/// as that frame: no copy and no list of frames to allocate.
+async fn read_whole(mut body: Body) -> Result<Bytes, axum::Error> {
+    let mut first = Bytes::new();
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        match &mut joined {
+            Some(joined) => joined.extend_from_slice(&data),
+            None if first.is_empty() => first = data,
+            None => {
+                let mut both = BytesMut::with_capacity(first.len() + data.len());
+                both.extend_from_slice(&first);
+                both.extend_from_slice(&data);
+                joined = Some(both);
+            }
+        }
+    }
+    Ok(joined.map_or(first, BytesMut::freeze))
 }
 
 /// What axum's `Bytes` extractor answers for a body that failed while buffering: `413`
@@ -227,5 +252,63 @@ impl<T> Hashed<T> {
             &self.body,
         );
         (self.value, fingerprint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+
+    use super::*;
+
+    /// A body made of `frames` (data, or trailers for `None`).
+    fn framed(frames: &[Option<&'static str>]) -> Body {
+        let frames: Vec<Result<Frame<Bytes>, Infallible>> = frames
+            .iter()
+            .map(|frame| {
+                Ok(match frame {
+                    Some(data) => Frame::data(Bytes::from_static(data.as_bytes())),
+                    None => Frame::trailers(http::HeaderMap::new()),
+                })
+            })
+            .collect();
+        Body::new(StreamBody::new(futures_util::stream::iter(frames)))
+    }
+
+    #[tokio::test]
+    async fn a_body_in_one_frame_is_that_frame() {
+        let frame = Bytes::from_static(b"{\"amount\":1}");
+        let read = read_whole(Body::from(frame.clone())).await.unwrap();
+        assert_eq!(read, frame);
+        assert_eq!(read.as_ptr(), frame.as_ptr(), "not copied");
+    }
+
+    #[tokio::test]
+    async fn frames_are_joined_in_order_and_trailers_dropped() {
+        let cases: [(&[Option<&'static str>], &str); 5] = [
+            (&[], ""),
+            (&[Some(""), Some("ab")], "ab"),
+            (&[Some("ab"), Some("cd"), Some("ef")], "abcdef"),
+            (&[Some("ab"), Some(""), Some("cd"), None], "abcd"),
+            (&[None], ""),
+        ];
+        for (frames, whole) in cases {
+            let read = read_whole(framed(frames)).await.unwrap();
+            assert_eq!(read, whole, "{frames:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failing_body_fails() {
+        let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"ab"))),
+            Err(std::io::Error::other("client went away")),
+        ];
+        let body = Body::new(StreamBody::new(futures_util::stream::iter(frames)));
+        let err = read_whole(body).await.unwrap_err();
+        assert!(err.to_string().contains("client went away"), "{err}");
     }
 }

@@ -39,7 +39,11 @@ pub(super) fn replay(stored: StoredResponse) -> Response {
 /// What [`replay`] answers, in parts: for the replay cache, which builds them once.
 pub(super) fn replay_parts(stored: &StoredResponse) -> (StatusCode, HeaderMap, Bytes) {
     let (status, mut headers, body) = stored_parts(stored);
-    headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    // A static name: inserting by `&str` would allocate the name anew on every replay.
+    headers.insert(
+        HeaderName::from_static(REPLAYED_HEADER),
+        HeaderValue::from_static("true"),
+    );
     (status, headers, body)
 }
 

@@ -28,6 +28,7 @@ use super::answers::store_unavailable;
 use super::capture::{BodyRead, read_capped};
 use super::{Idempotency, NEVER_REPLAYED, bounded};
 use crate::config::{HandlerConfig, OnServerError};
+use crate::key::ScopedKey;
 use crate::metrics::{self, Outcome as Counted, StoreOperation};
 use crate::store::{FencingToken, StoredResponse};
 
@@ -39,8 +40,8 @@ pub(super) struct Execution {
     /// recorded or the claim released (`None`: the handler's duplicates do not wait).
     pub(super) _registration: Option<super::waiting::Registration>,
     pub(super) config: HandlerConfig,
-    pub(super) scope: String,
-    pub(super) key: String,
+    /// The claimed scope and key.
+    pub(super) name: ScopedKey,
     /// The request's fingerprint, and until when (replay-cache time) its record lives
     /// at least once completed: the claim's send time plus its TTL.
     pub(super) fingerprint: crate::fingerprint::Fingerprint,
@@ -70,6 +71,16 @@ enum Outcome {
 struct Captured {
     stored: StoredResponse,
     answer: Response,
+}
+
+/// How one attempt to record the response ended.
+enum Completion {
+    /// Recorded: replays answer it from now on.
+    Recorded,
+    /// The claim was taken over meanwhile: nothing to record, nothing left to do.
+    NotOurs,
+    /// The store failed: try again.
+    Failed,
 }
 
 /// Why a claim is given up. Each has its own log line; all release the claim so that a
@@ -293,8 +304,8 @@ impl Execution {
     ) -> Response {
         let completion = tx_store.complete_in(
             tx.conn(),
-            &self.scope,
-            &self.key,
+            self.name.scope(),
+            self.name.key(),
             self.token,
             &captured.stored,
         );
@@ -307,7 +318,7 @@ impl Execution {
                         status = captured.stored.status,
                         "writes and response committed together"
                     );
-                    self.remember(&captured.stored);
+                    self.remember(captured.stored);
                     self.observe_duration();
                     return captured.answer;
                 }
@@ -489,10 +500,11 @@ impl Execution {
     }
 
     /// Caches the record this request completed (the store confirmed it).
-    fn remember(&self, stored: &StoredResponse) {
-        let (scope, key) = (&self.scope, &self.key);
-        self.engine
-            .remember(scope, key, self.fingerprint, stored, self.lives_until);
+    fn remember(&self, stored: StoredResponse) {
+        // Without a cache there is nothing to keep: the record was only needed for this.
+        let _ = self
+            .engine
+            .remember(&self.name, self.fingerprint, stored, self.lives_until);
     }
 
     /// Feeds how long this handler took into the engine's `Retry-After` estimate.
@@ -552,7 +564,8 @@ impl Execution {
     async fn renew_until_released(&self, first_tick: tokio::time::Instant, period: Duration) {
         let store = &self.engine.inner.store;
         let renew_timeout = renew_timeout(self.engine.inner.store_timeout, self.lease);
-        let (scope, key, token, lease) = (&self.scope, &self.key, self.token, self.lease);
+        let (scope, key) = (self.name.scope(), self.name.key());
+        let (token, lease) = (self.token, self.lease);
         let signal = &self.lease_signal;
         let deadline = || self.lease_deadline();
         let lose = || {
@@ -607,10 +620,10 @@ impl Execution {
         }
     }
 
-    /// One attempt to record `stored`; `true` when there is nothing left to do.
-    async fn try_complete(&self, stored: &StoredResponse) -> bool {
+    /// One attempt to record `stored`.
+    async fn try_complete(&self, stored: &StoredResponse) -> Completion {
         let store = &self.engine.inner.store;
-        let completion = store.complete(&self.scope, &self.key, self.token, stored);
+        let completion = store.complete(self.name.scope(), self.name.key(), self.token, stored);
         let completion = bounded(self.engine.inner.store_timeout, completion);
         match metrics::timed(StoreOperation::Complete, completion).await {
             Ok(true) => {
@@ -619,8 +632,7 @@ impl Execution {
                     status = stored.status,
                     "response recorded"
                 );
-                self.remember(stored);
-                true
+                Completion::Recorded
             }
             Ok(false) => {
                 warn!(
@@ -628,18 +640,25 @@ impl Execution {
                     "lease was taken over before completion; response not recorded"
                 );
                 self.count_lease_lost();
-                true
+                Completion::NotOurs
             }
             Err(err) => {
                 warn!(event = "store_error", error = %err, "recording the response failed; retrying");
-                false
+                Completion::Failed
             }
+        }
+    }
+
+    /// After the last attempt to record `stored`: a recorded response is cached.
+    fn settle(&self, completion: Completion, stored: StoredResponse) {
+        if let Completion::Recorded = completion {
+            self.remember(stored);
         }
     }
 
     async fn release(&self) {
         let store = &self.engine.inner.store;
-        let release = store.release(&self.scope, &self.key, self.token);
+        let release = store.release(self.name.scope(), self.name.key(), self.token);
         let release = bounded(self.engine.inner.store_timeout, release);
         match metrics::timed(StoreOperation::Release, release).await {
             Ok(true) => debug!(
@@ -713,11 +732,12 @@ async fn complete_with_retries(execution: Execution, stored: StoredResponse) {
     let started = tokio::time::Instant::now();
     let deadline = started + execution.engine.inner.completion_retry_window;
     // Inline, the client waits: a few quick attempts within about a second.
-    let recorded = execution
+    let inline = execution
         .with_heartbeat(async {
             for (attempt, delay_ms) in [25, 50, 100, 200].into_iter().enumerate() {
-                if execution.try_complete(&stored).await {
-                    return true;
+                match execution.try_complete(&stored).await {
+                    Completion::Failed => {}
+                    done => return Some(done),
                 }
                 if attempt == 0 {
                     metrics::count(execution.config.name, Counted::CompletionRetried);
@@ -727,10 +747,11 @@ async fn complete_with_retries(execution: Execution, stored: StoredResponse) {
                 }
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             }
-            false
+            None
         })
         .await;
-    if recorded {
+    if let Some(done) = inline {
+        execution.settle(done, stored);
         return;
     }
     let span = tracing::Span::current();
@@ -741,19 +762,25 @@ async fn complete_with_retries(execution: Execution, stored: StoredResponse) {
             // the key over.
             let retries = async {
                 let mut delay = Duration::from_millis(250);
-                while !execution.try_complete(&stored).await {
+                loop {
+                    match execution.try_complete(&stored).await {
+                        Completion::Failed => {}
+                        done => return Some(done),
+                    }
                     if tokio::time::Instant::now() + delay > deadline {
                         error!(
                             event = "store_error",
                             "gave up recording the response; the claim frees when its lease runs out"
                         );
-                        break;
+                        return None;
                     }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(1));
                 }
             };
-            execution.with_heartbeat(retries).await;
+            if let Some(done) = execution.with_heartbeat(retries).await {
+                execution.settle(done, stored);
+            }
         }
         .instrument(span),
     );

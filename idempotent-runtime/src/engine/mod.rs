@@ -10,7 +10,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::clock::millis;
 use crate::config::HandlerConfig;
 use crate::fingerprint::Fingerprint;
-use crate::key::IdempotencyKey;
+use crate::key::{IdempotencyKey, ScopedKey};
 use crate::metrics::{self, Outcome, StoreOperation};
 use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
 
@@ -298,16 +298,17 @@ impl Idempotency {
 
     /// Caches a completed record: this process's own completion (bounded by its claim's
     /// TTL) or a replay the store answered (bounded by the life it reported).
-    pub(super) fn remember(
+    /// Returns the record ready to replay, or gives it back when there is no cache.
+    fn remember(
         &self,
-        scope: &str,
-        key: &str,
+        name: &ScopedKey,
         fingerprint: Fingerprint,
-        stored: &crate::store::StoredResponse,
+        stored: crate::store::StoredResponse,
         lives_until: i64,
-    ) {
-        if let Some(cache) = &self.inner.replay_cache {
-            cache.insert(scope, key, fingerprint, stored, lives_until);
+    ) -> Result<Arc<replay_cache::CachedReplay>, crate::store::StoredResponse> {
+        match &self.inner.replay_cache {
+            Some(cache) => Ok(cache.insert(name, fingerprint, stored, lives_until)),
+            None => Err(stored),
         }
     }
 
@@ -442,14 +443,14 @@ impl Idempotency {
         // One claim attempt (and the handler, when it wins), uncancellable: run in this
         // task, moved to a tracked task of its own if the client hangs up. The handler
         // comes back when the key is in progress, for a request that waits.
+        let name = ScopedKey::new(scope, key);
         let attempt = |execute: X| {
-            let (engine, config) = (self.clone(), *config);
-            let (scope, key) = (scope.to_owned(), key.to_owned());
+            let (engine, config, name) = (self.clone(), *config, name.clone());
             let work = async move {
-                match engine.claim(&config, &scope, &key, &fingerprint).await {
+                match engine.claim(&config, &name, &fingerprint).await {
                     Ok(execution) => {
                         let lease = execution.lease_signal.clone();
-                        let key = IdempotencyKey::claimed(scope, key, fingerprint, lease);
+                        let key = IdempotencyKey::claimed(name, fingerprint, lease);
                         Attempt::Done(Settled::Ran, execute(execution, key).await)
                     }
                     Err(Refused::Answer(settled, answer)) => Attempt::Done(settled, answer),
@@ -511,10 +512,10 @@ impl Idempotency {
     async fn claim(
         &self,
         config: &HandlerConfig,
-        scope: &str,
-        key: &str,
+        name: &ScopedKey,
         fingerprint: &Fingerprint,
     ) -> Result<Execution, Refused> {
+        let (scope, key) = (name.scope(), name.key());
         let lease = self.lease_for(config);
         let claim = ClaimRequest {
             scope,
@@ -552,11 +553,17 @@ impl Idempotency {
                     status = stored.status,
                     "replaying stored response"
                 );
-                if let Some(life) = expires_in {
-                    let lives_until = cache_now.saturating_add(millis(life));
-                    self.remember(scope, key, *fingerprint, &stored, lives_until);
-                }
-                Err(Refused::Answer(Settled::Replayed, replay(stored)))
+                let answer = match expires_in {
+                    Some(life) => {
+                        let lives_until = cache_now.saturating_add(millis(life));
+                        match self.remember(name, *fingerprint, stored, lives_until) {
+                            Ok(cached) => cached.response(),
+                            Err(stored) => replay(stored),
+                        }
+                    }
+                    None => replay(stored),
+                };
+                Err(Refused::Answer(Settled::Replayed, answer))
             }
             ClaimOutcome::InProgress { retry_after } => Err(Refused::InProgress(retry_after)),
             ClaimOutcome::Mismatch => {
@@ -580,8 +587,7 @@ impl Idempotency {
                     engine: self.clone(),
                     _registration: registration,
                     config: *config,
-                    scope: scope.to_owned(),
-                    key: key.to_owned(),
+                    name: name.clone(),
                     fingerprint: *fingerprint,
                     lives_until: cache_now.saturating_add(millis(claim.ttl)),
                     token,

@@ -51,7 +51,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -61,6 +61,7 @@ use http::{HeaderMap, StatusCode};
 
 use crate::clock::{Clock, millis};
 use crate::fingerprint::Fingerprint;
+use crate::key::ScopedKey;
 use crate::prehashed::PassThrough;
 use crate::store::StoredResponse;
 
@@ -155,27 +156,37 @@ impl CacheClock {
     }
 }
 
-/// A cached replay, ready to answer: the response as [`super::answers::replay`] builds
-/// it, headers parsed once.
+/// A cached replay: the completed record, and the response [`super::answers::replay`]
+/// builds from it, built at the first replay (most completed keys are never replayed, so
+/// caching one costs no header parsing) and cloned for every later one.
 #[derive(Debug)]
 pub(super) struct CachedReplay {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
+    stored: StoredResponse,
+    built: OnceLock<(StatusCode, HeaderMap, Bytes)>,
 }
 
 impl CachedReplay {
+    pub(super) fn new(stored: StoredResponse) -> Self {
+        Self {
+            stored,
+            built: OnceLock::new(),
+        }
+    }
+
     /// The replayed response (marked as a replay).
     pub(super) fn response(&self) -> Response {
-        let mut response = Response::new(Body::from(self.body.clone()));
-        *response.status_mut() = self.status;
-        *response.headers_mut() = self.headers.clone();
+        let (status, headers, body) = self
+            .built
+            .get_or_init(|| super::answers::replay_parts(&self.stored));
+        let mut response = Response::new(Body::from(body.clone()));
+        *response.status_mut() = *status;
+        *response.headers_mut() = headers.clone();
         response
     }
 
     /// The status replayed, for logs.
     pub(super) fn status(&self) -> u16 {
-        self.status.as_u16()
+        self.stored.status
     }
 }
 
@@ -215,22 +226,13 @@ struct Shard {
 #[derive(Debug)]
 struct Entry {
     seq: u64,
-    /// The scope followed by the key.
-    id: Box<str>,
-    scope_len: usize,
+    /// The scope and key (shared with the execution that completed it).
+    id: ScopedKey,
     fingerprint: Fingerprint,
     /// Cache time after which the entry is not served.
     expires_at: i64,
     size: usize,
     replay: Arc<CachedReplay>,
-}
-
-impl Entry {
-    fn is(&self, scope: &str, key: &str) -> bool {
-        self.scope_len == scope.len()
-            && self.id[..self.scope_len] == *scope
-            && self.id[self.scope_len..] == *key
-    }
 }
 
 impl ReplayCache {
@@ -285,7 +287,7 @@ impl ReplayCache {
         let Some(entry) = shard.entries.get(&hash) else {
             return Cached::Miss;
         };
-        if !entry.is(scope, key) {
+        if !entry.id.is(scope, key) {
             return Cached::Miss;
         }
         if entry.expires_at <= now {
@@ -298,21 +300,18 @@ impl ReplayCache {
         Cached::Hit(entry.replay.clone())
     }
 
-    /// Keeps the completed record of `(scope, key)` until `lives_until` (cache time; see
-    /// the module docs for how callers bound it), and no longer than the maximum age.
+    /// Keeps the completed record of `id` until `lives_until` (cache time; see the module
+    /// docs for how callers bound it), and no longer than the maximum age. Returns the
+    /// record ready to replay, whether the cache kept it or not (too large, or already
+    /// past its life).
     pub(super) fn insert(
         &self,
-        scope: &str,
-        key: &str,
+        id: &ScopedKey,
         fingerprint: Fingerprint,
-        stored: &StoredResponse,
+        stored: StoredResponse,
         lives_until: i64,
-    ) {
-        let now = self.now();
-        let expires_at = lives_until.min(now.saturating_add(self.max_age));
-        if expires_at <= now {
-            return;
-        }
+    ) -> Arc<CachedReplay> {
+        let (scope, key) = (id.scope(), id.key());
         let size = ENTRY_OVERHEAD
             + scope.len()
             + key.len()
@@ -322,19 +321,12 @@ impl ReplayCache {
                 .iter()
                 .map(|(name, value)| 2 * (name.len() + value.len()))
                 .sum::<usize>();
-        if size > self.shard_bytes || self.shard_entries == 0 {
-            return;
+        let replay = Arc::new(CachedReplay::new(stored));
+        let now = self.now();
+        let expires_at = lives_until.min(now.saturating_add(self.max_age));
+        if expires_at <= now || size > self.shard_bytes || self.shard_entries == 0 {
+            return replay;
         }
-        // Built outside the lock: parsing headers is the expensive part.
-        let (status, headers, body) = super::answers::replay_parts(stored);
-        let mut id = String::with_capacity(scope.len() + key.len());
-        id.push_str(scope);
-        id.push_str(key);
-        let replay = Arc::new(CachedReplay {
-            status,
-            headers,
-            body,
-        });
         let (hash, mut shard) = self.locate(scope, key);
         shard.remove(hash);
         let seq = shard.next_seq;
@@ -343,23 +335,27 @@ impl ReplayCache {
             hash,
             Entry {
                 seq,
-                id: id.into_boxed_str(),
-                scope_len: scope.len(),
+                id: id.clone(),
                 fingerprint,
                 expires_at,
                 size,
-                replay,
+                replay: replay.clone(),
             },
         );
         shard.order.push_back((hash, seq));
         shard.bytes += size;
         shard.evict(self.shard_entries, self.shard_bytes);
+        replay
     }
 
     /// Drops `(scope, key)` from the cache.
     pub(super) fn invalidate(&self, scope: &str, key: &str) {
         let (hash, mut shard) = self.locate(scope, key);
-        if shard.entries.get(&hash).is_some_and(|e| e.is(scope, key)) {
+        if shard
+            .entries
+            .get(&hash)
+            .is_some_and(|e| e.id.is(scope, key))
+        {
             shard.remove(hash);
         }
     }
@@ -440,7 +436,12 @@ mod tests {
     fn hits_mismatches_and_misses() {
         let (cache, _) = new_cache(ReplayCacheConfig::new());
         let until = cache.now() + 60_000;
-        cache.insert("s", "k", fingerprint(1), &stored("a"), until);
+        cache.insert(
+            &ScopedKey::new("s", "k"),
+            fingerprint(1),
+            stored("a"),
+            until,
+        );
         match cache.get("s", "k", &fingerprint(1)) {
             Cached::Hit(replay) => {
                 let response = replay.response();
@@ -465,9 +466,24 @@ mod tests {
     fn never_serves_past_the_record_or_the_maximum_age() {
         let (cache, clock) = new_cache(ReplayCacheConfig::new().max_age(Duration::from_secs(10)));
         let now = cache.now();
-        cache.insert("s", "short", fingerprint(1), &stored("a"), now + 2_000);
-        cache.insert("s", "long", fingerprint(1), &stored("a"), now + 3_600_000);
-        cache.insert("s", "gone", fingerprint(1), &stored("a"), now);
+        cache.insert(
+            &ScopedKey::new("s", "short"),
+            fingerprint(1),
+            stored("a"),
+            now + 2_000,
+        );
+        cache.insert(
+            &ScopedKey::new("s", "long"),
+            fingerprint(1),
+            stored("a"),
+            now + 3_600_000,
+        );
+        cache.insert(
+            &ScopedKey::new("s", "gone"),
+            fingerprint(1),
+            stored("a"),
+            now,
+        );
         assert!(matches!(
             cache.get("s", "gone", &fingerprint(1)),
             Cached::Miss
@@ -498,9 +514,19 @@ mod tests {
         let (cache, _) = new_cache(ReplayCacheConfig::new().max_entries(SHARDS * 4));
         let until = cache.now() + 60_000;
         for i in 0..10_000 {
-            cache.insert("s", &format!("k{i}"), fingerprint(1), &stored("a"), until);
+            cache.insert(
+                &ScopedKey::new("s", &format!("k{i}")),
+                fingerprint(1),
+                stored("a"),
+                until,
+            );
             // Replacing and invalidating leave stale queue pairs behind.
-            cache.insert("s", &format!("k{i}"), fingerprint(1), &stored("b"), until);
+            cache.insert(
+                &ScopedKey::new("s", &format!("k{i}")),
+                fingerprint(1),
+                stored("b"),
+                until,
+            );
             if i % 3 == 0 {
                 cache.invalidate("s", &format!("k{i}"));
             }
@@ -525,13 +551,23 @@ mod tests {
 
         let (small, _) = new_cache(ReplayCacheConfig::new().max_bytes(SHARDS * 1024));
         let big = "x".repeat(2048);
-        small.insert("s", "big", fingerprint(1), &stored(&big), until);
+        small.insert(
+            &ScopedKey::new("s", "big"),
+            fingerprint(1),
+            stored(&big),
+            until,
+        );
         assert!(matches!(
             small.get("s", "big", &fingerprint(1)),
             Cached::Miss
         ));
         for i in 0..100 {
-            small.insert("s", &format!("k{i}"), fingerprint(1), &stored("a"), until);
+            small.insert(
+                &ScopedKey::new("s", &format!("k{i}")),
+                fingerprint(1),
+                stored("a"),
+                until,
+            );
         }
         for shard in small.shards.iter() {
             assert!(shard.lock().unwrap().bytes <= 1024);
@@ -541,7 +577,12 @@ mod tests {
     #[test]
     fn a_disabled_size_caches_nothing() {
         let (cache, _) = new_cache(ReplayCacheConfig::new().max_entries(0));
-        cache.insert("s", "k", fingerprint(1), &stored("a"), cache.now() + 60_000);
+        cache.insert(
+            &ScopedKey::new("s", "k"),
+            fingerprint(1),
+            stored("a"),
+            cache.now() + 60_000,
+        );
         assert!(matches!(cache.get("s", "k", &fingerprint(1)), Cached::Miss));
     }
 }

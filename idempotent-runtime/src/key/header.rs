@@ -1,6 +1,8 @@
 //! Parsing the `Idempotency-Key` request header; the rules are in the [`key`](crate::key)
 //! module docs.
 
+use std::borrow::Cow;
+
 use http::{HeaderMap, HeaderName};
 
 /// The longest key accepted, in characters.
@@ -100,8 +102,8 @@ fn parse_value(raw: &[u8]) -> Result<String, KeyError> {
         return Err(KeyError::InvalidCharacter);
     }
     let key = match value.split_first() {
-        Some((b'"', rest)) => unquote(rest)?,
-        _ => bare(value)?,
+        Some((b'"', rest)) => Cow::Owned(unquote(rest)?),
+        _ => Cow::Borrowed(bare(value)?),
     };
     if key.iter().all(|&b| b == b' ') {
         return Err(KeyError::Blank);
@@ -109,8 +111,9 @@ fn parse_value(raw: &[u8]) -> Result<String, KeyError> {
     if key.len() > MAX_KEY_LEN {
         return Err(KeyError::TooLong { len: key.len() });
     }
-    // Every byte is printable ASCII, checked above.
-    Ok(key.into_iter().map(char::from).collect())
+    // Every byte is printable ASCII, checked above: the key is UTF-8, and an owned one
+    // becomes the `String` without a copy.
+    String::from_utf8(key.into_owned()).map_err(|_| KeyError::InvalidCharacter)
 }
 
 /// Strips leading and trailing SP/HTAB (HTTP's OWS).
@@ -156,7 +159,7 @@ fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyError> {
 }
 
 /// A bare (unquoted) key. Input is trimmed printable ASCII.
-fn bare(value: &[u8]) -> Result<Vec<u8>, KeyError> {
+fn bare(value: &[u8]) -> Result<&[u8], KeyError> {
     for &b in value {
         let reason = match b {
             b' ' => "an unquoted key cannot contain spaces; quote it",
@@ -167,7 +170,7 @@ fn bare(value: &[u8]) -> Result<Vec<u8>, KeyError> {
         };
         return Err(KeyError::MalformedQuoting(reason));
     }
-    Ok(value.to_vec())
+    Ok(value)
 }
 
 #[cfg(test)]

@@ -58,8 +58,7 @@ pub use header::{KeyError, MAX_KEY_LEN, parse_header, quote};
 /// `IdempotencyKey`). Use [`derive`](Self::derive) for keys sent to downstream providers.
 #[derive(Debug, Clone)]
 pub struct IdempotencyKey {
-    scope: String,
-    key: String,
+    name: ScopedKey,
     fingerprint: Option<Fingerprint>,
     /// Raised by the engine when this request's lease is lost.
     lease: Option<Arc<LeaseSignal>>,
@@ -69,8 +68,7 @@ pub struct IdempotencyKey {
 /// not identity.
 impl PartialEq for IdempotencyKey {
     fn eq(&self, other: &Self) -> bool {
-        (&self.scope, &self.key, &self.fingerprint)
-            == (&other.scope, &other.key, &other.fingerprint)
+        (&self.name, &self.fingerprint) == (&other.name, &other.fingerprint)
     }
 }
 
@@ -80,8 +78,7 @@ impl IdempotencyKey {
     /// The key for `key` in `scope`.
     pub fn new(scope: String, key: String) -> Self {
         Self {
-            scope,
-            key,
+            name: ScopedKey::new(&scope, &key),
             fingerprint: None,
             lease: None,
         }
@@ -91,8 +88,7 @@ impl IdempotencyKey {
     /// handler): [`derive`](Self::derive) then also depends on the request.
     pub fn for_request(scope: String, key: String, fingerprint: Fingerprint) -> Self {
         Self {
-            scope,
-            key,
+            name: ScopedKey::new(&scope, &key),
             fingerprint: Some(fingerprint),
             lease: None,
         }
@@ -100,14 +96,14 @@ impl IdempotencyKey {
 
     /// The key the engine hands a running handler: it also carries the lease signal.
     pub(crate) fn claimed(
-        scope: String,
-        key: String,
+        name: ScopedKey,
         fingerprint: Fingerprint,
         lease: Arc<LeaseSignal>,
     ) -> Self {
         Self {
+            name,
+            fingerprint: Some(fingerprint),
             lease: Some(lease),
-            ..Self::for_request(scope, key, fingerprint)
         }
     }
 
@@ -132,12 +128,12 @@ impl IdempotencyKey {
 
     /// The key as the client sent it.
     pub fn as_str(&self) -> &str {
-        &self.key
+        self.name.key()
     }
 
     /// The caller's scope.
     pub fn scope(&self) -> &str {
-        &self.scope
+        self.name.scope()
     }
 
     /// A deterministic key for a downstream call, unique per (scope, key, purpose) and,
@@ -165,8 +161,8 @@ impl IdempotencyKey {
     pub fn derive(&self, purpose: &str) -> String {
         let mut hasher = Sha256::new();
         for part in [
-            self.scope.as_bytes(),
-            self.key.as_bytes(),
+            self.scope().as_bytes(),
+            self.as_str().as_bytes(),
             purpose.as_bytes(),
         ] {
             hasher.update((part.len() as u64).to_be_bytes());
@@ -188,6 +184,61 @@ impl IdempotencyKey {
 
 impl std::fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.key)
+        f.write_str(self.as_str())
+    }
+}
+
+/// A request's scope and key in one shared allocation: the claim attempt, its execution,
+/// the handler's [`IdempotencyKey`] and the replay cache all hold the same copy instead
+/// of two strings each.
+#[derive(Clone)]
+pub(crate) struct ScopedKey {
+    /// The scope followed by the key.
+    text: Arc<str>,
+    scope_len: usize,
+}
+
+impl ScopedKey {
+    pub(crate) fn new(scope: &str, key: &str) -> Self {
+        let mut text = String::with_capacity(scope.len() + key.len());
+        text.push_str(scope);
+        text.push_str(key);
+        Self {
+            text: text.into(),
+            scope_len: scope.len(),
+        }
+    }
+
+    pub(crate) fn scope(&self) -> &str {
+        &self.text[..self.scope_len]
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.text[self.scope_len..]
+    }
+
+    /// Whether this names `key` in `scope`.
+    pub(crate) fn is(&self, scope: &str, key: &str) -> bool {
+        self.scope_len == scope.len()
+            && self.text.len() == scope.len() + key.len()
+            && self.scope() == scope
+            && self.key() == key
+    }
+}
+
+impl PartialEq for ScopedKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.scope_len == other.scope_len && self.text == other.text
+    }
+}
+
+impl Eq for ScopedKey {}
+
+impl std::fmt::Debug for ScopedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScopedKey")
+            .field("scope", &self.scope())
+            .field("key", &self.key())
+            .finish()
     }
 }
