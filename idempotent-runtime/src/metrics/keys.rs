@@ -9,6 +9,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{LazyLock, Mutex};
 
 use metrics::{Counter, Histogram, Key, Label, Level, Metadata};
@@ -67,16 +68,37 @@ pub(super) fn of_store_operation(operation: StoreOperation, ok: bool) -> &'stati
 /// addresses get two equal keys, which a recorder merges).
 type Identity = [(usize, usize); 4];
 
+/// Hashes an [`Identity`]: addresses and lengths of `&'static str`s the engine chose, not
+/// input a client controls, so a multiply-rotate hash does (SipHash, the default, was
+/// most of the cost of recording a metric when no recorder is installed).
+#[derive(Default)]
+struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_usize(usize::from(b));
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (self.0.rotate_left(5) ^ n as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+type KeysByIdentity = HashMap<Identity, &'static Key, BuildHasherDefault<IdentityHasher>>;
+
 /// Handler-labelled keys built so far. A program has finitely many handler names
 /// (`&'static str`s) and label values, so this stays small; each key and its labels are
 /// leaked once, as `&'static` is what a key without allocation needs.
-static HANDLER_KEYS: LazyLock<Mutex<HashMap<Identity, &'static Key>>> =
-    LazyLock::new(Mutex::default);
+static HANDLER_KEYS: LazyLock<Mutex<KeysByIdentity>> = LazyLock::new(Mutex::default);
 
 thread_local! {
     /// This thread's copy of the keys it used: a lookup takes no lock and writes nothing
     /// shared, so worker threads never contend over a metric.
-    static LOCAL_KEYS: RefCell<HashMap<Identity, &'static Key>> = RefCell::default();
+    static LOCAL_KEYS: RefCell<KeysByIdentity> = RefCell::default();
 }
 
 /// The `metric` key labelled `handler` (unnamed: [`UNNAMED`]) and, when given, one more
