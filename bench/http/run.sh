@@ -15,17 +15,23 @@ ALL_VARIANTS="bare,idempotent-memory,axum-idempotent,idempotent-sqlite-normal,ru
 
 usage() {
     cat <<EOF
-usage: bench/http/run.sh [-v VARIANTS] [-r REPS] [-d DURATION] [-c CONNECTIONS] [--no-build]
+usage: bench/http/run.sh [-v VARIANTS] [-r REPS] [-d DURATION] [-c CONNECTIONS]
+                        [-m MALLOC] [--no-build]
 
   -v, --variants LIST    comma-separated variants (default: all):
                          ${ALL_VARIANTS//,/, }
   -r, --reps N           repetitions; the table shows medians (default 3)
   -d, --duration D       length of each wrk run, wrk syntax (default 10s)
   -c, --connections N    wrk connections (default 64)
+  -m, --malloc M         the allocator every server runs with (default glibc):
+                         glibc, glibc-tcache (glibc with GLIBC_TUNABLES
+                         glibc.malloc.tcache_count=1000), mimalloc, jemalloc
+                         (LD_PRELOAD of Debian's libmimalloc2.0 / libjemalloc2,
+                         installed when missing)
       --no-build         use the release binaries already built
 
 Environment (each flag has one too: BENCH_VARIANTS, BENCH_REPS, BENCH_DURATION,
-BENCH_CONNECTIONS):
+BENCH_CONNECTIONS, BENCH_MALLOC):
   IDEMPOTENT_BENCH_POSTGRES_URL  default postgres://postgres@127.0.0.1:5432/test
   IDEMPOTENT_BENCH_MYSQL_URL     default mysql://root@127.0.0.1:3306/test
   IDEMPOTENT_BENCH_REDIS_URL     default redis://127.0.0.1:6379/
@@ -40,6 +46,7 @@ variants="${BENCH_VARIANTS:-$ALL_VARIANTS}"
 reps="${BENCH_REPS:-3}"
 duration="${BENCH_DURATION:-10s}"
 connections="${BENCH_CONNECTIONS:-64}"
+malloc="${BENCH_MALLOC:-glibc}"
 build=1
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -47,6 +54,7 @@ while [ $# -gt 0 ]; do
         -r|--reps) reps="$2"; shift 2 ;;
         -d|--duration) duration="$2"; shift 2 ;;
         -c|--connections) connections="$2"; shift 2 ;;
+        -m|--malloc) malloc="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
@@ -63,6 +71,29 @@ export IDEMPOTENT_BENCH_REDIS_URL="${IDEMPOTENT_BENCH_REDIS_URL:-redis://127.0.0
 base="http://127.0.0.1:$port"
 body="$here/wrk/order.json"
 target="$here/target"
+
+# The allocator: the same for every variant (peers included), as an environment for the
+# server. Under glibc's default, the cost of a request depends on how the heap happens to
+# be laid out (see README.md here); the others show the layers without that.
+server_env=()
+case "$malloc" in
+    glibc) ;;
+    glibc-tcache) server_env=("GLIBC_TUNABLES=glibc.malloc.tcache_count=1000") ;;
+    mimalloc|jemalloc)
+        package="libmimalloc2.0"; library="libmimalloc.so.2"
+        if [ "$malloc" = jemalloc ]; then package="libjemalloc2"; library="libjemalloc.so.2"; fi
+        path="$(ldconfig -p | awk -v l="$library" '$1 == l { print $NF; exit }')"
+        if [ -z "$path" ]; then
+            echo "$library is missing; installing it (apt-get install -y $package)" >&2
+            apt-get install -y "$package" >/dev/null 2>&1 \
+                || { apt-get update >/dev/null && apt-get install -y "$package" >/dev/null; }
+            path="$(ldconfig -p | awk -v l="$library" '$1 == l { print $NF; exit }')"
+        fi
+        [ -n "$path" ] || { echo "cannot find $library" >&2; exit 1; }
+        server_env=("LD_PRELOAD=$path")
+        ;;
+    *) echo "unknown allocator: $malloc (glibc, glibc-tcache, mimalloc, jemalloc)" >&2; exit 2 ;;
+esac
 
 IFS=',' read -r -a selected <<< "$variants"
 for v in "${selected[@]}"; do
@@ -214,7 +245,7 @@ start_server() {
     local variant="$1" bin
     bin="$(binary_for "$variant")"
     echo "=== $variant ($(date +%T))" >> "$server_log"
-    taskset -c "$server_cpu" "$bin" --variant "$variant" --addr "127.0.0.1:$port" \
+    env "${server_env[@]}" taskset -c "$server_cpu" "$bin" --variant "$variant" --addr "127.0.0.1:$port" \
         --data-dir "$data_dir" >> "$server_log" 2>&1 &
     server_pid=$!
     for _ in $(seq 1 300); do
@@ -377,7 +408,7 @@ ms() { awk -v v="$1" 'BEGIN { if (v < 10) printf "%.2f ms", v; else if (v < 100)
 
 bare_fresh="$(median bare 3)"; bare_replay="$(median bare 6)"; bare_p99="$(median bare 4)"
 echo
-echo "wrk -t1 -c$connections -d$duration, medians of $reps repetition(s); server on CPU $server_cpu, wrk on CPU $client_cpu"
+echo "wrk -t1 -c$connections -d$duration, medians of $reps repetition(s); server on CPU $server_cpu, wrk on CPU $client_cpu; allocator: $malloc"
 echo
 echo "| variant | fresh key req/s (× bare) | replay req/s (× bare) | fresh p99 (× bare) | replay p99 | execs per 50 concurrent dupes | fresh × peer | replay × peer | store round trips per request (fresh / replay) |"
 echo "|---|---|---|---|---|---|---|---|---|"

@@ -297,8 +297,8 @@ impl Idempotency {
     }
 
     /// Caches a completed record: this process's own completion (bounded by its claim's
-    /// TTL) or a replay the store answered (bounded by the life it reported).
-    /// Returns the record ready to replay, or gives it back when there is no cache.
+    /// TTL) or a replay the store answered (bounded by the life it reported). Returns the
+    /// record ready to replay, or gives it back when there is no cache.
     fn remember(
         &self,
         name: &ScopedKey,
