@@ -3,7 +3,7 @@
 //! the cache's maximum age, and never holding what is not a completed record.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -35,6 +35,10 @@ struct Counting {
     claims: AtomicUsize,
     forward_expiry: bool,
     forward_clock: bool,
+    /// How many completions to fail (as a store timeout) before passing them on.
+    fail_completes: AtomicUsize,
+    /// Answer every completion "not yours" (a lease taken over meanwhile).
+    deny_complete: AtomicBool,
 }
 
 impl Counting {
@@ -44,6 +48,8 @@ impl Counting {
             claims: AtomicUsize::new(0),
             forward_expiry: true,
             forward_clock: true,
+            fail_completes: AtomicUsize::new(0),
+            deny_complete: AtomicBool::new(false),
         })
     }
 
@@ -81,6 +87,13 @@ impl Store for Counting {
         t: FencingToken,
         r: &StoredResponse,
     ) -> Result<bool, StoreError> {
+        if self.fail_completes.load(Ordering::SeqCst) > 0 {
+            self.fail_completes.fetch_sub(1, Ordering::SeqCst);
+            return Err(StoreError::Timeout(Duration::from_millis(1)));
+        }
+        if self.deny_complete.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         self.inner.complete(s, k, t, r).await
     }
     async fn release(&self, s: &str, k: &str, t: FencingToken) -> Result<bool, StoreError> {
@@ -397,4 +410,52 @@ async fn concurrent_duplicates_run_once_while_the_cache_fills() {
         }
         assert_eq!(runs.load(Ordering::SeqCst), round + 1);
     }
+}
+
+/// A completion the store accepted only at a later attempt is cached all the same: the
+/// record moves into the cache after the last attempt, inline or in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_recorded_by_a_retry_is_cached() {
+    // 2 failures: recorded by the third inline attempt; 6: by the background retries,
+    // after the client got its answer.
+    for failures in [2, 6] {
+        let store = Counting::new(MemoryStore::new());
+        store.fail_completes.store(failures, Ordering::SeqCst);
+        let engine = Idempotency::builder_shared(store.clone()).build();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let first = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+        assert_eq!(first.status(), StatusCode::CREATED);
+        assert!(
+            engine.drain(Duration::from_secs(30)).await,
+            "recorded in time"
+        );
+        assert_eq!(store.fail_completes.load(Ordering::SeqCst), 0, "{failures}");
+        let again = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+        assert!(replayed(&again), "{failures}");
+        assert_eq!(
+            store.claims(),
+            1,
+            "{failures} failures: replayed from the cache"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+}
+
+/// A completion the store refused (the claim was taken over meanwhile) records nothing,
+/// so nothing is cached: the next request asks the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_the_store_refused_is_not_cached() {
+    let store = Counting::new(MemoryStore::new());
+    store.deny_complete.store(true, Ordering::SeqCst);
+    let engine = Idempotency::builder_shared(store.clone()).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(engine.drain(Duration::from_secs(10)).await);
+    let again = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+    assert!(
+        !replayed(&again),
+        "not replayed from a record that was never kept"
+    );
+    assert_eq!(store.claims(), 2, "the second request asked the store");
 }

@@ -27,6 +27,10 @@ const DESCRIBE_THE_BODY: [&str; 9] = [
     "last-modified",
 ];
 
+/// The replay header's name, checked at compile time: inserting it by `&str` would
+/// allocate the name anew for every replayed response.
+const REPLAYED: HeaderName = HeaderName::from_static(REPLAYED_HEADER);
+
 /// Rebuilds a stored response, marked as a replay.
 pub(super) fn replay(stored: StoredResponse) -> Response {
     let (status, headers, body) = replay_parts(&stored);
@@ -39,11 +43,7 @@ pub(super) fn replay(stored: StoredResponse) -> Response {
 /// What [`replay`] answers, in parts: for the replay cache, which builds them once.
 pub(super) fn replay_parts(stored: &StoredResponse) -> (StatusCode, HeaderMap, Bytes) {
     let (status, mut headers, body) = stored_parts(stored);
-    // A static name: inserting by `&str` would allocate the name anew on every replay.
-    headers.insert(
-        HeaderName::from_static(REPLAYED_HEADER),
-        HeaderValue::from_static("true"),
-    );
+    headers.insert(REPLAYED, HeaderValue::from_static("true"));
     (status, headers, body)
 }
 

@@ -68,9 +68,10 @@ use crate::store::StoredResponse;
 /// How many independently locked shards hold the entries.
 const SHARDS: usize = 32;
 
-/// What an entry costs besides its key and response bytes (map slot, queue slot,
-/// allocation headers), counted against the byte bound.
-const ENTRY_OVERHEAD: usize = 160;
+/// What an entry costs besides its key and response bytes (map slot, queue slot, the
+/// cached record and its built response, allocation headers), counted against the byte
+/// bound.
+const ENTRY_OVERHEAD: usize = 320;
 
 /// The bounds of the engine's replay cache (see
 /// [`IdempotencyBuilder::replay_cache`](crate::IdempotencyBuilder::replay_cache)).
@@ -184,9 +185,11 @@ impl CachedReplay {
         response
     }
 
-    /// The status replayed, for logs.
+    /// The status replayed, for logs (as the response carries it).
     pub(super) fn status(&self) -> u16 {
-        self.stored.status
+        StatusCode::from_u16(self.stored.status)
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            .as_u16()
     }
 }
 

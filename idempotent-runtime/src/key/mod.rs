@@ -56,7 +56,7 @@ pub use header::{KeyError, MAX_KEY_LEN, parse_header, quote};
 
 /// The claimed key, handed to the handler body when it asks for it (an argument of type
 /// `IdempotencyKey`). Use [`derive`](Self::derive) for keys sent to downstream providers.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct IdempotencyKey {
     name: ScopedKey,
     fingerprint: Option<Fingerprint>,
@@ -73,6 +73,19 @@ impl PartialEq for IdempotencyKey {
 }
 
 impl Eq for IdempotencyKey {}
+
+/// Prints the scope and the key as fields of their own, as they were before they shared
+/// one allocation.
+impl std::fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyKey")
+            .field("scope", &self.scope())
+            .field("key", &self.as_str())
+            .field("fingerprint", &self.fingerprint)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
 
 impl IdempotencyKey {
     /// The key for `key` in `scope`.
