@@ -6,7 +6,7 @@
 //! [`Idempotency::run`] from your own code.
 
 use axum::RequestExt;
-use axum::body::{Body, Bytes, HttpBody};
+use axum::body::{Body, Bytes};
 use axum::extract::{FromRef, FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
@@ -210,9 +210,9 @@ async fn read_whole(mut body: Body) -> Result<Bytes, axum::Error> {
             Some(joined) => joined.extend_from_slice(&data),
             None if first.is_empty() => first = data,
             None => {
-                // At least what has come and what the body says is still to come.
-                let rest = usize::try_from(HttpBody::size_hint(&body).lower()).unwrap_or(0);
-                let mut both = BytesMut::with_capacity(first.len() + data.len() + rest);
+                // Not sized from the body's size hint: that is the client's Content-Length,
+                // and a body limit may be off.
+                let mut both = BytesMut::with_capacity(first.len() + data.len());
                 both.extend_from_slice(&first);
                 both.extend_from_slice(&data);
                 joined = Some(both);
