@@ -306,6 +306,24 @@ mod tests {
         }
     }
 
+    /// The contract's `413` for a body over the limit holds for a body in several frames
+    /// too: the limit cuts it off in the middle, and the error is answered `413`.
+    #[tokio::test]
+    async fn a_body_in_frames_over_the_limit_is_413() {
+        let body = framed(&[Some("ab"), Some("cd"), Some("ef")]);
+        let limited = Body::new(http_body_util::Limited::new(body, 5));
+        let err = read_whole(limited).await.unwrap_err();
+        assert_eq!(
+            body_refused(&err).status(),
+            http::StatusCode::PAYLOAD_TOO_LARGE
+        );
+        let within = Body::new(http_body_util::Limited::new(
+            framed(&[Some("ab"), Some("cd")]),
+            5,
+        ));
+        assert_eq!(read_whole(within).await.unwrap(), "abcd");
+    }
+
     #[tokio::test]
     async fn a_failing_body_fails() {
         let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = vec![
