@@ -26,15 +26,17 @@ fn fingerprint(n: u8) -> Fingerprint {
     }
 }
 
-/// A memory store that counts the claims it is asked for. `forward_expiry` and
-/// `forward_clock` say whether it passes on what the memory store tells the replay cache
-/// (a decorator that does not still works, uncached).
+/// A memory store that counts the claims it is asked for. `forward_expiry`,
+/// `forward_clock` and `forward_in_process` say whether it passes on what the memory store
+/// tells the replay cache (a decorator that does not still works: uncached, or caching
+/// every completion).
 #[derive(Debug)]
 struct Counting {
     inner: MemoryStore,
     claims: AtomicUsize,
     forward_expiry: bool,
     forward_clock: bool,
+    forward_in_process: bool,
     /// How many completions to fail (as a store timeout) before passing them on.
     fail_completes: AtomicUsize,
     /// Answer every completion "not yours" (a lease taken over meanwhile).
@@ -48,6 +50,7 @@ impl Counting {
             claims: AtomicUsize::new(0),
             forward_expiry: true,
             forward_clock: true,
+            forward_in_process: false,
             fail_completes: AtomicUsize::new(0),
             deny_complete: AtomicBool::new(false),
         })
@@ -111,6 +114,9 @@ impl Store for Counting {
     fn clock(&self) -> Option<Arc<dyn Clock>> {
         self.inner.clock().filter(|_| self.forward_clock)
     }
+    fn in_process(&self) -> bool {
+        self.forward_in_process && self.inner.in_process()
+    }
 }
 
 /// Runs one request for `(alice, key)` with `fp`; the handler counts its runs into `runs`
@@ -169,6 +175,40 @@ async fn replays_and_mismatches_of_own_completions_skip_the_store() {
         .await;
     assert_eq!(elsewhere.status(), StatusCode::ACCEPTED);
     assert_eq!(store.claims(), 2);
+}
+
+/// Over a store that keeps its records in memory, a completion is not copied into the
+/// cache; the first replay asks the store, and the cache answers the ones after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_an_in_process_store_only_replayed_records_are_cached() {
+    let store = Arc::new(Counting {
+        forward_in_process: true,
+        ..Arc::into_inner(Counting::new(MemoryStore::new())).unwrap()
+    });
+    assert!(store.in_process());
+    let engine = Idempotency::builder_shared(store.clone()).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    let first = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let other = request(&engine, &CONFIG, "k", 2, &runs, StatusCode::CREATED).await;
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        store.claims(),
+        2,
+        "the completion was not cached: the store answered"
+    );
+    for _ in 0..3 {
+        let again = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+        assert!(replayed(&again));
+        assert_eq!(body(again).await, "run 1");
+    }
+    assert_eq!(
+        store.claims(),
+        3,
+        "one replay from the store, then the cache"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

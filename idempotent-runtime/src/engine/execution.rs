@@ -499,8 +499,12 @@ impl Execution {
         self.lease_signal.count_loss_once(self.config.name);
     }
 
-    /// Caches the record this request completed (the store confirmed it).
+    /// Caches the record this request completed (the store confirmed it), unless the
+    /// store keeps it in memory itself.
     fn remember(&self, stored: StoredResponse) {
+        if !self.engine.inner.cache_completions {
+            return;
+        }
         // Without a cache there is nothing to keep: the record was only needed for this.
         let _ = self
             .engine

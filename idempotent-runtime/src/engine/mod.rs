@@ -127,6 +127,9 @@ struct Inner {
     tracker: tokio_util::task::TaskTracker,
     /// Completed records this process has seen, for replays without a store round trip.
     replay_cache: Option<ReplayCache>,
+    /// Whether this process's own completions enter the replay cache: not for a store
+    /// that keeps its records in memory ([`Store::in_process`]).
+    cache_completions: bool,
 }
 
 /// Configures an [`Idempotency`] engine.
@@ -224,7 +227,10 @@ impl IdempotencyBuilder {
     /// outlives its record's TTL, and is served at most
     /// [`max_age`](ReplayCacheConfig::max_age) before the store is asked again: how long
     /// another instance may still replay a record deleted on this one. In-progress and
-    /// released claims are never cached. See [`ReplayCacheConfig`] for the bounds.
+    /// released claims are never cached. Over a store that keeps its records in memory
+    /// itself ([`Store::in_process`]: the [`MemoryStore`](crate::store::MemoryStore)),
+    /// only records the store replayed are cached, not every completion. See
+    /// [`ReplayCacheConfig`] for the bounds.
     pub fn replay_cache(mut self, config: Option<ReplayCacheConfig>) -> Self {
         self.replay_cache = config;
         self
@@ -237,6 +243,7 @@ impl IdempotencyBuilder {
         self.inner.replay_cache = self
             .replay_cache
             .map(|config| ReplayCache::new(config, self.inner.store.clock()));
+        self.inner.cache_completions = !self.inner.store.in_process();
         Idempotency {
             inner: Arc::new(self.inner),
         }
@@ -271,6 +278,7 @@ impl Idempotency {
                 durations: retry_after::DurationEstimates::default(),
                 tracker: tokio_util::task::TaskTracker::new(),
                 replay_cache: None,
+                cache_completions: true,
             },
             replay_cache: Some(ReplayCacheConfig::new()),
         }

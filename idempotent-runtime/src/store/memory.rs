@@ -18,7 +18,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use bytes::Bytes;
+
 use super::operator::{lease_left_from_millis, system_time_from_millis};
+use super::record::{decode_headers, encode_headers};
 use super::takeover::{Found, takeover};
 use super::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordState, Store,
@@ -194,8 +197,8 @@ impl Record {
                 lease_expires_at: system_time_from_millis(*lease_expires_at),
                 holder_alive: *lease_expires_at > now,
             },
-            State::Completed(response) => RecordState::Completed {
-                status: response.status,
+            State::Completed(kept) => RecordState::Completed {
+                status: kept.status,
             },
         };
         RecordInfo::new(
@@ -210,7 +213,38 @@ impl Record {
 #[derive(Debug, Clone)]
 enum State {
     InProgress { lease_expires_at: i64 },
-    Completed(StoredResponse),
+    Completed(Kept),
+}
+
+/// A completed response as the store keeps it, for as long as its TTL: the headers
+/// encoded in one allocation (as the SQL stores keep them in a column) and the body
+/// shared with the engine's copy, instead of a deep copy of every header. A record
+/// outlives the requests around it, and each allocation it holds is one more chunk that
+/// keeps the allocator from merging the requests' freed memory.
+#[derive(Debug, Clone)]
+struct Kept {
+    status: u16,
+    headers: Box<[u8]>,
+    body: Option<Bytes>,
+}
+
+impl Kept {
+    fn new(response: &StoredResponse) -> Self {
+        Self {
+            status: response.status,
+            headers: encode_headers(&response.headers).into_boxed_slice(),
+            body: response.body.clone(),
+        }
+    }
+
+    /// The response to replay.
+    fn response(&self) -> Result<StoredResponse, StoreError> {
+        Ok(StoredResponse {
+            status: self.status,
+            headers: decode_headers(&self.headers)?,
+            body: self.body.clone(),
+        })
+    }
 }
 
 impl MemoryStore {
@@ -297,8 +331,8 @@ impl Store for MemoryStore {
                     None if !same_fingerprint => return Ok((ClaimOutcome::Mismatch, None)),
                     None => {
                         return Ok(match &existing.state {
-                            State::Completed(response) => (
-                                ClaimOutcome::Replay(response.clone()),
+                            State::Completed(kept) => (
+                                ClaimOutcome::Replay(kept.response()?),
                                 Some(remaining(existing.expires_at - now)),
                             ),
                             State::InProgress { lease_expires_at } => (
@@ -373,7 +407,7 @@ impl Store for MemoryStore {
             token,
             |records, id, _| {
                 if let Some(record) = records.get_mut(id) {
-                    record.state = State::Completed(response.clone());
+                    record.state = State::Completed(Kept::new(response));
                 }
                 true
             },
@@ -456,6 +490,9 @@ impl Store for MemoryStore {
 
     fn clock(&self) -> Option<Arc<dyn Clock>> {
         Some(self.clock.clone())
+    }
+    fn in_process(&self) -> bool {
+        true
     }
 }
 

@@ -316,6 +316,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn clock(&self) -> Option<std::sync::Arc<dyn crate::Clock>> {
         None
     }
+
+    /// Whether this store keeps its records in this process's memory, so that answering
+    /// a replay costs it no I/O and no hand-off to another thread ([`MemoryStore`]).
+    /// `false` (the default): the store is a database or a server.
+    ///
+    /// The engine's replay cache then keeps only records the store replayed, not every
+    /// completion: copying each fresh key's record into the cache (and evicting an older
+    /// one for it) would cost every request more than it saves the few keys that are
+    /// replayed, whose first replay the store answers from memory anyway.
+    ///
+    /// A decorator forwards its inner store's answer; one that does not still works,
+    /// caching every completion.
+    fn in_process(&self) -> bool {
+        false
+    }
 }
 
 /// What [`Store::watch_claim`] returns: resolves when a watched claim may have ended.
