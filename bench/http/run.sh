@@ -11,7 +11,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 
-ALL_VARIANTS="bare,idempotent-memory,axum-idempotent,idempotent-sqlite-normal,rustango-sqlite-normal,idempotent-sqlite-full,rustango-sqlite-full,idempotent-postgres,rustango-postgres,idempotent-mysql,idempotent-redis"
+ALL_VARIANTS="bare,floor-memory,idempotent-memory,axum-idempotent,idempotent-sqlite-normal,rustango-sqlite-normal,idempotent-sqlite-full,rustango-sqlite-full,idempotent-postgres,rustango-postgres,idempotent-mysql,idempotent-redis"
 
 usage() {
     cat <<EOF
@@ -429,6 +429,13 @@ for variant in "${selected[@]}"; do
     [ -n "$(store_port_for "$variant")" ] && writes="$(median "$variant" 12) / $(median "$variant" 13)"
     echo "| $variant | $(thousands "$fresh") ($(ratio "$fresh" "$bare_fresh")) | $(thousands "$replay") ($(ratio "$replay" "$bare_replay")) | $(ms "$p99") ($(ratio "$p99" "$bare_p99")) | $(ms "$replay_p99") | $(median "$variant" 10) ($(mode "$variant" 11)) | $vs_fresh | $vs_replay | $writes |"
 done
+
+# The memory store against the floor: how much of what any correct in-process layer must
+# spend (floor_app.rs) the engine spends on top.
+if grep -q "^floor-memory	" "$results" && grep -q "^idempotent-memory	" "$results"; then
+    echo
+    echo "idempotent-memory against floor-memory (the least a correct in-process layer does): fresh $(ratio "$(median idempotent-memory 3)" "$(median floor-memory 3)"), replay $(ratio "$(median idempotent-memory 6)" "$(median floor-memory 6)")"
+fi
 
 # Anything that makes a row suspect: error answers in the load runs, or handler runs
 # during the replay run (a replay that was not one).

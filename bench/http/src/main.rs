@@ -10,6 +10,7 @@
 //! store cannot be reached (the driver then skips the variant).
 
 mod axum_idempotent_app;
+mod floor_app;
 mod idempotent_app;
 mod order;
 mod stores;
@@ -76,6 +77,7 @@ async fn main() -> ExitCode {
     let (app, idempotency) = match args.variant {
         Variant::Bare => (bare_router(counters), None),
         Variant::AxumIdempotent => (axum_idempotent_app::router(counters), None),
+        Variant::Floor => (floor_app::router(counters), None),
         Variant::Idempotent(kind) => match stores::open(kind, &args.data_dir).await {
             Ok(store) => {
                 let (app, idempotency) = idempotent_app::router(store, counters);

@@ -22,11 +22,13 @@ pub enum Variant {
     Idempotent(StoreKind),
     /// axum-idempotent 0.6 over ruts' in-memory (moka) session store.
     AxumIdempotent,
+    /// The least work a correct in-process layer does, by hand (`floor_app.rs`).
+    Floor,
 }
 
 impl Variant {
     /// Every variant this server serves, by its command-line name.
-    pub const ALL: [Variant; 8] = [
+    pub const ALL: [Variant; 9] = [
         Variant::Bare,
         Variant::Idempotent(StoreKind::Memory),
         Variant::Idempotent(StoreKind::SqliteNormal),
@@ -35,6 +37,7 @@ impl Variant {
         Variant::Idempotent(StoreKind::MySql),
         Variant::Idempotent(StoreKind::Redis),
         Variant::AxumIdempotent,
+        Variant::Floor,
     ];
 
     /// The command-line name, as the driver and the results table spell it.
@@ -48,6 +51,7 @@ impl Variant {
             Variant::Idempotent(StoreKind::MySql) => "idempotent-mysql",
             Variant::Idempotent(StoreKind::Redis) => "idempotent-redis",
             Variant::AxumIdempotent => "axum-idempotent",
+            Variant::Floor => "floor-memory",
         }
     }
 

@@ -1,0 +1,218 @@
+//! The floor: the least work any correct in-process idempotency layer does for this
+//! handler, written by hand, so that the memory store's rows can be read against what is
+//! possible at all and not only against the bare handler.
+//!
+//! Per request it does what the contract cannot do without: read the key, buffer the
+//! body, fingerprint method, path and body with SHA-256, run the body's extractor (before
+//! the claim, as the contract orders: a body it refuses claims nothing), and look the key
+//! up in a mutex-guarded map, once. A fresh key is claimed in that map (an atomic claim: one
+//! execution per concurrent duplicates), the handler runs, and the status, the
+//! `Content-Type` and the body are kept in the map for the key's replays; a replay
+//! answers them with `Idempotent-Replayed: true`, a duplicate of a running key `409`, a
+//! key reused with another body `422`.
+//!
+//! Everything else the engine does is left out on purpose: TTLs and leases (records
+//! never expire here), fencing tokens, the renewal heartbeat, surviving a client that
+//! hangs up, stored-body caps and deadlines, `Retry-After`, metrics, tracing, the
+//! published policy. So no layer that keeps the contract can beat this one: it is the
+//! ceiling, not a peer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Router, extract::FromRef};
+use sha2::{Digest, Sha256};
+
+use crate::order::{self, Caller, Counters, Order};
+
+/// How many independently locked maps hold the records, as in `MemoryStore`.
+const SHARDS: usize = 32;
+
+/// A key's record: claimed (the handler runs) or completed (its answer, for replays).
+enum Record {
+    Running([u8; 32]),
+    Done {
+        fingerprint: [u8; 32],
+        status: StatusCode,
+        content_type: Option<HeaderValue>,
+        body: Bytes,
+    },
+}
+
+/// The records, by `(scope, key)`.
+#[derive(Clone)]
+struct Records {
+    shards: Arc<[Mutex<HashMap<(String, String), Record>>]>,
+    hasher: std::hash::RandomState,
+}
+
+impl Records {
+    fn new() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: std::hash::RandomState::new(),
+        }
+    }
+
+    fn shard(&self, id: &(String, String)) -> &Mutex<HashMap<(String, String), Record>> {
+        let hash = std::hash::BuildHasher::hash_one(&self.hasher, id);
+        &self.shards[(hash >> 32) as usize % SHARDS]
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    records: Records,
+    counters: Counters,
+}
+
+impl FromRef<AppState> for Counters {
+    fn from_ref(state: &AppState) -> Self {
+        state.counters.clone()
+    }
+}
+
+/// The router with the floor layer on both order routes.
+pub fn router(counters: Counters) -> Router {
+    let state = AppState {
+        records: Records::new(),
+        counters,
+    };
+    Router::new()
+        .route("/orders", post(create_order))
+        .route("/orders/slow", post(create_slow_order))
+        .route("/stats", get(order::stats))
+        .with_state(state)
+}
+
+async fn create_order(State(state): State<AppState>, caller: Caller, request: Request) -> Response {
+    idempotent(
+        &state,
+        caller,
+        request,
+        |caller, order, counters| async move {
+            let sequence = counters.order_started();
+            order::place_order(&caller, order, sequence)
+        },
+    )
+    .await
+}
+
+async fn create_slow_order(
+    State(state): State<AppState>,
+    caller: Caller,
+    request: Request,
+) -> Response {
+    idempotent(
+        &state,
+        caller,
+        request,
+        |caller, order, counters| async move {
+            let sequence = counters.slow_order_started();
+            tokio::time::sleep(order::SLOW_HANDLER).await;
+            order::place_order(&caller, order, sequence)
+        },
+    )
+    .await
+}
+
+/// Claim, fingerprint, run `handler`, keep its answer — the floor of the contract.
+async fn idempotent<F, Fut>(
+    state: &AppState,
+    caller: Caller,
+    request: Request,
+    handler: F,
+) -> Response
+where
+    F: FnOnce(Caller, Order, Counters) -> Fut,
+    Fut: Future<Output = (StatusCode, Json<order::Receipt>)>,
+{
+    let Some(key) = idempotency_key(request.headers()) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let (parts, body) = request.into_parts();
+    // Within axum's default body limit, as the engine reads it.
+    let Ok(body) = axum::body::to_bytes(body, 2 * 1024 * 1024).await else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let mut sha = Sha256::new();
+    sha.update(parts.method.as_str());
+    sha.update([0]);
+    sha.update(parts.uri.path());
+    sha.update([0]);
+    sha.update(&body);
+    let fingerprint: [u8; 32] = sha.finalize().into();
+
+    // The extractor runs before the claim, as in the engine: a body it refuses claims
+    // nothing.
+    let request = Request::from_parts(parts, body.into());
+    let order = match Json::<Order>::from_request(request, &()).await {
+        Ok(Json(order)) => order,
+        Err(rejection) => return rejection.into_response(),
+    };
+
+    let id = (caller.account.clone(), key);
+    let shard = state.records.shard(&id);
+    {
+        let mut records = shard.lock().unwrap();
+        match records.get(&id) {
+            Some(Record::Done {
+                fingerprint: stored,
+                status,
+                content_type,
+                body,
+            }) if *stored == fingerprint => {
+                let mut response = (*status, body.clone()).into_response();
+                if let Some(content_type) = content_type {
+                    response
+                        .headers_mut()
+                        .insert(header::CONTENT_TYPE, content_type.clone());
+                }
+                response
+                    .headers_mut()
+                    .insert("idempotent-replayed", HeaderValue::from_static("true"));
+                return response;
+            }
+            Some(Record::Running(stored)) if *stored == fingerprint => {
+                return StatusCode::CONFLICT.into_response();
+            }
+            Some(_) => return StatusCode::UNPROCESSABLE_ENTITY.into_response(),
+            None => {
+                records.insert(id.clone(), Record::Running(fingerprint));
+            }
+        }
+    }
+
+    let answer = handler(caller, order, state.counters.clone())
+        .await
+        .into_response();
+    let (parts, body) = answer.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, usize::MAX).await else {
+        shard.lock().unwrap().remove(&id);
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let record = Record::Done {
+        fingerprint,
+        status: parts.status,
+        content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
+        body: body.clone(),
+    };
+    shard.lock().unwrap().insert(id, record);
+    Response::from_parts(parts, body.into())
+}
+
+/// The `Idempotency-Key` header, quotes stripped.
+fn idempotency_key(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get("idempotency-key")?.to_str().ok()?;
+    let key = value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(value);
+    (!key.is_empty()).then(|| key.to_owned())
+}
