@@ -474,9 +474,10 @@ impl Idempotency {
                 Attempt::Done(_, answer) => answer,
                 Attempt::InProgress(retry_after, _) => self.in_progress(config, retry_after),
             },
+            // Boxed: only handlers whose duplicates wait pay for its state in their
+            // request's future.
             Some(wait) => {
-                self.claim_waiting(config, scope, key, wait, execute, attempt)
-                    .await
+                Box::pin(self.claim_waiting(config, scope, key, wait, execute, attempt)).await
             }
         }
     }

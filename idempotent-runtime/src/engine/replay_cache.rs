@@ -63,7 +63,7 @@ use crate::clock::{Clock, millis};
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
 use crate::prehashed::PassThrough;
-use crate::store::StoredResponse;
+use crate::store::{CompactResponse, StoredResponse};
 
 /// How many independently locked shards hold the entries.
 const SHARDS: usize = 32;
@@ -157,28 +157,33 @@ impl CacheClock {
     }
 }
 
-/// A cached replay: the completed record, and the response [`super::answers::replay`]
-/// builds from it, built at the first replay (most completed keys are never replayed, so
-/// caching one costs no header parsing) and cloned for every later one.
+/// A cached replay: the completed record, compact (it outlives the requests around it,
+/// see [`CompactResponse`]), and the response [`super::answers::replay`] builds from it,
+/// built at the first replay (most completed keys are never replayed, so caching one
+/// costs no header parsing) and cloned for every later one.
 #[derive(Debug)]
 pub(super) struct CachedReplay {
-    stored: StoredResponse,
+    stored: CompactResponse,
     built: OnceLock<(StatusCode, HeaderMap, Bytes)>,
 }
 
 impl CachedReplay {
-    pub(super) fn new(stored: StoredResponse) -> Self {
+    pub(super) fn new(stored: &StoredResponse) -> Self {
         Self {
-            stored,
+            stored: CompactResponse::new(stored),
             built: OnceLock::new(),
         }
     }
 
     /// The replayed response (marked as a replay).
     pub(super) fn response(&self) -> Response {
-        let (status, headers, body) = self
-            .built
-            .get_or_init(|| super::answers::replay_parts(&self.stored));
+        let (status, headers, body) = self.built.get_or_init(|| {
+            let stored = self
+                .stored
+                .to_stored()
+                .expect("headers this process encoded decode");
+            super::answers::replay_parts(&stored)
+        });
         let mut response = Response::new(Body::from(body.clone()));
         *response.status_mut() = *status;
         *response.headers_mut() = headers.clone();
@@ -324,7 +329,7 @@ impl ReplayCache {
                 .iter()
                 .map(|(name, value)| 2 * (name.len() + value.len()))
                 .sum::<usize>();
-        let replay = Arc::new(CachedReplay::new(stored));
+        let replay = Arc::new(CachedReplay::new(&stored));
         let now = self.now();
         let expires_at = lives_until.min(now.saturating_add(self.max_age));
         if expires_at <= now || size > self.shard_bytes || self.shard_entries == 0 {

@@ -18,10 +18,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use bytes::Bytes;
-
 use super::operator::{lease_left_from_millis, system_time_from_millis};
-use super::record::{decode_headers, encode_headers};
+use super::record::CompactResponse;
 use super::takeover::{Found, takeover};
 use super::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordState, Store,
@@ -212,39 +210,11 @@ impl Record {
 
 #[derive(Debug, Clone)]
 enum State {
-    InProgress { lease_expires_at: i64 },
-    Completed(Kept),
-}
-
-/// A completed response as the store keeps it, for as long as its TTL: the headers
-/// encoded in one allocation (as the SQL stores keep them in a column) and the body
-/// shared with the engine's copy, instead of a deep copy of every header. A record
-/// outlives the requests around it, and each allocation it holds is one more chunk that
-/// keeps the allocator from merging the requests' freed memory.
-#[derive(Debug, Clone)]
-struct Kept {
-    status: u16,
-    headers: Box<[u8]>,
-    body: Option<Bytes>,
-}
-
-impl Kept {
-    fn new(response: &StoredResponse) -> Self {
-        Self {
-            status: response.status,
-            headers: encode_headers(&response.headers).into_boxed_slice(),
-            body: response.body.clone(),
-        }
-    }
-
-    /// The response to replay.
-    fn response(&self) -> Result<StoredResponse, StoreError> {
-        Ok(StoredResponse {
-            status: self.status,
-            headers: decode_headers(&self.headers)?,
-            body: self.body.clone(),
-        })
-    }
+    InProgress {
+        lease_expires_at: i64,
+    },
+    /// Kept compact: a record outlives the requests around it (see [`CompactResponse`]).
+    Completed(CompactResponse),
 }
 
 impl MemoryStore {
@@ -332,7 +302,7 @@ impl Store for MemoryStore {
                     None => {
                         return Ok(match &existing.state {
                             State::Completed(kept) => (
-                                ClaimOutcome::Replay(kept.response()?),
+                                ClaimOutcome::Replay(kept.to_stored()?),
                                 Some(remaining(existing.expires_at - now)),
                             ),
                             State::InProgress { lease_expires_at } => (
@@ -407,7 +377,7 @@ impl Store for MemoryStore {
             token,
             |records, id, _| {
                 if let Some(record) = records.get_mut(id) {
-                    record.state = State::Completed(Kept::new(response));
+                    record.state = State::Completed(CompactResponse::new(response));
                 }
                 true
             },

@@ -50,6 +50,7 @@ pub use mysql::MySqlStore;
 pub use operator::{ForgetOutcome, RecordInfo, RecordState};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
+pub(crate) use record::CompactResponse;
 pub use record::{decode_headers, encode_headers};
 #[cfg(any(feature = "sql", feature = "redis"))]
 pub use redact::redacted_url;
