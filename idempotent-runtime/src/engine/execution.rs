@@ -502,7 +502,7 @@ impl Execution {
     /// Caches the record this request completed (the store confirmed it), unless the
     /// store keeps it in memory itself.
     fn remember(&self, stored: StoredResponse) {
-        if !self.engine.inner.cache_completions {
+        if self.engine.inner.store.in_process() {
             return;
         }
         // Without a cache there is nothing to keep: the record was only needed for this.

@@ -127,9 +127,6 @@ struct Inner {
     tracker: tokio_util::task::TaskTracker,
     /// Completed records this process has seen, for replays without a store round trip.
     replay_cache: Option<ReplayCache>,
-    /// Whether this process's own completions enter the replay cache: not for a store
-    /// that keeps its records in memory ([`Store::in_process`]).
-    cache_completions: bool,
 }
 
 /// Configures an [`Idempotency`] engine.
@@ -243,7 +240,6 @@ impl IdempotencyBuilder {
         self.inner.replay_cache = self
             .replay_cache
             .map(|config| ReplayCache::new(config, self.inner.store.clock()));
-        self.inner.cache_completions = !self.inner.store.in_process();
         Idempotency {
             inner: Arc::new(self.inner),
         }
@@ -278,7 +274,6 @@ impl Idempotency {
                 durations: retry_after::DurationEstimates::default(),
                 tracker: tokio_util::task::TaskTracker::new(),
                 replay_cache: None,
-                cache_completions: true,
             },
             replay_cache: Some(ReplayCacheConfig::new()),
         }

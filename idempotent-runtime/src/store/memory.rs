@@ -195,8 +195,8 @@ impl Record {
                 lease_expires_at: system_time_from_millis(*lease_expires_at),
                 holder_alive: *lease_expires_at > now,
             },
-            State::Completed(kept) => RecordState::Completed {
-                status: kept.status,
+            State::Completed(response) => RecordState::Completed {
+                status: response.status,
             },
         };
         RecordInfo::new(
@@ -301,8 +301,8 @@ impl Store for MemoryStore {
                     None if !same_fingerprint => return Ok((ClaimOutcome::Mismatch, None)),
                     None => {
                         return Ok(match &existing.state {
-                            State::Completed(kept) => (
-                                ClaimOutcome::Replay(kept.to_stored()?),
+                            State::Completed(response) => (
+                                ClaimOutcome::Replay(response.to_stored()?),
                                 Some(remaining(existing.expires_at - now)),
                             ),
                             State::InProgress { lease_expires_at } => (
