@@ -1,49 +1,159 @@
 //! The Postgres claim: one statement (`sql/claim.sql`) inserts or takes over, or reads
-//! the record that refuses, in one round trip.
+//! the record that refuses, for a whole batch of claims in one round trip (group commit,
+//! `group_commit.rs`).
 
-use sqlx::Row;
-use sqlx::postgres::PgRow;
+use std::future::Future;
 
+use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::{Row, SqlStr};
+
+use super::group_commit::Batch;
 use super::{PostgresStore, interval};
 use crate::store::sql::{self, Classified, FoundRow};
 use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
 
+/// One claim, owned so it can wait for its batch.
+pub(super) struct QueuedClaim {
+    scope: String,
+    key: String,
+    fingerprint: Vec<u8>,
+    fingerprint_version: i16,
+    token: crate::store::FencingToken,
+    ttl: PgInterval,
+    lease: PgInterval,
+}
+
 impl PostgresStore {
-    /// One run of the claim statement; `None`: the record changed between the statement's
-    /// snapshot and its conflict check (see [`PostgresStore`]), run it again.
+    /// One run of the claim statement (in a batch); `None`: the record changed between
+    /// the statement's snapshot and its conflict check (see [`PostgresStore`]), run it
+    /// again.
     pub(super) async fn claim_once(
         &self,
         claim: &ClaimRequest<'_>,
     ) -> Result<Option<sql::Answer>, StoreError> {
-        let row = sqlx::query(self.sql.claim.clone())
-            .bind(claim.scope)
-            .bind(claim.key)
-            .bind(&claim.fingerprint.digest[..])
-            .bind(claim.fingerprint.version)
-            .bind(claim.token.0)
-            .bind(interval(claim.ttl))
-            .bind(interval(claim.lease))
-            .fetch_optional(&self.pool)
-            .await?;
-        // No row: the conflicting record is not in the snapshot (inserted concurrently).
-        let Some(row) = row else { return Ok(None) };
-        if row.try_get::<bool, _>("claimed")? {
-            let takeover: Option<String> = row.try_get("takeover")?;
-            return Ok(Some((
-                ClaimOutcome::Claimed {
-                    token: claim.token,
-                    takeover: parse_takeover(takeover.as_deref())?,
-                },
-                None,
-            )));
-        }
-        match sql::classify(found_row(&row)?)? {
-            Classified::Refused(outcome) => Ok(Some(outcome)),
-            // Claimable in the snapshot, yet not claimed: it changed meanwhile.
-            Classified::Claimable(reason) => {
-                tracing::debug!(%reason, "claimable record changed before the takeover");
-                Ok(None)
+        self.claims
+            .ask(QueuedClaim {
+                scope: claim.scope.to_owned(),
+                key: claim.key.to_owned(),
+                fingerprint: claim.fingerprint.digest.to_vec(),
+                fingerprint_version: claim.fingerprint.version,
+                token: claim.token,
+                ttl: interval(claim.ttl),
+                lease: interval(claim.lease),
+            })
+            .await
+    }
+}
+
+impl Batch for QueuedClaim {
+    type Reply = Option<sql::Answer>;
+
+    fn record(&self) -> (&str, &str) {
+        (&self.scope, &self.key)
+    }
+
+    fn after_first(&self, first: &Self, first_reply: &Self::Reply) -> Option<Self::Reply> {
+        let same_fingerprint = self.fingerprint == first.fingerprint
+            && self.fingerprint_version == first.fingerprint_version;
+        match first_reply.as_ref()? {
+            // The record `first` now holds, as this claim would have found it.
+            (ClaimOutcome::Claimed { .. }, _) => {
+                let millis = |i: &PgInterval| i.microseconds / 1000;
+                let found = FoundRow {
+                    state: "in_progress".to_owned(),
+                    ttl_ran_out: false,
+                    lease_ran_out: false,
+                    same_fingerprint,
+                    lease_remaining_ms: Some(millis(&first.lease)),
+                    ttl_remaining_ms: Some(millis(&first.ttl)),
+                    status: None,
+                    headers: None,
+                    body: None,
+                };
+                match sql::classify(found).ok()? {
+                    Classified::Refused(answer) => Some(Some(answer)),
+                    Classified::Claimable(_) => None,
+                }
             }
+            // The same snapshot and the same fingerprint: the same refusal.
+            refused if same_fingerprint => Some(Some(refused.clone())),
+            _ => None,
+        }
+    }
+
+    fn run<'c>(
+        statement: &'c SqlStr,
+        db: &'c mut PgConnection,
+        batch: &'c [&'c Self],
+    ) -> impl Future<Output = Result<Vec<Result<Self::Reply, StoreError>>, sqlx::Error>> + Send + 'c
+    {
+        async move {
+            let scopes: Vec<&str> = batch.iter().map(|c| c.scope.as_str()).collect();
+            let keys: Vec<&str> = batch.iter().map(|c| c.key.as_str()).collect();
+            let fingerprints: Vec<&[u8]> = batch.iter().map(|c| c.fingerprint.as_slice()).collect();
+            let versions: Vec<i16> = batch.iter().map(|c| c.fingerprint_version).collect();
+            let tokens: Vec<i64> = batch.iter().map(|c| c.token.0).collect();
+            let ttls: Vec<PgInterval> = batch.iter().map(|c| c.ttl.clone()).collect();
+            let leases: Vec<PgInterval> = batch.iter().map(|c| c.lease.clone()).collect();
+            let rows = sqlx::query(statement.clone())
+                .bind(scopes)
+                .bind(keys)
+                .bind(fingerprints)
+                .bind(versions)
+                .bind(tokens)
+                .bind(ttls)
+                .bind(leases)
+                .fetch_all(db)
+                .await?;
+            let mut replies: Vec<Option<Result<Self::Reply, StoreError>>> =
+                (0..batch.len()).map(|_| None).collect();
+            for row in rows {
+                let n: i64 = row.try_get("n")?;
+                let at = usize::try_from(n - 1)
+                    .ok()
+                    .filter(|&at| at < batch.len())
+                    .ok_or_else(|| {
+                        sqlx::Error::Protocol(format!("claim row {n} of {}", batch.len()))
+                    })?;
+                replies[at] = Some(answer(&row, batch[at].token));
+            }
+            replies
+                .into_iter()
+                .map(|reply| {
+                    reply.ok_or_else(|| sqlx::Error::Protocol("a claim got no row".into()))
+                })
+                .collect()
+        }
+    }
+}
+
+/// One claim's row: claimed, refused by the record found, or `None` (changed meanwhile).
+fn answer(
+    row: &PgRow,
+    token: crate::store::FencingToken,
+) -> Result<Option<sql::Answer>, StoreError> {
+    if row.try_get::<bool, _>("claimed")? {
+        let takeover: Option<String> = row.try_get("takeover")?;
+        return Ok(Some((
+            ClaimOutcome::Claimed {
+                token,
+                takeover: parse_takeover(takeover.as_deref())?,
+            },
+            None,
+        )));
+    }
+    // Neither claimed nor found: the conflicting record is not in the snapshot
+    // (inserted concurrently).
+    if row.try_get::<Option<String>, _>("state")?.is_none() {
+        return Ok(None);
+    }
+    match sql::classify(found_row(row)?)? {
+        Classified::Refused(outcome) => Ok(Some(outcome)),
+        // Claimable in the snapshot, yet not claimed: it changed meanwhile.
+        Classified::Claimable(reason) => {
+            tracing::debug!(%reason, "claimable record changed before the takeover");
+            Ok(None)
         }
     }
 }

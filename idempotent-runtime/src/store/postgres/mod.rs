@@ -70,17 +70,25 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::types::PgInterval;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row};
 
 use super::sql::{self, EmbeddedMigration};
 use super::{
     ClaimOutcome, ClaimRequest, ClaimWatch, FencingToken, ForgetOutcome, RecordInfo, Store,
     StoreError, StoredResponse, TxSupport,
 };
+use claim::QueuedClaim;
+use completion::QueuedCompletion;
+use connections::StatementConnections;
+use group_commit::Batcher;
 use schema::{Schema, Statements};
 
 mod claim;
+mod completion;
+mod connections;
+mod group_commit;
 mod notify;
 mod operator;
 mod schema;
@@ -162,6 +170,12 @@ pub struct PostgresStore {
     schema: Option<Schema>,
     sql: Arc<Statements>,
     transactions: TxSupport,
+    /// Where claims, renewals, completions and releases run (`connections.rs`).
+    connections: Arc<StatementConnections>,
+    /// Claims, batched into shared statements (`group_commit.rs`).
+    claims: Arc<Batcher<QueuedClaim>>,
+    /// Completions outside a transaction, batched likewise.
+    completions: Arc<Batcher<QueuedCompletion>>,
     /// Wakes duplicates waiting for a claim to end (`LISTEN/NOTIFY`).
     notifier: Arc<notify::Notifier>,
 }
@@ -172,6 +186,7 @@ impl std::fmt::Debug for PostgresStore {
             .field("location", &describe_options(&self.pool.connect_options()))
             .field("schema", &self.schema.as_ref().map(Schema::name))
             .field("pool_size", &self.pool.size())
+            .field("statement_connections", &self.connections)
             .finish()
     }
 }
@@ -283,13 +298,30 @@ impl PostgresStore {
         let sql = Arc::new(Statements::new(schema.as_ref()));
         let transactions = transaction::support(pool.clone(), sql.clone());
         let notifier = Arc::new(notify::Notifier::new((*pool.connect_options()).clone()));
+        let connections = Arc::new(StatementConnections::like(&pool));
+        let claims = Arc::new(Batcher::start(sql.claim.clone(), connections.clone()));
+        let completions = Arc::new(Batcher::start(
+            sql.complete_batch.clone(),
+            connections.clone(),
+        ));
         Self {
             pool,
             schema,
             sql,
             transactions,
+            connections,
+            claims,
+            completions,
             notifier,
         }
+    }
+
+    /// Runs one statement that writes on a statement connection; the rows it affected.
+    async fn execute(&self, query: Query<'_, Postgres, PgArguments>) -> Result<u64, StoreError> {
+        let mut lent = self.connections.acquire().await?;
+        let done = query.execute(lent.connection()).await?;
+        lent.release();
+        Ok(done.rows_affected())
     }
 }
 
@@ -358,14 +390,12 @@ impl Store for PostgresStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(self.sql.renew.clone())
+        let renew = sqlx::query(self.sql.renew.clone())
             .bind(scope)
             .bind(key)
             .bind(token.0)
-            .bind(interval(lease))
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+            .bind(interval(lease));
+        Ok(self.execute(renew).await? == 1)
     }
 
     async fn complete(
@@ -375,10 +405,7 @@ impl Store for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let done = sql::bind_completion(self.sql.complete.clone(), scope, key, token, response)?
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        self.complete_claim(scope, key, token, response).await
     }
 
     async fn release(
@@ -387,13 +414,11 @@ impl Store for PostgresStore {
         key: &str,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(self.sql.release.clone())
+        let release = sqlx::query(self.sql.release.clone())
             .bind(scope)
             .bind(key)
-            .bind(token.0)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+            .bind(token.0);
+        Ok(self.execute(release).await? == 1)
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
@@ -429,15 +454,20 @@ impl Store for PostgresStore {
         // found it in progress, so that its end notifies (only marked records notify:
         // see migration 3).
         let notified = self.notifier.watch(scope, key, poll);
-        let (pool, mark) = (self.pool.clone(), self.sql.mark_waited.clone());
+        let (connections, mark) = (self.connections.clone(), self.sql.mark_waited.clone());
         let (scope, key) = (scope.to_owned(), key.to_owned());
         Box::pin(async move {
-            let watched = sqlx::query(mark)
-                .bind(&scope)
-                .bind(&key)
-                .fetch_one(&pool)
-                .await
-                .and_then(|row| row.try_get::<bool, _>("watched"));
+            let watched = async {
+                let mut lent = connections.acquire().await?;
+                let row = sqlx::query(mark)
+                    .bind(&scope)
+                    .bind(&key)
+                    .fetch_one(lent.connection())
+                    .await?;
+                lent.release();
+                row.try_get::<bool, _>("watched")
+            }
+            .await;
             match watched {
                 // Ended or changed since the claim: claim again now.
                 Ok(false) => {}

@@ -1,8 +1,13 @@
--- Insert-or-take-over, and otherwise the existing record, in one statement.
--- {t} is the store's (possibly schema-qualified) table.
+-- Insert-or-take-over, and otherwise the existing record, in one statement for a whole
+-- batch of claims (group commit, `group_commit.rs`). {t} is the store's (possibly
+-- schema-qualified) table.
 --
--- $1 scope, $2 key, $3 fingerprint digest, $4 fingerprint version, $5 token, $6 ttl,
--- $7 lease (intervals; every time is the database's now()).
+-- Arrays with one element per claim, whose (scope, key) pairs are distinct: $1 scopes,
+-- $2 keys, $3 fingerprint digests, $4 fingerprint versions, $5 tokens, $6 TTLs, $7 leases
+-- (intervals; every time is the database's now()). One row per claim comes back, `n`
+-- its position (1-based).
+--
+-- Per claim, as for a claim alone:
 --
 -- - `existing` reads the record from the statement's snapshot.
 -- - `claimed` is the atomic insert-or-take-over. It is only attempted when the snapshot
@@ -14,24 +19,33 @@
 -- - The DO UPDATE only takes over the very record the snapshot showed (same token and
 --   state) and only while the takeover rule still holds for its newest version. So the
 --   reason reported, computed from the snapshot, is the reason the record was taken
---   for; a record that changed since the snapshot is left alone, nothing is returned,
---   and the store runs the claim again with a fresh snapshot.
+--   for; a record that changed since the snapshot is left alone, its row says neither
+--   claimed nor found, and the store runs that claim again with a fresh snapshot.
 -- - The final SELECT returns the claim (with its takeover reason, NULL for a new key),
 --   or else the snapshot's record, judged at now(), with headers and body only for a
 --   completed same-fingerprint record. The lease and TTL time left use clock_timestamp()
 --   (the TTL's rounded down: it bounds the replay cache's copy of the record).
-WITH existing AS (
-    SELECT state, token, status, headers, body, expires_at,
-           expires_at <= now() AS ttl_ran_out,
-           lease_expires_at <= now() AS lease_ran_out,
-           (fingerprint = $3 AND fingerprint_version = $4) AS same_fingerprint,
-           lease_expires_at
-    FROM {t}
-    WHERE scope = $1 AND key = $2
+WITH input AS (
+    SELECT *
+    FROM unnest($1::text[], $2::text[], $3::bytea[], $4::smallint[], $5::bigint[],
+                $6::interval[], $7::interval[])
+         WITH ORDINALITY AS i(scope, key, fingerprint, fingerprint_version, token, ttl,
+                              lease, n)
+),
+existing AS (
+    SELECT i.n, r.scope, r.key, r.state, r.token, r.status, r.headers, r.body,
+           r.expires_at, r.lease_expires_at,
+           r.expires_at <= now() AS ttl_ran_out,
+           r.lease_expires_at <= now() AS lease_ran_out,
+           (r.fingerprint = i.fingerprint
+            AND r.fingerprint_version = i.fingerprint_version) AS same_fingerprint
+    FROM input i
+    JOIN {t} r ON r.scope = i.scope AND r.key = i.key
 ),
 takeover AS (
     -- The takeover rule (src/store/takeover.rs) on the snapshot's record.
-    SELECT CASE
+    SELECT e.n,
+           CASE
                WHEN e.ttl_ran_out AND (e.state = 'completed' OR e.lease_ran_out)
                    THEN 'expired'
                WHEN e.state = 'in_progress' AND e.lease_ran_out AND e.same_fingerprint
@@ -43,9 +57,10 @@ claimed AS (
     INSERT INTO {t} AS r
         (scope, key, fingerprint, fingerprint_version, state, token,
          lease_expires_at, status, headers, body, created_at, expires_at)
-    SELECT $1, $2, $3, $4, 'in_progress', $5,
-           now() + $7, NULL, NULL, NULL, now(), now() + $6
-    WHERE NOT EXISTS (SELECT 1 FROM takeover WHERE reason IS NULL)
+    SELECT i.scope, i.key, i.fingerprint, i.fingerprint_version, 'in_progress', i.token,
+           now() + i.lease, NULL, NULL, NULL, now(), now() + i.ttl
+    FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM takeover t WHERE t.n = i.n AND t.reason IS NULL)
     ON CONFLICT (scope, key) DO UPDATE SET
         fingerprint = EXCLUDED.fingerprint,
         fingerprint_version = EXCLUDED.fingerprint_version,
@@ -57,38 +72,31 @@ claimed AS (
         body = NULL,
         created_at = EXCLUDED.created_at,
         expires_at = EXCLUDED.expires_at
-    WHERE (r.token, r.state) = (SELECT e.token, e.state FROM existing e)
+    WHERE (r.token, r.state) = (SELECT e.token, e.state FROM existing e
+                                WHERE e.scope = r.scope AND e.key = r.key)
       AND ((r.expires_at <= now()
             AND (r.state = 'completed' OR r.lease_expires_at <= now()))
            OR (r.state = 'in_progress'
                AND r.lease_expires_at <= now()
                AND r.fingerprint = EXCLUDED.fingerprint
                AND r.fingerprint_version = EXCLUDED.fingerprint_version))
-    RETURNING 1
+    RETURNING r.scope, r.key
 )
-SELECT TRUE AS claimed,
-       (SELECT reason FROM takeover) AS takeover,
-       NULL::text AS state,
-       NULL::boolean AS ttl_ran_out,
-       NULL::boolean AS lease_ran_out,
-       NULL::boolean AS same_fingerprint,
-       NULL::bigint AS lease_remaining_ms,
-       NULL::bigint AS ttl_remaining_ms,
-       NULL::smallint AS status,
-       NULL::bytea AS headers,
-       NULL::bytea AS body
-FROM claimed
-UNION ALL
-SELECT FALSE,
-       NULL,
+SELECT i.n,
+       (c.key IS NOT NULL) AS claimed,
+       t.reason AS takeover,
        e.state,
        e.ttl_ran_out,
        e.lease_ran_out,
        e.same_fingerprint,
-       ceil(extract(epoch FROM e.lease_expires_at - clock_timestamp()) * 1000)::bigint,
-       floor(extract(epoch FROM e.expires_at - clock_timestamp()) * 1000)::bigint,
-       CASE WHEN e.same_fingerprint THEN e.status END,
-       CASE WHEN e.same_fingerprint THEN e.headers END,
-       CASE WHEN e.same_fingerprint THEN e.body END
-FROM existing e
-WHERE NOT EXISTS (SELECT 1 FROM claimed)
+       ceil(extract(epoch FROM e.lease_expires_at - clock_timestamp()) * 1000)::bigint
+           AS lease_remaining_ms,
+       floor(extract(epoch FROM e.expires_at - clock_timestamp()) * 1000)::bigint
+           AS ttl_remaining_ms,
+       CASE WHEN e.same_fingerprint THEN e.status END AS status,
+       CASE WHEN e.same_fingerprint THEN e.headers END AS headers,
+       CASE WHEN e.same_fingerprint THEN e.body END AS body
+FROM input i
+LEFT JOIN claimed c ON c.scope = i.scope AND c.key = i.key
+LEFT JOIN existing e ON e.n = i.n
+LEFT JOIN takeover t ON t.n = i.n
