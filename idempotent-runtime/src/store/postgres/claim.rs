@@ -2,8 +2,6 @@
 //! the record that refuses, for a whole batch of claims in one round trip (group commit,
 //! `group_commit.rs`).
 
-use std::future::Future;
-
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{Row, SqlStr};
@@ -82,49 +80,44 @@ impl Batch for QueuedClaim {
         }
     }
 
-    fn run<'c>(
+    async fn run<'c>(
         statement: &'c SqlStr,
         db: &'c mut PgConnection,
         batch: &'c [&'c Self],
-    ) -> impl Future<Output = Result<Vec<Result<Self::Reply, StoreError>>, sqlx::Error>> + Send + 'c
-    {
-        async move {
-            let scopes: Vec<&str> = batch.iter().map(|c| c.scope.as_str()).collect();
-            let keys: Vec<&str> = batch.iter().map(|c| c.key.as_str()).collect();
-            let fingerprints: Vec<&[u8]> = batch.iter().map(|c| c.fingerprint.as_slice()).collect();
-            let versions: Vec<i16> = batch.iter().map(|c| c.fingerprint_version).collect();
-            let tokens: Vec<i64> = batch.iter().map(|c| c.token.0).collect();
-            let ttls: Vec<PgInterval> = batch.iter().map(|c| c.ttl.clone()).collect();
-            let leases: Vec<PgInterval> = batch.iter().map(|c| c.lease.clone()).collect();
-            let rows = sqlx::query(statement.clone())
-                .bind(scopes)
-                .bind(keys)
-                .bind(fingerprints)
-                .bind(versions)
-                .bind(tokens)
-                .bind(ttls)
-                .bind(leases)
-                .fetch_all(db)
-                .await?;
-            let mut replies: Vec<Option<Result<Self::Reply, StoreError>>> =
-                (0..batch.len()).map(|_| None).collect();
-            for row in rows {
-                let n: i64 = row.try_get("n")?;
-                let at = usize::try_from(n - 1)
-                    .ok()
-                    .filter(|&at| at < batch.len())
-                    .ok_or_else(|| {
-                        sqlx::Error::Protocol(format!("claim row {n} of {}", batch.len()))
-                    })?;
-                replies[at] = Some(answer(&row, batch[at].token));
-            }
-            replies
-                .into_iter()
-                .map(|reply| {
-                    reply.ok_or_else(|| sqlx::Error::Protocol("a claim got no row".into()))
-                })
-                .collect()
+    ) -> Result<Vec<Result<Self::Reply, StoreError>>, sqlx::Error> {
+        let scopes: Vec<&str> = batch.iter().map(|c| c.scope.as_str()).collect();
+        let keys: Vec<&str> = batch.iter().map(|c| c.key.as_str()).collect();
+        let fingerprints: Vec<&[u8]> = batch.iter().map(|c| c.fingerprint.as_slice()).collect();
+        let versions: Vec<i16> = batch.iter().map(|c| c.fingerprint_version).collect();
+        let tokens: Vec<i64> = batch.iter().map(|c| c.token.0).collect();
+        let ttls: Vec<PgInterval> = batch.iter().map(|c| c.ttl).collect();
+        let leases: Vec<PgInterval> = batch.iter().map(|c| c.lease).collect();
+        let rows = sqlx::query(statement.clone())
+            .bind(scopes)
+            .bind(keys)
+            .bind(fingerprints)
+            .bind(versions)
+            .bind(tokens)
+            .bind(ttls)
+            .bind(leases)
+            .fetch_all(db)
+            .await?;
+        let mut replies: Vec<Option<Result<Self::Reply, StoreError>>> =
+            (0..batch.len()).map(|_| None).collect();
+        for row in rows {
+            let n: i64 = row.try_get("n")?;
+            let at = usize::try_from(n - 1)
+                .ok()
+                .filter(|&at| at < batch.len())
+                .ok_or_else(|| {
+                    sqlx::Error::Protocol(format!("claim row {n} of {}", batch.len()))
+                })?;
+            replies[at] = Some(answer(&row, batch[at].token));
         }
+        replies
+            .into_iter()
+            .map(|reply| reply.ok_or_else(|| sqlx::Error::Protocol("a claim got no row".into())))
+            .collect()
     }
 }
 

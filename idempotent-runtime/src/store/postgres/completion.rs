@@ -2,8 +2,6 @@
 //! (`sql/complete_batch.sql`) for a whole batch of completions (group commit,
 //! `group_commit.rs`), each fenced by its token.
 
-use std::future::Future;
-
 use sqlx::postgres::PgConnection;
 use sqlx::{Row, SqlStr};
 
@@ -61,41 +59,39 @@ impl Batch for QueuedCompletion {
         None
     }
 
-    fn run<'c>(
+    async fn run<'c>(
         statement: &'c SqlStr,
         db: &'c mut PgConnection,
         batch: &'c [&'c Self],
-    ) -> impl Future<Output = Result<Vec<Result<bool, StoreError>>, sqlx::Error>> + Send + 'c {
-        async move {
-            let scopes: Vec<&str> = batch.iter().map(|c| c.scope.as_str()).collect();
-            let keys: Vec<&str> = batch.iter().map(|c| c.key.as_str()).collect();
-            let tokens: Vec<i64> = batch.iter().map(|c| c.token.0).collect();
-            let statuses: Vec<i16> = batch.iter().map(|c| c.status).collect();
-            let headers: Vec<&[u8]> = batch.iter().map(|c| c.headers.as_slice()).collect();
-            let bodies: Vec<Option<&[u8]>> = batch.iter().map(|c| c.body.as_deref()).collect();
-            let rows = sqlx::query(statement.clone())
-                .bind(scopes)
-                .bind(keys)
-                .bind(tokens)
-                .bind(statuses)
-                .bind(headers)
-                .bind(bodies)
-                .fetch_all(db)
-                .await?;
-            let mut done = vec![false; batch.len()];
-            for row in rows {
-                let n: i64 = row.try_get("n")?;
-                match usize::try_from(n - 1).ok().and_then(|at| done.get_mut(at)) {
-                    Some(slot) => *slot = true,
-                    None => {
-                        return Err(sqlx::Error::Protocol(format!(
-                            "completion row {n} of {}",
-                            batch.len()
-                        )));
-                    }
+    ) -> Result<Vec<Result<bool, StoreError>>, sqlx::Error> {
+        let scopes: Vec<&str> = batch.iter().map(|c| c.scope.as_str()).collect();
+        let keys: Vec<&str> = batch.iter().map(|c| c.key.as_str()).collect();
+        let tokens: Vec<i64> = batch.iter().map(|c| c.token.0).collect();
+        let statuses: Vec<i16> = batch.iter().map(|c| c.status).collect();
+        let headers: Vec<&[u8]> = batch.iter().map(|c| c.headers.as_slice()).collect();
+        let bodies: Vec<Option<&[u8]>> = batch.iter().map(|c| c.body.as_deref()).collect();
+        let rows = sqlx::query(statement.clone())
+            .bind(scopes)
+            .bind(keys)
+            .bind(tokens)
+            .bind(statuses)
+            .bind(headers)
+            .bind(bodies)
+            .fetch_all(db)
+            .await?;
+        let mut done = vec![false; batch.len()];
+        for row in rows {
+            let n: i64 = row.try_get("n")?;
+            match usize::try_from(n - 1).ok().and_then(|at| done.get_mut(at)) {
+                Some(slot) => *slot = true,
+                None => {
+                    return Err(sqlx::Error::Protocol(format!(
+                        "completion row {n} of {}",
+                        batch.len()
+                    )));
                 }
             }
-            Ok(done.into_iter().map(Ok).collect())
         }
+        Ok(done.into_iter().map(Ok).collect())
     }
 }
