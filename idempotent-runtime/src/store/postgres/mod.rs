@@ -19,7 +19,7 @@
 //! a moment before the holder's (and then found the holder's committed row) would
 //! otherwise see more than a full lease left.
 //!
-//! # One statement per operation
+//! # One statement per operation, shared by concurrent requests
 //!
 //! - `try_claim` is a single statement: an `INSERT … ON CONFLICT (scope, key) DO UPDATE
 //!   … WHERE <expired, or lease ran out with the same fingerprint>` inside a CTE, plus a
@@ -28,12 +28,18 @@
 //!   (a second one only if the record changed concurrently between the statement's
 //!   snapshot and the conflict check; see [`PostgresStore`]). A fresh request therefore
 //!   costs two (claim, complete) and a retry one. A replay, a `409` and a `422` write
-//!   nothing (no row lock, no transaction id, no commit flush), so a burst of retries of
-//!   one key runs in parallel instead of queueing on its row. (sqlx 0.9's pool also
-//!   pings each connection as it is released, in a background task: wire traffic, but not
-//!   on the request's path.)
-//! - `renew`, `complete` and `release` are single statements fenced by
-//!   `token = $token AND state = 'in_progress'`.
+//!   nothing to their own row (no row lock), so retries of one key never queue on it.
+//! - **Group commit** (`group_commit.rs`): concurrent claims share that statement — it
+//!   takes arrays, one element per claim, and answers each — and so do concurrent
+//!   completions (`sql/complete_batch.sql`). Under load a round trip, a transaction and
+//!   a WAL flush serve a whole batch instead of one request; alone, a claim is a batch of
+//!   one and costs what it did.
+//! - Claims, completions, `renew` and `release` run on the store's own connections
+//!   (`connections.rs`), not the pool's: sqlx 0.9's pool pings every connection given
+//!   back to it, a round trip per operation, and its cached generic plan for the batch
+//!   statements can go bad as the table grows.
+//! - `renew`, `complete` and `release` are fenced by `token = $token AND state =
+//!   'in_progress'`.
 //! - `purge_expired` deletes one batch, skipping rows another session holds locked, so
 //!   sweepers on many instances never block each other or a claim.
 //! - `inspect` (operators) is one read at `now()`; `forget` is that read, then a `DELETE`
@@ -134,9 +140,18 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 /// - **The database's clock.** Every expiry and lease decision and every timestamp uses
 ///   the server's `now()`; TTL and lease are sent as intervals. Instances' clocks may
 ///   drift without effect.
-/// - **One statement, one round trip per operation.** A fresh request costs two round
-///   trips (claim, complete), a replay, an in-progress duplicate or a mismatch one (the
-///   claim); a long handler adds one per heartbeat (`renew`).
+/// - **One statement, one round trip per operation, shared under load.** A fresh request
+///   costs two round trips (claim, complete), a replay, an in-progress duplicate or a
+///   mismatch one (the claim); a long handler adds one per heartbeat (`renew`).
+///   Concurrent claims share one statement, and so do concurrent completions (group
+///   commit): one round trip and one commit for a whole batch.
+/// - **Connections.** The pool (yours with [`from_pool`](Self::from_pool)) serves
+///   migrations, the transactional unit of work, purges and operators. Claims,
+///   completions, renewals and releases run on connections the store opens itself with
+///   the pool's connect options, at most the pool's `max_connections` of them (few in
+///   practice: group commit keeps about two busy), never pinged when given back, with
+///   `plan_cache_mode = force_custom_plan` (PostgreSQL 12 or later). A waiting handler's
+///   `LISTEN` has one more of its own.
 /// - **Migrations on connect**, embedded in the binary, serialised across instances by
 ///   sqlx's advisory lock, recorded in `_idempotent_migrations` (not `_sqlx_migrations`,
 ///   so the store can share a database with an app's own sqlx migrations).
