@@ -18,10 +18,57 @@ use tokio::sync::Barrier;
 use super::{LEASE, TestSchema, TurnCounter, claim_request, counting_proxy, database_url};
 
 pub(crate) fn trials() -> Vec<Trial> {
-    vec![async_trial(
-        "group_commit::concurrent_claims_takeovers_and_completions_share_statements",
-        concurrent_claims_takeovers_and_completions_share_statements,
-    )]
+    vec![
+        async_trial(
+            "group_commit::concurrent_claims_takeovers_and_completions_share_statements",
+            concurrent_claims_takeovers_and_completions_share_statements,
+        ),
+        async_trial(
+            "group_commit::a_claim_the_server_refuses_fails_alone",
+            a_claim_the_server_refuses_fails_alone,
+        ),
+    ]
+}
+
+/// A scope Postgres cannot store (a NUL byte in `text`) makes the server refuse the
+/// whole statement it is part of; the other claims gathered with it still succeed, and
+/// only that one gets the error.
+async fn a_claim_the_server_refuses_fails_alone() {
+    let url = database_url();
+    let schema = TestSchema::new(&url).await;
+    let store = Arc::new(
+        PostgresStore::connect_in_schema(&url, &schema.name)
+            .await
+            .unwrap(),
+    );
+    const GOOD: usize = 40;
+    let barrier = Arc::new(Barrier::new(GOOD + 1));
+    let mut tasks = Vec::new();
+    for i in 0..=GOOD {
+        let (store, barrier) = (store.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let key = format!("k-{i}");
+            let token = FencingToken::random();
+            let mut request = claim_request(&key, token);
+            if i == GOOD {
+                request.scope = "acct\0nul";
+            }
+            barrier.wait().await;
+            (i, token, store.try_claim(&request).await)
+        }));
+    }
+    for task in tasks {
+        match task.await.expect("task") {
+            (GOOD, _, outcome) => assert!(outcome.is_err(), "{outcome:?}"),
+            (i, token, outcome) => assert_eq!(
+                outcome.unwrap_or_else(|e| panic!("claim {i}: {e}")),
+                ClaimOutcome::Claimed {
+                    token,
+                    takeover: None
+                },
+            ),
+        }
+    }
 }
 
 /// Fresh keys, each claimed and completed.

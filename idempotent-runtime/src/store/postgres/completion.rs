@@ -53,6 +53,10 @@ impl Batch for QueuedCompletion {
         (&self.scope, &self.key)
     }
 
+    fn bytes(&self) -> usize {
+        self.headers.len() + self.body.as_ref().map_or(0, |body| body.len())
+    }
+
     fn after_first(&self, _: &Self, _: &bool) -> Option<bool> {
         // Two completions of one record: at most one holds its claim; the other runs in
         // the next batch, after this one's effect.

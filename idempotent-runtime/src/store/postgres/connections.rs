@@ -10,38 +10,43 @@
 //! dropped, which can leave a half-read reply on the socket), is closed instead: a
 //! connection is only reused in the state a cleanly finished statement left it in.
 //!
+//! **Taken from the pool, then kept.** A connection is acquired from the store's pool
+//! (so the pool's own setup applies: its current connect options, `after_connect` and
+//! `before_acquire` hooks, a `search_path` set there) and detached from it, so the pool
+//! may open a replacement: the store holds up to the pool's `max_connections` of these
+//! on top of the pool's own (in practice about two: one per batcher, plus renewals and
+//! releases). Waiting for a connection, opening included, is bounded by the pool's
+//! acquire timeout (then [`sqlx::Error::PoolTimedOut`], as from the pool). An idle
+//! connection past the pool's idle timeout, or any past its maximum lifetime, is closed
+//! when next looked at. A connection that died while idle (a server restart) fails the
+//! batch that finds it, and is then replaced.
+//!
 //! **Plans.** The group commit statements join arrays of up to 64 claims against the
 //! table. Postgres plans a prepared statement for its parameters five times, then may
 //! switch to one generic plan for good; a generic plan chosen while the table was small
 //! (a new deployment, or the benchmark's empty store) scans the whole table with a hash
 //! join, and keeps doing so as it grows: on the benchmark, fresh keys fell to a third,
-//! the claim backend's CPU spent in heap scans. These connections therefore set
-//! `plan_cache_mode = force_custom_plan` (PostgreSQL 12 or later): each execution is
-//! planned for its own arrays and the table's size at the time (index lookups), while
-//! the statement is still parsed once per connection. Nothing else runs on them.
-//!
-//! They follow the pool's configuration: opened lazily with its connect options (same
-//! server, credentials, TLS and session settings such as `search_path`), at most its
-//! `max_connections` at once, a caller waiting at most its acquire timeout (then
-//! [`sqlx::Error::PoolTimedOut`], as from the pool); an idle connection past the pool's
-//! idle timeout, or any past its maximum lifetime, is closed when next looked at. Like
-//! the pool's with `test_before_acquire(false)`, a connection that died while idle (a
-//! server restart) fails the one operation that finds it, and is then replaced.
+//! the claim backend's CPU spent in heap scans. So each connection, once taken, sets
+//! `plan_cache_mode = force_custom_plan` for its session (PostgreSQL 12 or later): each
+//! execution is planned for its own arrays and the table's size at the time (index
+//! lookups), while statements are still parsed once per connection. A server that
+//! refuses the setting (older than 12) gets a warning, and the connection is used as it
+//! is.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use sqlx::ConnectOptions;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
+use sqlx::postgres::{PgConnection, PgPool};
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 /// The store's own connections for its single statements (see the module docs).
 pub(super) struct StatementConnections {
-    options: PgConnectOptions,
+    /// Where connections come from (see the module docs).
+    pool: PgPool,
     /// Most recently used last: reused first, so the others age out when load drops.
     idle: Mutex<Vec<Idle>>,
-    /// One permit per connection open or being opened.
+    /// One permit per connection lent out (an idle one holds none).
     slots: Semaphore,
     acquire_timeout: Duration,
     idle_timeout: Option<Duration>,
@@ -75,9 +80,7 @@ impl StatementConnections {
     pub(super) fn like(pool: &PgPool) -> Self {
         let options = pool.options();
         Self {
-            options: (*pool.connect_options())
-                .clone()
-                .options([("plan_cache_mode", "force_custom_plan")]),
+            pool: pool.clone(),
             idle: Mutex::default(),
             slots: Semaphore::new(options.get_max_connections() as usize),
             acquire_timeout: options.get_acquire_timeout(),
@@ -97,7 +100,7 @@ impl StatementConnections {
         let open = match self.take_idle() {
             Some(open) => open,
             None => Open {
-                connection: tokio::time::timeout_at(deadline, self.options.connect())
+                connection: tokio::time::timeout_at(deadline, self.take_from_pool())
                     .await
                     .map_err(|_| sqlx::Error::PoolTimedOut)??,
                 opened: Instant::now(),
@@ -108,6 +111,25 @@ impl StatementConnections {
             set: self,
             _slot: slot,
         })
+    }
+
+    /// A connection of the pool's, detached from it and set up for custom plans.
+    async fn take_from_pool(&self) -> Result<PgConnection, sqlx::Error> {
+        let mut connection = self.pool.acquire().await?.detach();
+        let custom_plans = sqlx::query("SET plan_cache_mode = force_custom_plan")
+            .execute(&mut connection)
+            .await;
+        match custom_plans {
+            Ok(_) => {}
+            // The server answered, the connection is sound: use it as it is.
+            Err(error) if error.as_database_error().is_some() => tracing::warn!(
+                %error,
+                "plan_cache_mode not set (PostgreSQL 12 or later has it): the group \
+                 commit statements may be planned for a table smaller than it has become"
+            ),
+            Err(error) => return Err(error),
+        }
+        Ok(connection)
     }
 
     /// The most recently used idle connection, after closing those too old to keep.

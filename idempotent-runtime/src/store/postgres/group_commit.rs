@@ -25,14 +25,24 @@
 //!   mismatched; behind a refused one with the same fingerprint: the same refusal), and
 //!   otherwise runs in the next batch. So 50 concurrent duplicates cost one statement,
 //!   not 50 one after another.
-//! - **A failed batch fails only its own callers**, each with an error (`503` from the
-//!   engine); nothing of it was committed. A batch the server aborted as a deadlock or
-//!   serialization failure (possible only against another instance's batch taking the
-//!   same keys in another order; batches are sorted by key to make it rarer) is run once
-//!   more before it fails.
-//! - **Bounded.** [`MAX_BATCH`] per statement, [`QUEUE`] waiting; a caller finding the
-//!   queue full waits for room (and for the engine's store timeout). A claim or
-//!   completion whose caller gave up before its batch began is not run.
+//! - **One element the server refuses fails alone.** A statement the server refused (an
+//!   error it reported: a value it cannot store, a constraint) committed nothing; its
+//!   elements then run one statement each, so only the one at fault gets its error. A
+//!   statement aborted as a deadlock or serialization failure (against another
+//!   instance's batch or a transaction taking the same rows in another order; claims are
+//!   inserted in key order to make it rarer) runs once more first.
+//! - **A lost connection fails its batch.** An I/O error or [`BATCH_TIMEOUT`] (the
+//!   connection waited for, or the statement, took longer: a dead socket, a long row
+//!   lock) answers every caller of the batch with an error (`503`) and closes the
+//!   connection; the next batch gets another. Such a batch is not run again: its
+//!   statement may have committed, and the engine's own retry rules then apply (a claim
+//!   that committed with nobody to run it holds its key until its lease runs out).
+//! - **Bounded.** [`MAX_BATCH`] elements and [`MAX_BATCH_BYTES`] of responses per
+//!   statement; [`QUEUE`] callers waiting to be gathered, and at most two batches' worth
+//!   gathered but deferred (duplicates); a caller finding the queue full waits for room
+//!   (and for the engine's store timeout). A caller that gave up before its statement
+//!   was sent is not run. One statement at a time per batcher, each bounded by
+//!   [`BATCH_TIMEOUT`].
 //!
 //! Each batcher is a task, spawned on the runtime the store was opened in, that borrows a
 //! statement connection (`connections.rs`) per batch and ends when the last clone of the
@@ -42,21 +52,33 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::SqlStr;
 use sqlx::postgres::PgConnection;
 use tokio::sync::{mpsc, oneshot};
 
-use super::connections::StatementConnections;
+use super::connections::{StatementConnection, StatementConnections};
 use crate::store::StoreError;
-use crate::store::sql::BatchFailed;
 
 /// Claims (or completions) per statement at most: bounds the statement's size and the
 /// latency of the batch's first caller.
 pub(super) const MAX_BATCH: usize = 64;
 
+/// Bytes of responses per completion statement at most (a first element is always
+/// taken): far below Postgres's 1 GiB limit on one `bytea[]` value.
+pub(super) const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
 /// Callers waiting for a batcher at most; more wait for room.
 pub(super) const QUEUE: usize = 1024;
+
+/// How long one batch may take to get its connection and run its statement: a
+/// connection whose server stopped answering must not hold up every claim for as long
+/// as TCP takes to give up.
+pub(super) const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One caller's answer.
+type Answer<B> = Result<<B as Batch>::Reply, StoreError>;
 
 /// What one batcher batches: claims or completions.
 pub(super) trait Batch: Send + Sync + Sized + 'static {
@@ -66,25 +88,30 @@ pub(super) trait Batch: Send + Sync + Sized + 'static {
     /// The record it is about: `(scope, key)`, distinct within a batch.
     fn record(&self) -> (&str, &str);
 
-    /// Runs `batch` (sorted by record, records distinct) as one statement on `db`;
-    /// exactly one reply per element, in order. `Err`: the statement failed, nothing of
-    /// it was committed.
+    /// The bytes it adds to a statement, counted against [`MAX_BATCH_BYTES`].
+    fn bytes(&self) -> usize {
+        0
+    }
+
     /// The answer of `self`, which came in the same batch as `first` for the same
     /// record, as if it had run right after `first` answered `first_reply`; `None`: it
     /// runs in the next batch instead.
     fn after_first(&self, first: &Self, first_reply: &Self::Reply) -> Option<Self::Reply>;
 
+    /// Runs `batch` (sorted by record, records distinct) as one statement on `db`;
+    /// exactly one reply per element, in order. `Err`: the statement failed, nothing of
+    /// it was committed.
     fn run<'c>(
         statement: &'c SqlStr,
         db: &'c mut PgConnection,
         batch: &'c [&'c Self],
-    ) -> impl Future<Output = Result<Vec<Result<Self::Reply, StoreError>>, sqlx::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<Vec<Answer<Self>>, sqlx::Error>> + Send + 'c;
 }
 
 /// One caller's item and where its answer goes.
 struct Queued<B: Batch> {
     item: B,
-    reply: oneshot::Sender<Result<B::Reply, StoreError>>,
+    reply: oneshot::Sender<Answer<B>>,
 }
 
 /// The sending side of one batcher task.
@@ -101,7 +128,7 @@ impl<B: Batch> Batcher<B> {
     }
 
     /// Sends `item` to be run in the next batch and waits for its answer.
-    pub(super) async fn ask(&self, item: B) -> Result<B::Reply, StoreError> {
+    pub(super) async fn ask(&self, item: B) -> Answer<B> {
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Queued { item, reply })
@@ -123,8 +150,8 @@ async fn serve<B: Batch>(
     connections: Arc<StatementConnections>,
     mut waiting: mpsc::Receiver<Queued<B>>,
 ) {
-    // Items taken from the queue but left for a later batch (their record was already
-    // in the batch): they go first next time.
+    // Items taken from the queue but left for a later batch (duplicates whose answer
+    // could not be derived): they go first next time.
     let mut deferred: VecDeque<Queued<B>> = VecDeque::new();
     let mut batch: Vec<Queued<B>> = Vec::with_capacity(MAX_BATCH);
     loop {
@@ -136,7 +163,8 @@ async fn serve<B: Batch>(
         }
         // Duplicates of a record already in the batch, in arrival order.
         let mut duplicates = Vec::new();
-        while batch.len() < MAX_BATCH {
+        let mut bytes = 0;
+        while batch.len() < MAX_BATCH && duplicates.len() < MAX_BATCH {
             let Some(next) = deferred.pop_front().or_else(|| waiting.try_recv().ok()) else {
                 break;
             };
@@ -146,18 +174,25 @@ async fn serve<B: Batch>(
             }
             if batch.iter().any(|b| b.item.record() == next.item.record()) {
                 duplicates.push(next);
-            } else {
-                batch.push(next);
+                continue;
             }
+            if !batch.is_empty() && bytes + next.item.bytes() > MAX_BATCH_BYTES {
+                deferred.push_front(next);
+                break;
+            }
+            bytes += next.item.bytes();
+            batch.push(next);
         }
         if batch.is_empty() {
             continue;
         }
         let replies = run_batch(&statement, &connections, &mut batch).await;
-        // Before the batch's own answers go out, so a duplicate is derived from them.
+        // Derived from the batch's answers, but sent after them: a duplicate that waits
+        // then finds its first registered as running in this process.
         let mut later = VecDeque::new();
+        let mut derived = Vec::new();
         for duplicate in duplicates {
-            let derived = replies.as_ref().and_then(|replies| {
+            let answer = replies.as_ref().and_then(|replies| {
                 let first = batch
                     .iter()
                     .position(|b| b.item.record() == duplicate.item.record())?;
@@ -166,25 +201,23 @@ async fn serve<B: Batch>(
                 };
                 duplicate.item.after_first(&batch[first].item, first_reply)
             });
-            match derived {
-                Some(reply) => {
-                    let _ = duplicate.reply.send(Ok(reply));
-                }
+            match answer {
+                Some(reply) => derived.push((duplicate, reply)),
                 None => later.push_back(duplicate),
             }
         }
         answer_all(&mut batch, replies);
+        for (duplicate, reply) in derived {
+            let _ = duplicate.reply.send(Ok(reply));
+        }
         later.extend(deferred.drain(..));
         deferred = later;
     }
 }
 
-/// Sends each caller of `batch` its answer (an error for all when `replies` is `None`);
-/// leaves `batch` empty.
-fn answer_all<B: Batch>(
-    batch: &mut Vec<Queued<B>>,
-    replies: Option<Vec<Result<B::Reply, StoreError>>>,
-) {
+/// Sends each caller of `batch` its answer (nothing when `replies` is `None`: they
+/// have had their errors); leaves `batch` empty.
+fn answer_all<B: Batch>(batch: &mut Vec<Queued<B>>, replies: Option<Vec<Answer<B>>>) {
     let Some(replies) = replies else { return };
     for (queued, reply) in batch.drain(..).zip(replies) {
         // A caller gone by now (store timeout) has its answer dropped.
@@ -192,46 +225,99 @@ fn answer_all<B: Batch>(
     }
 }
 
-/// Runs one batch (sorted by record first); its answers, one per element, or `None`
-/// when it failed and every caller in it has been answered with an error (`batch` is
-/// then empty).
+/// Runs one batch (sorted by record first, callers that gave up left out); its
+/// answers, one per element of `batch` as it then is, or `None` when it failed and every
+/// caller in it has been answered with an error (`batch` is then empty).
 async fn run_batch<B: Batch>(
     statement: &SqlStr,
     connections: &StatementConnections,
     batch: &mut Vec<Queued<B>>,
-) -> Option<Vec<Result<B::Reply, StoreError>>> {
+) -> Option<Vec<Answer<B>>> {
     // One lock order for every batch (see the module docs).
     batch.sort_unstable_by(|a, b| a.item.record().cmp(&b.item.record()));
-    let items: Vec<&B> = batch.iter().map(|queued| &queued.item).collect();
-    let mut result = run_on_a_connection(statement, connections, &items).await;
+    let mut result = run_together(statement, connections, batch).await;
     if matches!(&result, Err(error) if worth_running_again(error)) {
-        result = run_on_a_connection(statement, connections, &items).await;
+        result = run_together(statement, connections, batch).await;
     }
-    drop(items);
     match result {
-        Ok(replies) if replies.len() == batch.len() => return Some(replies),
-        Ok(replies) => fail_all(
-            batch,
-            sqlx::Error::Protocol(format!(
-                "a batch of {} got {} answers",
-                batch.len(),
-                replies.len()
-            )),
-        ),
-        Err(error) => fail_all(batch, error),
+        Ok(replies) => Some(replies),
+        // The server refused the statement, so nothing of it was committed; only one
+        // element may be at fault.
+        Err(error) if batch.len() > 1 && error.as_database_error().is_some() => {
+            tracing::debug!(%error, items = batch.len(), "a group commit statement was refused; running its items one by one");
+            let mut replies = Vec::with_capacity(batch.len());
+            for queued in batch.iter() {
+                let alone = timed(async {
+                    let lent = connections.acquire().await?;
+                    run_on(statement, lent, &[&queued.item]).await
+                })
+                .await;
+                replies.push(match alone {
+                    Ok(mut reply) => reply.pop().expect("one reply for one item"),
+                    Err(error) => Err(error.into()),
+                });
+            }
+            Some(replies)
+        }
+        Err(error) => {
+            fail_all(batch, error);
+            None
+        }
     }
-    None
 }
 
-async fn run_on_a_connection<B: Batch>(
+/// `batch` as one statement; callers that gave up while the connection was awaited are
+/// left out of it (and of `batch`).
+async fn run_together<B: Batch>(
     statement: &SqlStr,
     connections: &StatementConnections,
+    batch: &mut Vec<Queued<B>>,
+) -> Result<Vec<Answer<B>>, sqlx::Error> {
+    timed(async {
+        let lent = connections.acquire().await?;
+        batch.retain(|queued| !queued.reply.is_closed());
+        if batch.is_empty() {
+            lent.release();
+            return Ok(Vec::new());
+        }
+        let items: Vec<&B> = batch.iter().map(|queued| &queued.item).collect();
+        run_on(statement, lent, &items).await
+    })
+    .await
+}
+
+/// Runs `items` on `lent`, giving it back only after a clean finish.
+async fn run_on<B: Batch>(
+    statement: &SqlStr,
+    mut lent: StatementConnection<'_>,
     items: &[&B],
-) -> Result<Vec<Result<B::Reply, StoreError>>, sqlx::Error> {
-    let mut lent = connections.acquire().await?;
+) -> Result<Vec<Answer<B>>, sqlx::Error> {
     let replies = B::run(statement, lent.connection(), items).await?;
     lent.release();
+    if replies.len() != items.len() {
+        return Err(sqlx::Error::Protocol(format!(
+            "a batch of {} got {} answers",
+            items.len(),
+            replies.len()
+        )));
+    }
     Ok(replies)
+}
+
+/// `work` within [`BATCH_TIMEOUT`]; past it, dropped (its connection closed) and an
+/// I/O error.
+async fn timed<T>(work: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(BATCH_TIMEOUT, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "a group commit statement did not finish within {}s",
+                    BATCH_TIMEOUT.as_secs()
+                ),
+            )))
+        })
 }
 
 /// A deadlock or serialization failure: the server rolled the statement back, and the
@@ -241,11 +327,16 @@ fn worth_running_again(error: &sqlx::Error) -> bool {
     matches!(code.as_deref(), Some("40P01" | "40001"))
 }
 
+/// The failure of a whole batch's statement, given to each of its callers.
+#[derive(Debug, thiserror::Error)]
+#[error("the batch statement this claim or completion was part of failed: {0}")]
+struct BatchFailed(#[source] Arc<sqlx::Error>);
+
 fn fail_all<B: Batch>(batch: &mut Vec<Queued<B>>, error: sqlx::Error) {
     tracing::warn!(
         %error,
         items = batch.len(),
-        "a Postgres group commit statement failed; none of its items was committed"
+        "a Postgres group commit statement failed; none of its items is known to be committed"
     );
     let error = Arc::new(error);
     for queued in batch.drain(..) {

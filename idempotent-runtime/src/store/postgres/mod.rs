@@ -11,8 +11,9 @@
 //! server as `interval` parameters and the server computes `now() + interval`.
 //!
 //! Which database clock: `now()` is the start of the statement's transaction. Each
-//! operation is one autocommit statement, so that is the current time, and it is the
-//! *same* value everywhere inside the statement: the claim's take-over decision, the
+//! operation is one autocommit statement (concurrent claims share one, see group commit
+//! below), so that is the current time, and it is the *same* value everywhere inside the
+//! statement: the claim's take-over decision, the
 //! timestamps it writes and the classification of the record it found all agree. The one
 //! exception is the `Retry-After` of an in-progress duplicate, computed from
 //! `clock_timestamp()` (the real time when the row is read): a claim whose statement began
@@ -28,16 +29,18 @@
 //!   (a second one only if the record changed concurrently between the statement's
 //!   snapshot and the conflict check; see [`PostgresStore`]). A fresh request therefore
 //!   costs two (claim, complete) and a retry one. A replay, a `409` and a `422` write
-//!   nothing to their own row (no row lock), so retries of one key never queue on it.
+//!   nothing to their own row (no row lock).
 //! - **Group commit** (`group_commit.rs`): concurrent claims share that statement — it
 //!   takes arrays, one element per claim, and answers each — and so do concurrent
 //!   completions (`sql/complete_batch.sql`). Under load a round trip, a transaction and
 //!   a WAL flush serve a whole batch instead of one request; alone, a claim is a batch of
 //!   one and costs what it did.
-//! - Claims, completions, `renew` and `release` run on the store's own connections
-//!   (`connections.rs`), not the pool's: sqlx 0.9's pool pings every connection given
-//!   back to it, a round trip per operation, and its cached generic plan for the batch
-//!   statements can go bad as the table grows.
+//!   One batch runs at a time per statement, bounded in time; duplicates of a key wait
+//!   for the next batch unless their answer follows from the first's.
+//! - Claims, completions, `renew` and `release` run on connections taken from the pool
+//!   and kept by the store (`connections.rs`): sqlx 0.9's pool pings every connection
+//!   given back to it, a round trip per operation, and a cached generic plan for the
+//!   batch statements can go bad as the table grows.
 //! - `renew`, `complete` and `release` are fenced by `token = $token AND state =
 //!   'in_progress'`.
 //! - `purge_expired` deletes one batch, skipping rows another session holds locked, so
@@ -147,11 +150,11 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 ///   commit): one round trip and one commit for a whole batch.
 /// - **Connections.** The pool (yours with [`from_pool`](Self::from_pool)) serves
 ///   migrations, the transactional unit of work, purges and operators. Claims,
-///   completions, renewals and releases run on connections the store opens itself with
-///   the pool's connect options, at most the pool's `max_connections` of them (few in
-///   practice: group commit keeps about two busy), never pinged when given back, with
-///   `plan_cache_mode = force_custom_plan` (PostgreSQL 12 or later). A waiting handler's
-///   `LISTEN` has one more of its own.
+///   completions, renewals and releases run on connections the store takes from the pool
+///   and keeps (detached, so the pool may open replacements): at most the pool's
+///   `max_connections` of them, about two in practice, never pinged when given back,
+///   with `plan_cache_mode = force_custom_plan` (PostgreSQL 12 or later). A waiting
+///   handler's `LISTEN` has one more of its own.
 /// - **Migrations on connect**, embedded in the binary, serialised across instances by
 ///   sqlx's advisory lock, recorded in `_idempotent_migrations` (not `_sqlx_migrations`,
 ///   so the store can share a database with an app's own sqlx migrations).
@@ -216,9 +219,11 @@ impl PostgresStore {
     /// [`StoreError::Migrate`] when the migrations fail.
     ///
     /// The pool uses sqlx's defaults except that connections are not pinged before each
-    /// use (that would double the round trips of every operation); a connection that
-    /// died since its last use fails its operation, which the engine answers with `503`.
-    /// Build the pool yourself and use [`from_pool`](Self::from_pool) to choose otherwise.
+    /// use (that would double the round trips of every operation). Claims and
+    /// completions run on connections the store keeps (see [`PostgresStore`]); one that
+    /// died since its last use fails the batch that finds it, which the engine answers
+    /// with `503`, and is replaced. Build the pool yourself and use
+    /// [`from_pool`](Self::from_pool) to choose its size, timeouts and hooks.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::open(url, None).await
     }

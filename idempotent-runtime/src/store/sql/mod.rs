@@ -31,12 +31,6 @@ pub(crate) use migrations::assert_embedded_migrations_match;
 pub(crate) use migrations::{EmbeddedMigration, migrator};
 pub(crate) use operator::{ForgetStep, InspectRow, forget_step, forget_with_retries, inspected};
 
-/// The failure of a whole group commit batch, given to each of its writes.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[derive(Debug, thiserror::Error)]
-#[error("the write's transaction failed, nothing of it was committed: {0}")]
-pub(crate) struct BatchFailed(#[source] pub(crate) std::sync::Arc<sqlx::Error>);
-
 /// How often a claim runs again when the record changed between the statement that
 /// tried to claim and the read that says why it did not (released, purged, completed
 /// or taken over meanwhile). One retry almost always suffices.

@@ -51,7 +51,7 @@ use super::dedicated::{self, BatchEnd, Batches, Reply};
 use super::raw_connection::{Param, RawConnection};
 use super::writers::StoreWrites;
 use super::{COMPLETE, PURGE, RELEASE, RENEW};
-use crate::store::sql::{BatchFailed, CompletionColumns};
+use crate::store::sql::CompletionColumns;
 use crate::store::{FencingToken, StoreError, StoredResponse};
 
 /// Writes per transaction at most: bounds how long one transaction holds the write lock
@@ -315,6 +315,11 @@ impl GroupCommit {
         }
     }
 }
+
+/// The failure of a whole batch, given to each of its writes.
+#[derive(Debug, thiserror::Error)]
+#[error("the write's transaction failed, nothing of it was committed: {0}")]
+struct BatchFailed(#[source] Arc<sqlx::Error>);
 
 /// The writer's work: its batches are group commits.
 struct Writer {

@@ -19,8 +19,11 @@
 -- - The DO UPDATE only takes over the very record the snapshot showed (same token and
 --   state) and only while the takeover rule still holds for its newest version. So the
 --   reason reported, computed from the snapshot, is the reason the record was taken
---   for; a record that changed since the snapshot is left alone, its row says neither
---   claimed nor found, and the store runs that claim again with a fresh snapshot.
+--   for; a record that changed since the snapshot is left alone (its row then says not
+--   claimed, and shows no record or one that looks claimable), and the store runs that
+--   claim again with a fresh snapshot.
+-- - New keys are inserted in the order of `n` (the batch is sorted by scope and key),
+--   so two batches lock rows in one order.
 -- - The final SELECT returns the claim (with its takeover reason, NULL for a new key),
 --   or else the snapshot's record, judged at now(), with headers and body only for a
 --   completed same-fingerprint record. The lease and TTL time left use clock_timestamp()
@@ -61,6 +64,7 @@ claimed AS (
            now() + i.lease, NULL, NULL, NULL, now(), now() + i.ttl
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM takeover t WHERE t.n = i.n AND t.reason IS NULL)
+    ORDER BY i.n
     ON CONFLICT (scope, key) DO UPDATE SET
         fingerprint = EXCLUDED.fingerprint,
         fingerprint_version = EXCLUDED.fingerprint_version,
@@ -93,9 +97,9 @@ SELECT i.n,
            AS lease_remaining_ms,
        floor(extract(epoch FROM e.expires_at - clock_timestamp()) * 1000)::bigint
            AS ttl_remaining_ms,
-       CASE WHEN e.same_fingerprint THEN e.status END AS status,
-       CASE WHEN e.same_fingerprint THEN e.headers END AS headers,
-       CASE WHEN e.same_fingerprint THEN e.body END AS body
+       CASE WHEN c.key IS NULL AND e.same_fingerprint THEN e.status END AS status,
+       CASE WHEN c.key IS NULL AND e.same_fingerprint THEN e.headers END AS headers,
+       CASE WHEN c.key IS NULL AND e.same_fingerprint THEN e.body END AS body
 FROM input i
 LEFT JOIN claimed c ON c.scope = i.scope AND c.key = i.key
 LEFT JOIN existing e ON e.n = i.n
