@@ -777,21 +777,28 @@ async fn counting_proxy(target: (String, u16), counter: Arc<TurnCounter>) -> u16
     port
 }
 
-async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
+/// A store connected (with `connect_in_schema`) through a [`counting_proxy`], and the
+/// proxy's counter.
+async fn store_behind_counting_proxy(schema: &TestSchema) -> (PostgresStore, Arc<TurnCounter>) {
     let url = database_url();
-    let schema = TestSchema::new(&url).await;
     let options: PgConnectOptions = url.parse().unwrap();
     let authority = format!("{}:{}", options.get_host(), options.get_port());
     let counter = Arc::new(TurnCounter::default());
     let target = (options.get_host().to_owned(), options.get_port());
     let port = counting_proxy(target, counter.clone()).await;
-    // `connect` itself, through the proxy: its pool configuration is part of the cost.
     let store = PostgresStore::connect_in_schema(
         &url.replacen(&authority, &format!("127.0.0.1:{port}"), 1),
         &schema.name,
     )
     .await
     .unwrap();
+    (store, counter)
+}
+
+async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
+    let schema = TestSchema::new(&database_url()).await;
+    // `connect` itself, through the proxy: its pool configuration is part of the cost.
+    let (store, counter) = store_behind_counting_proxy(&schema).await;
     let stored = idempotent_runtime::StoredResponse {
         status: 201,
         headers: vec![("content-type".to_owned(), b"application/json".to_vec())],

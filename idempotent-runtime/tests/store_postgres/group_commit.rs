@@ -12,10 +12,9 @@ use idempotent_runtime::store::PostgresStore;
 use idempotent_runtime::testing::{Trial, async_trial};
 use idempotent_runtime::{ClaimOutcome, FencingToken, Store, StoredResponse, Takeover};
 use sqlx::AssertSqlSafe;
-use sqlx::postgres::PgConnectOptions;
 use tokio::sync::Barrier;
 
-use super::{LEASE, TestSchema, TurnCounter, claim_request, counting_proxy, database_url};
+use super::{LEASE, TestSchema, claim_request, database_url, store_behind_counting_proxy};
 
 pub(crate) fn trials() -> Vec<Trial> {
     vec![
@@ -108,21 +107,9 @@ enum Seen {
 }
 
 async fn concurrent_claims_takeovers_and_completions_share_statements() {
-    let url = database_url();
-    let schema = TestSchema::new(&url).await;
-    let options: PgConnectOptions = url.parse().unwrap();
-    let authority = format!("{}:{}", options.get_host(), options.get_port());
-    let counter = Arc::new(TurnCounter::default());
-    let target = (options.get_host().to_owned(), options.get_port());
-    let port = counting_proxy(target, counter.clone()).await;
-    let store = Arc::new(
-        PostgresStore::connect_in_schema(
-            &url.replacen(&authority, &format!("127.0.0.1:{port}"), 1),
-            &schema.name,
-        )
-        .await
-        .unwrap(),
-    );
+    let schema = TestSchema::new(&database_url()).await;
+    let (store, counter) = store_behind_counting_proxy(&schema).await;
+    let store = Arc::new(store);
 
     // Seed, one key at a time.
     for i in 0..LOST {

@@ -5,7 +5,6 @@
 use sqlx::postgres::PgConnection;
 use sqlx::{Row, SqlStr};
 
-use super::PostgresStore;
 use super::group_commit::Batch;
 use crate::store::sql::CompletionColumns;
 use crate::store::{FencingToken, StoreError, StoredResponse};
@@ -21,27 +20,23 @@ pub(super) struct QueuedCompletion {
     body: Option<bytes::Bytes>,
 }
 
-impl PostgresStore {
-    /// Completes the claim `token` holds; `false`: it no longer holds it (fenced).
-    pub(super) async fn complete_claim(
-        &self,
-        scope: &str,
-        key: &str,
+impl QueuedCompletion {
+    /// The completion of the claim `token` holds on `(scope, key)`, recording `response`.
+    pub(super) fn new(
+        (scope, key): (&str, &str),
         token: FencingToken,
         response: &StoredResponse,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Self, StoreError> {
         let columns = CompletionColumns::of(response)?;
-        self.completions
-            .ask(QueuedCompletion {
-                scope: scope.to_owned(),
-                key: key.to_owned(),
-                token,
-                status: columns.status,
-                headers: columns.headers,
-                // Shared, not copied.
-                body: response.body.clone(),
-            })
-            .await
+        Ok(Self {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            token,
+            status: columns.status,
+            headers: columns.headers,
+            // Shared, not copied.
+            body: response.body.clone(),
+        })
     }
 }
 

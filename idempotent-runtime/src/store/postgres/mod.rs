@@ -425,7 +425,8 @@ impl Store for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        self.complete_claim(scope, key, token, response).await
+        let completion = QueuedCompletion::new((scope, key), token, response)?;
+        self.completions.ask(completion).await
     }
 
     async fn release(
