@@ -6,8 +6,9 @@ use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{Row, SqlStr};
 
-use super::group_commit::Batch;
+use super::group_commit::{Batch, element_of};
 use super::{PostgresStore, interval};
+use crate::fingerprint::Fingerprint;
 use crate::store::sql::{self, Classified, FoundRow};
 use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
 
@@ -15,8 +16,7 @@ use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
 pub(super) struct QueuedClaim {
     scope: String,
     key: String,
-    fingerprint: Vec<u8>,
-    fingerprint_version: i16,
+    fingerprint: Fingerprint,
     token: crate::store::FencingToken,
     ttl: PgInterval,
     lease: PgInterval,
@@ -34,8 +34,7 @@ impl PostgresStore {
             .ask(QueuedClaim {
                 scope: claim.scope.to_owned(),
                 key: claim.key.to_owned(),
-                fingerprint: claim.fingerprint.digest.to_vec(),
-                fingerprint_version: claim.fingerprint.version,
+                fingerprint: *claim.fingerprint,
                 token: claim.token,
                 ttl: interval(claim.ttl),
                 lease: interval(claim.lease),
@@ -52,8 +51,7 @@ impl Batch for QueuedClaim {
     }
 
     fn after_first(&self, first: &Self, first_reply: &Self::Reply) -> Option<Self::Reply> {
-        let same_fingerprint = self.fingerprint == first.fingerprint
-            && self.fingerprint_version == first.fingerprint_version;
+        let same_fingerprint = self.fingerprint == first.fingerprint;
         match first_reply.as_ref()? {
             // The record `first` now holds, as this claim would have found it.
             (ClaimOutcome::Claimed { .. }, _) => {
@@ -87,8 +85,8 @@ impl Batch for QueuedClaim {
     ) -> Result<Vec<Result<Self::Reply, StoreError>>, sqlx::Error> {
         let scopes: Vec<&str> = batch.iter().map(|c| c.scope.as_str()).collect();
         let keys: Vec<&str> = batch.iter().map(|c| c.key.as_str()).collect();
-        let fingerprints: Vec<&[u8]> = batch.iter().map(|c| c.fingerprint.as_slice()).collect();
-        let versions: Vec<i16> = batch.iter().map(|c| c.fingerprint_version).collect();
+        let fingerprints: Vec<&[u8]> = batch.iter().map(|c| &c.fingerprint.digest[..]).collect();
+        let versions: Vec<i16> = batch.iter().map(|c| c.fingerprint.version).collect();
         let tokens: Vec<i64> = batch.iter().map(|c| c.token.0).collect();
         let ttls: Vec<PgInterval> = batch.iter().map(|c| c.ttl).collect();
         let leases: Vec<PgInterval> = batch.iter().map(|c| c.lease).collect();
@@ -105,13 +103,7 @@ impl Batch for QueuedClaim {
         let mut replies: Vec<Option<Result<Self::Reply, StoreError>>> =
             (0..batch.len()).map(|_| None).collect();
         for row in rows {
-            let n: i64 = row.try_get("n")?;
-            let at = usize::try_from(n - 1)
-                .ok()
-                .filter(|&at| at < batch.len())
-                .ok_or_else(|| {
-                    sqlx::Error::Protocol(format!("claim row {n} of {}", batch.len()))
-                })?;
+            let at = element_of(&row, batch.len())?;
             replies[at] = Some(answer(&row, batch[at].token));
         }
         replies

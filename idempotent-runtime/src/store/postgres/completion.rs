@@ -2,10 +2,10 @@
 //! (`sql/complete_batch.sql`) for a whole batch of completions (group commit,
 //! `group_commit.rs`), each fenced by its token.
 
+use sqlx::SqlStr;
 use sqlx::postgres::PgConnection;
-use sqlx::{Row, SqlStr};
 
-use super::group_commit::Batch;
+use super::group_commit::{Batch, element_of};
 use crate::store::sql::CompletionColumns;
 use crate::store::{FencingToken, StoreError, StoredResponse};
 
@@ -80,16 +80,7 @@ impl Batch for QueuedCompletion {
             .await?;
         let mut done = vec![false; batch.len()];
         for row in rows {
-            let n: i64 = row.try_get("n")?;
-            match usize::try_from(n - 1).ok().and_then(|at| done.get_mut(at)) {
-                Some(slot) => *slot = true,
-                None => {
-                    return Err(sqlx::Error::Protocol(format!(
-                        "completion row {n} of {}",
-                        batch.len()
-                    )));
-                }
-            }
+            done[element_of(&row, batch.len())?] = true;
         }
         Ok(done.into_iter().map(Ok).collect())
     }

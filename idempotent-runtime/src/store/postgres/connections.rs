@@ -153,7 +153,7 @@ impl StatementConnections {
             .is_some_and(|limit| now.duration_since(open.opened) >= limit)
     }
 
-    /// How many connections are open and idle (for tests and `Debug`).
+    /// How many connections are open and idle (for `Debug`).
     pub(super) fn idle_count(&self) -> usize {
         self.idle.lock().expect("never poisoned").len()
     }

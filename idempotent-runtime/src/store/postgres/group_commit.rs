@@ -54,8 +54,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::SqlStr;
-use sqlx::postgres::PgConnection;
+use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::{Row, SqlStr};
 use tokio::sync::{mpsc, oneshot};
 
 use super::connections::{StatementConnection, StatementConnections};
@@ -108,15 +108,34 @@ pub(super) trait Batch: Send + Sync + Sized + 'static {
     ) -> impl Future<Output = Result<Vec<Answer<Self>>, sqlx::Error>> + Send + 'c;
 }
 
+/// The position in its batch (0-based) of the element a batch statement's row is about:
+/// its `n` column, the 1-based ordinality of the statement's arrays.
+pub(super) fn element_of(row: &PgRow, batch_len: usize) -> Result<usize, sqlx::Error> {
+    let n: i64 = row.try_get("n")?;
+    usize::try_from(n - 1)
+        .ok()
+        .filter(|&at| at < batch_len)
+        .ok_or_else(|| sqlx::Error::Protocol(format!("a row for element {n} of {batch_len}")))
+}
+
 /// One caller's item and where its answer goes.
 struct Queued<B: Batch> {
     item: B,
     reply: oneshot::Sender<Answer<B>>,
 }
 
-/// The sending side of one batcher task.
+/// The sending side of one batcher task; clones send to the same task, which ends when
+/// the last clone is dropped.
 pub(super) struct Batcher<B: Batch> {
     queue: mpsc::Sender<Queued<B>>,
+}
+
+impl<B: Batch> Clone for Batcher<B> {
+    fn clone(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+        }
+    }
 }
 
 impl<B: Batch> Batcher<B> {

@@ -191,9 +191,9 @@ pub struct PostgresStore {
     /// Where claims, renewals, completions and releases run (`connections.rs`).
     connections: Arc<StatementConnections>,
     /// Claims, batched into shared statements (`group_commit.rs`).
-    claims: Arc<Batcher<QueuedClaim>>,
+    claims: Batcher<QueuedClaim>,
     /// Completions outside a transaction, batched likewise.
-    completions: Arc<Batcher<QueuedCompletion>>,
+    completions: Batcher<QueuedCompletion>,
     /// Wakes duplicates waiting for a claim to end (`LISTEN/NOTIFY`).
     notifier: Arc<notify::Notifier>,
 }
@@ -319,11 +319,8 @@ impl PostgresStore {
         let transactions = transaction::support(pool.clone(), sql.clone());
         let notifier = Arc::new(notify::Notifier::new((*pool.connect_options()).clone()));
         let connections = Arc::new(StatementConnections::like(&pool));
-        let claims = Arc::new(Batcher::start(sql.claim.clone(), connections.clone()));
-        let completions = Arc::new(Batcher::start(
-            sql.complete_batch.clone(),
-            connections.clone(),
-        ));
+        let claims = Batcher::start(sql.claim.clone(), connections.clone());
+        let completions = Batcher::start(sql.complete_batch.clone(), connections.clone());
         Self {
             pool,
             schema,
