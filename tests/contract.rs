@@ -98,14 +98,19 @@ contract! {
         assert_eq!(app.runs(), 1);
     }
 
-    /// The same key with another body is `422 idempotency_key_reused`.
+    /// The same key with another body is `422 idempotency_key_reused`, also after
+    /// replays that the replay cache answered by comparing the request's bytes.
     async fn same_key_with_another_body_is_422(protection: Protection) {
         let app = ContractApp::new(protection, Duration::ZERO).await;
         send(&app.router, pay(Some("order-1"), CHARGE)).await;
+        for _ in 0..2 {
+            assert!(send(&app.router, pay(Some("order-1"), CHARGE)).await.replayed());
+        }
         let other = send(&app.router, pay(Some("order-1"), r#"{"amount": 20000, "currency": "BRL"}"#)).await;
         assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(other.header("content-type"), Some("application/problem+json"));
         assert_eq!(other.code(), "idempotency_key_reused");
+        assert!(send(&app.router, pay(Some("order-1"), CHARGE)).await.replayed());
         assert_eq!(app.runs(), 1);
     }
 

@@ -156,6 +156,139 @@ impl Fingerprint {
     }
 }
 
+/// A request's fingerprint, computed when first needed, with the request it is computed
+/// from (method, path, query and body).
+///
+/// What the `#[idempotent]` expansion and [`IdempotencyLayer`](crate::IdempotencyLayer)
+/// hand the engine. A replay the engine's replay cache answers is compared with the
+/// request the cache saw, byte for byte, before anything is hashed: equal bytes are the
+/// same request in either mode, so only a request whose bytes differ (a new one, or the
+/// same JSON written differently) pays for SHA-256. Built from a [`Fingerprint`] (what
+/// [`Idempotency::run`](crate::Idempotency::run) callers pass), it carries no request and
+/// is always compared by digest.
+#[derive(Debug)]
+pub struct RequestFingerprint {
+    request: Option<FingerprintedRequest>,
+    computed: std::cell::OnceCell<Fingerprint>,
+}
+
+/// The parts of a request its fingerprint is computed from.
+#[derive(Debug)]
+struct FingerprintedRequest {
+    mode: FingerprintMode,
+    method: http::Method,
+    uri: http::Uri,
+    body: bytes::Bytes,
+}
+
+impl RequestFingerprint {
+    /// The fingerprint of a request with `method`, `uri` (its path and query) and `body`,
+    /// in `mode`; nothing is hashed until [`get`](Self::get).
+    pub fn new(
+        mode: FingerprintMode,
+        method: http::Method,
+        uri: http::Uri,
+        body: bytes::Bytes,
+    ) -> Self {
+        Self {
+            request: Some(FingerprintedRequest {
+                mode,
+                method,
+                uri,
+                body,
+            }),
+            computed: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The fingerprint ([`Fingerprint::compute`] of the request), computed once.
+    pub fn get(&self) -> Fingerprint {
+        *self.computed.get_or_init(|| {
+            let request = self
+                .request
+                .as_ref()
+                .expect("a RequestFingerprint without its request was built computed");
+            Fingerprint::compute(
+                request.mode,
+                &request.method,
+                request.uri.path(),
+                request.uri.query(),
+                &request.body,
+            )
+        })
+    }
+
+    /// The request's bytes in one allocation, framed so that two requests frame alike
+    /// exactly when their mode, method, path, query and body are equal; `None` without a
+    /// request, or when the framing would be longer than `max` bytes.
+    pub(crate) fn framed(&self, max: usize) -> Option<Box<[u8]>> {
+        let request = self.request.as_ref()?;
+        let mut len = 0;
+        request.frame(|part| len += part.len());
+        if len > max {
+            return None;
+        }
+        let mut framed = Vec::with_capacity(len);
+        request.frame(|part| framed.extend_from_slice(part));
+        Some(framed.into_boxed_slice())
+    }
+
+    /// Whether `framed` is this request's [`framed`](Self::framed) bytes (never for a
+    /// fingerprint built without its request).
+    pub(crate) fn is_framed(&self, framed: &[u8]) -> bool {
+        let Some(request) = &self.request else {
+            return false;
+        };
+        let mut rest = framed;
+        let mut equal = true;
+        request.frame(|part| match rest.split_at_checked(part.len()) {
+            Some((head, tail)) if equal && head == part => rest = tail,
+            _ => equal = false,
+        });
+        equal && rest.is_empty()
+    }
+}
+
+#[cfg(test)]
+impl RequestFingerprint {
+    /// Whether [`get`](Self::get) has hashed (or the fingerprint came computed).
+    pub(crate) fn is_computed(&self) -> bool {
+        self.computed.get().is_some()
+    }
+}
+
+impl FingerprintedRequest {
+    /// Calls `part` with the request's framing, piece by piece: the mode's tag, the
+    /// method, the path, a marker for whether there is a query and the query, and the raw
+    /// body, each length-prefixed, so that no two different requests frame alike.
+    fn frame(&self, mut part: impl FnMut(&[u8])) {
+        let mut field = |bytes: &[u8]| {
+            part(&(bytes.len() as u64).to_be_bytes());
+            part(bytes);
+        };
+        field(self.mode.tag());
+        field(self.method.as_str().as_bytes());
+        field(self.uri.path().as_bytes());
+        match self.uri.query() {
+            None => field(&[]),
+            Some(query) => {
+                field(b"?");
+                field(query.as_bytes());
+            }
+        }
+        field(&self.body);
+    }
+}
+
+impl From<Fingerprint> for RequestFingerprint {
+    fn from(fingerprint: Fingerprint) -> Self {
+        Self {
+            request: None,
+            computed: std::cell::OnceCell::from(fingerprint),
+        }
+    }
+}
+
 /// Feeds `bytes` prefixed by its length as a `u64` big-endian.
 fn field(hasher: &mut Sha256, bytes: &[u8]) {
     hasher.update((bytes.len() as u64).to_be_bytes());
@@ -500,6 +633,79 @@ mod tests {
     use super::*;
     use http::Method;
     use proptest::prelude::*;
+
+    fn request(mode: FingerprintMode, method: Method, uri: &str, body: &str) -> RequestFingerprint {
+        RequestFingerprint::new(
+            mode,
+            method,
+            uri.parse().unwrap(),
+            bytes::Bytes::copy_from_slice(body.as_bytes()),
+        )
+    }
+
+    #[test]
+    fn a_request_frames_alike_exactly_when_every_part_is_equal() {
+        use FingerprintMode::{Json, Raw};
+        let original = request(Raw, Method::POST, "/p/a?x=1", "{}");
+        let framed = original.framed(usize::MAX).unwrap();
+        assert!(original.is_framed(&framed));
+        assert!(request(Raw, Method::POST, "/p/a?x=1", "{}").is_framed(&framed));
+        let others = [
+            request(Json, Method::POST, "/p/a?x=1", "{}"),
+            request(Raw, Method::PUT, "/p/a?x=1", "{}"),
+            request(Raw, Method::POST, "/p/b?x=1", "{}"),
+            request(Raw, Method::POST, "/p/a?x=2", "{}"),
+            request(Raw, Method::POST, "/p/a?", "{}"),
+            request(Raw, Method::POST, "/p/a", "{}"),
+            request(Raw, Method::POST, "/p/a?x=1", "{ }"),
+            request(Raw, Method::POST, "/p/a?x=1", ""),
+            // Bytes moved between the parts.
+            request(Raw, Method::POST, "/p/a?x=1{", "}"),
+            request(Raw, Method::POST, "/p/a?x", "=1{}"),
+        ];
+        for other in &others {
+            assert!(!other.is_framed(&framed), "{other:?}");
+            assert!(
+                !original.is_framed(&other.framed(usize::MAX).unwrap()),
+                "{other:?}"
+            );
+        }
+        // No query and an empty one frame apart.
+        let no_query = request(Raw, Method::POST, "/p", "");
+        assert!(
+            !request(Raw, Method::POST, "/p?", "").is_framed(&no_query.framed(usize::MAX).unwrap())
+        );
+        // A prefix or an extension of the framing is not it.
+        assert!(!original.is_framed(&framed[..framed.len() - 1]));
+        let mut longer = framed.to_vec();
+        longer.push(0);
+        assert!(!original.is_framed(&longer));
+        // Comparing hashes nothing.
+        assert!(!original.is_computed());
+    }
+
+    #[test]
+    fn a_request_fingerprint_is_the_computed_fingerprint() {
+        for mode in [FingerprintMode::Raw, FingerprintMode::Json] {
+            let lazy = request(mode, Method::POST, "/p?q", r#"{"b": 1, "a": 2}"#);
+            let eager =
+                Fingerprint::compute(mode, &Method::POST, "/p", Some("q"), br#"{"b": 1, "a": 2}"#);
+            assert_eq!(lazy.get(), eager);
+            assert!(lazy.is_computed());
+        }
+    }
+
+    #[test]
+    fn only_requests_within_the_bound_are_copied_and_a_bare_fingerprint_never_frames() {
+        let lazy = request(FingerprintMode::Raw, Method::POST, "/p", "body");
+        let len = lazy.framed(usize::MAX).unwrap().len();
+        assert!(lazy.framed(len).is_some());
+        assert!(lazy.framed(len - 1).is_none());
+        let bare = RequestFingerprint::from(lazy.get());
+        assert!(bare.framed(usize::MAX).is_none());
+        assert!(!bare.is_framed(&lazy.framed(len).unwrap()));
+        assert_eq!(bare.get(), lazy.get());
+    }
 
     fn fp(
         mode: FingerprintMode,

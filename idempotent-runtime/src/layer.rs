@@ -86,7 +86,7 @@ use tracing::error;
 
 use crate::config::{HandlerConfig, OnServerError};
 use crate::engine::Idempotency;
-use crate::fingerprint::{Fingerprint, FingerprintMode};
+use crate::fingerprint::{FingerprintMode, RequestFingerprint};
 use crate::key::{self, KeyError};
 use crate::macro_support::{buffer_body, original_uri};
 use crate::metrics::{self, Outcome};
@@ -390,13 +390,12 @@ where
         Ok(buffered) => buffered,
         Err(refused) => return refused,
     };
-    let uri = original_uri(&parts);
-    let fingerprint = Fingerprint::compute(
+    // Shares the request's bytes (nothing is copied); hashed only if the engine needs it.
+    let fingerprint = RequestFingerprint::new(
         shared.config.fingerprint,
-        &parts.method,
-        uri.path(),
-        uri.query(),
-        &body,
+        parts.method.clone(),
+        original_uri(&parts).clone(),
+        body.clone(),
     );
     shared
         .engine

@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 
 use crate::config::HandlerConfig;
 use crate::engine::Idempotency;
-use crate::fingerprint::{Fingerprint, FingerprintMode};
+use crate::fingerprint::{FingerprintMode, RequestFingerprint};
 use crate::key::{self, IdempotencyKey, KeyError};
 use crate::metrics::{self, Outcome, UNNAMED};
 use crate::problem::key_problem;
@@ -72,7 +72,7 @@ impl Guard {
         self,
         config: &HandlerConfig,
         scope: &str,
-        fingerprint: Fingerprint,
+        fingerprint: RequestFingerprint,
         handler: F,
     ) -> Response
     where
@@ -92,7 +92,7 @@ impl Guard {
         self,
         config: &HandlerConfig,
         scope: &str,
-        fingerprint: Fingerprint,
+        fingerprint: RequestFingerprint,
         handler: F,
     ) -> Response
     where
@@ -116,7 +116,7 @@ impl Guard<true> {
         self,
         config: &HandlerConfig,
         scope: &str,
-        fingerprint: Fingerprint,
+        fingerprint: RequestFingerprint,
         handler: F,
     ) -> Response
     where
@@ -247,15 +247,10 @@ pub(crate) fn original_uri(parts: &Parts) -> &http::Uri {
 }
 
 impl<T> Hashed<T> {
-    /// The inner extractor's value and the request's fingerprint.
-    pub fn into_parts(self, mode: FingerprintMode) -> (T, Fingerprint) {
-        let fingerprint = Fingerprint::compute(
-            mode,
-            &self.method,
-            self.uri.path(),
-            self.uri.query(),
-            &self.body,
-        );
+    /// The inner extractor's value and the request's fingerprint (computed when the
+    /// engine first needs it: a replay from the replay cache does not).
+    pub fn into_parts(self, mode: FingerprintMode) -> (T, RequestFingerprint) {
+        let fingerprint = RequestFingerprint::new(mode, self.method, self.uri, self.body);
         (self.value, fingerprint)
     }
 }

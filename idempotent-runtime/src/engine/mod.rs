@@ -9,7 +9,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::clock::millis;
 use crate::config::HandlerConfig;
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::key::{IdempotencyKey, ScopedKey};
 use crate::metrics::{self, Outcome, StoreOperation};
 use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
@@ -350,12 +350,16 @@ impl Idempotency {
     ///
     /// A 5xx answer or a panic (→ `500`) releases the claim unless the config says
     /// `OnServerError::Store`.
+    ///
+    /// `fingerprint` is the request's [`Fingerprint`], or a [`RequestFingerprint`]: with
+    /// the request's bytes at hand, a replay the replay cache answers is compared with
+    /// them and needs no hashing.
     pub async fn run<F, Fut, R>(
         &self,
         config: &HandlerConfig,
         scope: &str,
         key: &str,
-        fingerprint: Fingerprint,
+        fingerprint: impl Into<RequestFingerprint>,
         handler: F,
     ) -> Response
     where
@@ -364,7 +368,7 @@ impl Idempotency {
         R: IntoResponse + 'static,
     {
         let span = info_span!("idempotent", scope = %scope, key = %key);
-        self.claim_and_execute(config, scope, key, fingerprint, |execution, key| {
+        self.claim_and_execute(config, scope, key, fingerprint.into(), |execution, key| {
             execution.execute(async move { handler(key).await.into_response() })
         })
         .instrument(span)
@@ -403,7 +407,7 @@ impl Idempotency {
         config: &HandlerConfig,
         scope: &str,
         key: &str,
-        fingerprint: Fingerprint,
+        request: RequestFingerprint,
         execute: X,
     ) -> Response
     where
@@ -420,7 +424,7 @@ impl Idempotency {
             return scope_empty();
         }
         if let Some(cache) = &self.inner.replay_cache {
-            match cache.get(scope, key, &fingerprint) {
+            match cache.get(scope, key, &request) {
                 Cached::Hit(cached) => {
                     metrics::count(config.name, Outcome::Replayed);
                     info!(
@@ -443,6 +447,9 @@ impl Idempotency {
                 Cached::Miss => {}
             }
         }
+        // The request's bytes are let go before the claim (a round trip, for most stores).
+        let fingerprint = request.get();
+        drop(request);
         // One claim attempt (and the handler, when it wins), uncancellable: run in this
         // task, moved to a tracked task of its own if the client hangs up. The handler
         // comes back when the key is in progress, for a request that waits.
@@ -619,7 +626,7 @@ impl Idempotency {
         config: &HandlerConfig,
         scope: &str,
         key: &str,
-        fingerprint: Fingerprint,
+        fingerprint: impl Into<RequestFingerprint>,
         handler: F,
     ) -> Response
     where
@@ -640,7 +647,7 @@ impl Idempotency {
                 );
                 return transaction_unsupported(DB::DATABASE_NAME);
             };
-            self.claim_and_execute(config, scope, key, fingerprint, |execution, key| {
+            self.claim_and_execute(config, scope, key, fingerprint.into(), |execution, key| {
                 execution.execute_in_transaction(tx_store, key, handler)
             })
             .await

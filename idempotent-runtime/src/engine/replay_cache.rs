@@ -60,13 +60,17 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 use crate::clock::{Clock, millis};
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::key::ScopedKey;
 use crate::prehashed::PassThrough;
 use crate::store::{CompactResponse, StoredResponse};
 
 /// How many independently locked shards hold the entries.
 const SHARDS: usize = 32;
+
+/// The longest request an entry keeps a copy of, to compare replays with byte for byte
+/// instead of by SHA-256 (comparing is cheaper at any length, but the copy is memory).
+const MAX_REQUEST_COPY: usize = 16 * 1024;
 
 /// What an entry costs besides its key and response bytes (map slot, queue slot, the
 /// cached record and its built response, allocation headers), counted against the byte
@@ -237,6 +241,10 @@ struct Entry {
     /// The scope and key (shared with the execution that completed it).
     id: ScopedKey,
     fingerprint: Fingerprint,
+    /// The framed bytes of a request verified against `fingerprint`
+    /// ([`RequestFingerprint::framed`]): a request framed alike is the same request, and
+    /// is answered without computing its fingerprint.
+    request: Option<Box<[u8]>>,
     /// Cache time after which the entry is not served.
     expires_at: i64,
     size: usize,
@@ -288,11 +296,16 @@ impl ReplayCache {
         (hash, shard.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// What the cache knows of `(scope, key)` for a request with `fingerprint`.
-    pub(super) fn get(&self, scope: &str, key: &str, fingerprint: &Fingerprint) -> Cached {
+    /// What the cache knows of `(scope, key)` for `request`.
+    ///
+    /// A request framed exactly as the one the entry learned is a hit without hashing;
+    /// any other is compared by its fingerprint (computed here if it was not yet), and
+    /// the first hit so verified teaches the entry its request's bytes.
+    pub(super) fn get(&self, scope: &str, key: &str, request: &RequestFingerprint) -> Cached {
         let now = self.now();
         let (hash, mut shard) = self.locate(scope, key);
-        let Some(entry) = shard.entries.get(&hash) else {
+        let shard = &mut *shard;
+        let Some(entry) = shard.entries.get_mut(&hash) else {
             return Cached::Miss;
         };
         if !entry.id.is(scope, key) {
@@ -302,10 +315,26 @@ impl ReplayCache {
             shard.remove(hash);
             return Cached::Miss;
         }
-        if entry.fingerprint != *fingerprint {
+        if entry
+            .request
+            .as_deref()
+            .is_some_and(|seen| request.is_framed(seen))
+        {
+            return Cached::Hit(entry.replay.clone());
+        }
+        if entry.fingerprint != request.get() {
             return Cached::Mismatch;
         }
-        Cached::Hit(entry.replay.clone())
+        let replay = entry.replay.clone();
+        if entry.request.is_none()
+            && let Some(framed) = request.framed(MAX_REQUEST_COPY)
+        {
+            entry.size += framed.len();
+            shard.bytes += framed.len();
+            entry.request = Some(framed);
+            shard.evict(self.shard_entries, self.shard_bytes);
+        }
+        Cached::Hit(replay)
     }
 
     /// Keeps the completed record of `id` until `lives_until` (cache time; see the module
@@ -345,6 +374,7 @@ impl ReplayCache {
                 seq,
                 id: id.clone(),
                 fingerprint,
+                request: None,
                 expires_at,
                 size,
                 replay: replay.clone(),
@@ -450,7 +480,7 @@ mod tests {
             stored("a"),
             until,
         );
-        match cache.get("s", "k", &fingerprint(1)) {
+        match cache.get("s", "k", &fingerprint(1).into()) {
             Cached::Hit(replay) => {
                 let response = replay.response();
                 assert_eq!(response.status(), StatusCode::CREATED);
@@ -460,14 +490,23 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            cache.get("s", "k", &fingerprint(2)),
+            cache.get("s", "k", &fingerprint(2).into()),
             Cached::Mismatch
         ));
         // Scope and key are framed apart.
-        assert!(matches!(cache.get("sk", "", &fingerprint(1)), Cached::Miss));
-        assert!(matches!(cache.get("", "sk", &fingerprint(1)), Cached::Miss));
+        assert!(matches!(
+            cache.get("sk", "", &fingerprint(1).into()),
+            Cached::Miss
+        ));
+        assert!(matches!(
+            cache.get("", "sk", &fingerprint(1).into()),
+            Cached::Miss
+        ));
         cache.invalidate("s", "k");
-        assert!(matches!(cache.get("s", "k", &fingerprint(1)), Cached::Miss));
+        assert!(matches!(
+            cache.get("s", "k", &fingerprint(1).into()),
+            Cached::Miss
+        ));
     }
 
     #[test]
@@ -493,26 +532,26 @@ mod tests {
             now,
         );
         assert!(matches!(
-            cache.get("s", "gone", &fingerprint(1)),
+            cache.get("s", "gone", &fingerprint(1).into()),
             Cached::Miss
         ));
         clock.advance(Duration::from_millis(1_999));
         assert!(matches!(
-            cache.get("s", "short", &fingerprint(1)),
+            cache.get("s", "short", &fingerprint(1).into()),
             Cached::Hit(_)
         ));
         clock.advance(Duration::from_millis(1));
         assert!(matches!(
-            cache.get("s", "short", &fingerprint(1)),
+            cache.get("s", "short", &fingerprint(1).into()),
             Cached::Miss
         ));
         assert!(matches!(
-            cache.get("s", "long", &fingerprint(1)),
+            cache.get("s", "long", &fingerprint(1).into()),
             Cached::Hit(_)
         ));
         clock.advance(Duration::from_secs(8));
         assert!(matches!(
-            cache.get("s", "long", &fingerprint(1)),
+            cache.get("s", "long", &fingerprint(1).into()),
             Cached::Miss
         ));
     }
@@ -541,11 +580,11 @@ mod tests {
         }
         assert!(cache.len() <= SHARDS * 4, "{}", cache.len());
         assert!(matches!(
-            cache.get("s", "k9998", &fingerprint(1)),
+            cache.get("s", "k9998", &fingerprint(1).into()),
             Cached::Hit(_)
         ));
         assert!(matches!(
-            cache.get("s", "k0", &fingerprint(1)),
+            cache.get("s", "k0", &fingerprint(1).into()),
             Cached::Miss
         ));
         for shard in cache.shards.iter() {
@@ -566,7 +605,7 @@ mod tests {
             until,
         );
         assert!(matches!(
-            small.get("s", "big", &fingerprint(1)),
+            small.get("s", "big", &fingerprint(1).into()),
             Cached::Miss
         ));
         for i in 0..100 {
@@ -582,6 +621,92 @@ mod tests {
         }
     }
 
+    fn order(body: &str) -> RequestFingerprint {
+        RequestFingerprint::new(
+            crate::FingerprintMode::Json,
+            http::Method::POST,
+            http::Uri::from_static("/orders"),
+            Bytes::copy_from_slice(body.as_bytes()),
+        )
+    }
+
+    #[test]
+    fn a_replay_framed_like_a_verified_one_is_answered_without_hashing() {
+        let (cache, _) = new_cache(ReplayCacheConfig::new());
+        let original = order(r#"{"amount": 1}"#);
+        let id = ScopedKey::new("s", "k");
+        cache.insert(&id, original.get(), stored("a"), cache.now() + 60_000);
+        let entry_bytes = |cache: &ReplayCache| {
+            let (hash, shard) = cache.locate("s", "k");
+            (shard.entries[&hash].size, shard.bytes)
+        };
+        let (size_before, _) = entry_bytes(&cache);
+
+        // The first replay is verified by its fingerprint, and teaches the entry its bytes.
+        let first = order(r#"{"amount": 1}"#);
+        assert!(matches!(cache.get("s", "k", &first), Cached::Hit(_)));
+        assert!(first.is_computed());
+        let (size, shard_bytes) = entry_bytes(&cache);
+        let learned = first.framed(usize::MAX).unwrap().len();
+        assert_eq!(
+            size,
+            size_before + learned,
+            "the copy counts against the bound"
+        );
+        assert_eq!(shard_bytes, size);
+
+        // Later ones framed alike hash nothing.
+        let again = order(r#"{"amount": 1}"#);
+        assert!(matches!(cache.get("s", "k", &again), Cached::Hit(_)));
+        assert!(!again.is_computed());
+
+        // The same JSON written otherwise is still the same request, by its fingerprint,
+        // and does not replace what the entry learned.
+        let respaced = order(r#"{ "amount" : 1 }"#);
+        assert!(matches!(cache.get("s", "k", &respaced), Cached::Hit(_)));
+        assert!(respaced.is_computed());
+        assert_eq!(entry_bytes(&cache).0, size);
+
+        // Another request is a mismatch, learned bytes or not.
+        for other in [
+            order(r#"{"amount": 2}"#),
+            order(""),
+            order(r#"{"amount": 1} "#.trim_end()),
+        ] {
+            let expected_hit = other.get() == original.get();
+            let answer = cache.get("s", "k", &other);
+            assert_eq!(matches!(answer, Cached::Hit(_)), expected_hit, "{other:?}");
+        }
+        let on_another_path = RequestFingerprint::new(
+            crate::FingerprintMode::Json,
+            http::Method::POST,
+            http::Uri::from_static("/refunds"),
+            Bytes::from_static(br#"{"amount": 1}"#),
+        );
+        assert!(matches!(
+            cache.get("s", "k", &on_another_path),
+            Cached::Mismatch
+        ));
+        // A fingerprint without its request is compared by digest, as before.
+        assert!(matches!(
+            cache.get("s", "k", &original.get().into()),
+            Cached::Hit(_)
+        ));
+    }
+
+    #[test]
+    fn a_request_too_large_to_copy_is_always_verified_by_its_fingerprint() {
+        let (cache, _) = new_cache(ReplayCacheConfig::new());
+        let body = format!(r#"{{"note": "{}"}}"#, "x".repeat(MAX_REQUEST_COPY));
+        let id = ScopedKey::new("s", "k");
+        cache.insert(&id, order(&body).get(), stored("a"), cache.now() + 60_000);
+        for _ in 0..2 {
+            let replay = order(&body);
+            assert!(matches!(cache.get("s", "k", &replay), Cached::Hit(_)));
+            assert!(replay.is_computed());
+        }
+    }
+
     #[test]
     fn a_disabled_size_caches_nothing() {
         let (cache, _) = new_cache(ReplayCacheConfig::new().max_entries(0));
@@ -591,6 +716,9 @@ mod tests {
             stored("a"),
             cache.now() + 60_000,
         );
-        assert!(matches!(cache.get("s", "k", &fingerprint(1)), Cached::Miss));
+        assert!(matches!(
+            cache.get("s", "k", &fingerprint(1).into()),
+            Cached::Miss
+        ));
     }
 }
