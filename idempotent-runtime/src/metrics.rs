@@ -219,9 +219,14 @@ pub(crate) async fn timed<T>(
 ) -> Result<T, StoreError> {
     let started = std::time::Instant::now();
     let result = future.await;
-    let key = keys::of_store_operation(operation, result.is_ok());
-    keys::histogram(key).record(started.elapsed().as_secs_f64());
+    store_operation(operation, result.is_ok(), started.elapsed());
     result
+}
+
+/// Records how long one store operation took and whether it failed.
+pub(crate) fn store_operation(operation: StoreOperation, ok: bool, took: Duration) {
+    let key = keys::of_store_operation(operation, ok);
+    keys::histogram(key).record(took.as_secs_f64());
 }
 
 #[cfg(test)]

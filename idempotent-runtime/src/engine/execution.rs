@@ -26,7 +26,7 @@ use super::answers::internal_error;
 #[cfg(feature = "sql")]
 use super::answers::store_unavailable;
 use super::capture::{BodyRead, read_capped};
-use super::{Idempotency, NEVER_REPLAYED, bounded};
+use super::{Idempotency, NEVER_REPLAYED, store_call};
 use crate::config::{HandlerConfig, OnServerError};
 use crate::key::ScopedKey;
 use crate::metrics::{self, Outcome as Counted, StoreOperation};
@@ -159,7 +159,7 @@ impl Execution {
     /// Runs a plain handler (its answer becomes the response).
     pub(super) async fn execute(self, handler: impl Future<Output = Response> + Send) -> Response {
         let release_server_errors = self.config.on_server_error == OnServerError::Release;
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let run = AssertUnwindSafe(async {
             match tokio::time::timeout_at(self.deadline(), handler).await {
                 Ok(response) => self.capture(response, release_server_errors).await,
@@ -173,12 +173,13 @@ impl Execution {
             .with_heartbeat(run)
             .await
             .unwrap_or_else(|_panic| Outcome::GiveUp(GiveUp::Panic, panicked()));
-        metrics::handler_duration(self.config.name, started.elapsed());
+        let finished = tokio::time::Instant::now();
+        metrics::handler_duration(self.config.name, finished - started);
         match outcome {
             // The lease is renewed until the outcome is recorded: a store outage after
             // the handler finished must not let it lapse while we retry.
             Outcome::Record(Captured { stored, answer }) => {
-                self.observe_duration();
+                self.observe_duration(finished);
                 complete_with_retries(self, stored).await;
                 answer
             }
@@ -319,7 +320,7 @@ impl Execution {
                         "writes and response committed together"
                     );
                     self.remember(captured.stored);
-                    self.observe_duration();
+                    self.observe_duration(tokio::time::Instant::now());
                     return captured.answer;
                 }
                 // A deferred constraint, a serialization failure: the database refused
@@ -511,12 +512,11 @@ impl Execution {
             .remember(&self.name, self.fingerprint, stored, self.lives_until);
     }
 
-    /// Feeds how long this handler took into the engine's `Retry-After` estimate.
-    fn observe_duration(&self) {
-        self.engine
-            .inner
-            .durations
-            .observe(self.config.name, self.claimed_at.elapsed());
+    /// Feeds how long this handler took, from its claim until `finished`, into the
+    /// engine's `Retry-After` estimate.
+    fn observe_duration(&self, finished: tokio::time::Instant) {
+        let took = finished.saturating_duration_since(self.claimed_at);
+        self.engine.inner.durations.observe(self.config.name, took);
     }
 
     /// Runs `work` while renewing the lease alongside it, in the same task: no task is
@@ -593,8 +593,8 @@ impl Execution {
                 _ = ticker.tick() => {}
             }
             let sent_at = tokio::time::Instant::now();
-            let renewal = bounded(renew_timeout, store.renew(scope, key, token, lease));
-            let renewal = metrics::timed(StoreOperation::Renew, renewal);
+            let renewal = store.renew(scope, key, token, lease);
+            let renewal = store_call(StoreOperation::Renew, sent_at, renew_timeout, renewal);
             let renewed = tokio::select! {
                 renewed = renewal => renewed,
                 () = tokio::time::sleep_until(deadline()), if !signal.is_raised() => {
@@ -628,8 +628,9 @@ impl Execution {
     async fn try_complete(&self, stored: &StoredResponse) -> Completion {
         let store = &self.engine.inner.store;
         let completion = store.complete(self.name.scope(), self.name.key(), self.token, stored);
-        let completion = bounded(self.engine.inner.store_timeout, completion);
-        match metrics::timed(StoreOperation::Complete, completion).await {
+        let timeout = self.engine.inner.store_timeout;
+        let now = tokio::time::Instant::now();
+        match store_call(StoreOperation::Complete, now, timeout, completion).await {
             Ok(true) => {
                 info!(
                     event = "completed",
@@ -663,8 +664,9 @@ impl Execution {
     async fn release(&self) {
         let store = &self.engine.inner.store;
         let release = store.release(self.name.scope(), self.name.key(), self.token);
-        let release = bounded(self.engine.inner.store_timeout, release);
-        match metrics::timed(StoreOperation::Release, release).await {
+        let timeout = self.engine.inner.store_timeout;
+        let now = tokio::time::Instant::now();
+        match store_call(StoreOperation::Release, now, timeout, release).await {
             Ok(true) => debug!(
                 event = "released",
                 "claim released; a retry runs the handler again"

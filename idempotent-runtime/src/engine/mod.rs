@@ -540,11 +540,13 @@ impl Idempotency {
         // and a record it reports ends no earlier than the cache's time now + its life.
         let sent_at = tokio::time::Instant::now();
         let cache_now = self.inner.replay_cache.as_ref().map_or(0, ReplayCache::now);
-        let claimed = bounded(
+        let claimed = store_call(
+            StoreOperation::Claim,
+            sent_at,
             self.inner.store_timeout,
             self.inner.store.claim_with_expiry(&claim),
         );
-        let (outcome, expires_in) = match metrics::timed(StoreOperation::Claim, claimed).await {
+        let (outcome, expires_in) = match claimed.await {
             Ok(outcome) => outcome,
             Err(err) => {
                 error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
@@ -742,6 +744,31 @@ fn interrupted<X>() -> Attempt<X> {
         Settled::Failed,
         internal_error("The request was interrupted; it is safe to retry with the same key."),
     )
+}
+
+/// The store operation `call`, started at `started`: failed with [`StoreError::Timeout`]
+/// when it is not done `timeout` after `started`, and timed into the store-operation
+/// metrics (a call dropped before it finished records nothing). A call that is done at
+/// its first poll, as an in-process store's is, arms no timer: that is one clock read
+/// and no timer entry per operation.
+///
+/// [`StoreError::Timeout`]: crate::StoreError::Timeout
+async fn store_call<T>(
+    operation: StoreOperation,
+    started: tokio::time::Instant,
+    timeout: Duration,
+    call: impl Future<Output = Result<T, crate::StoreError>>,
+) -> Result<T, crate::StoreError> {
+    let mut call = std::pin::pin!(call);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+    let result = match first {
+        std::task::Poll::Ready(result) => result,
+        std::task::Poll::Pending => tokio::time::timeout_at(started + timeout, call)
+            .await
+            .unwrap_or(Err(crate::StoreError::Timeout(timeout))),
+    };
+    metrics::store_operation(operation, result.is_ok(), started.elapsed());
+    result
 }
 
 /// `operation`, failed with [`StoreError::Timeout`] when it takes longer than `timeout`.
