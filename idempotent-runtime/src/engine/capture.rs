@@ -53,11 +53,11 @@ impl PartialReason {
 pub(super) async fn read_capped(mut body: Body, cap: usize, deadline: Instant) -> BodyRead {
     let mut buffered = BytesMut::new();
     loop {
-        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_elapsed) => return partial(PartialReason::TimedOut, buffered, body),
-            Ok(None) => return BodyRead::Whole(buffered.freeze()),
-            Ok(Some(Err(err))) => return BodyRead::Failed(err.to_string()),
-            Ok(Some(Ok(frame))) => frame,
+        let frame = match super::by_deadline(deadline, body.frame()).await {
+            None => return partial(PartialReason::TimedOut, buffered, body),
+            Some(None) => return BodyRead::Whole(buffered.freeze()),
+            Some(Some(Err(err))) => return BodyRead::Failed(err.to_string()),
+            Some(Some(Ok(frame))) => frame,
         };
         // Trailers are not recorded (nor replayed): they rarely describe the operation.
         if let Ok(data) = frame.into_data() {

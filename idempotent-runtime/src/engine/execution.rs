@@ -26,7 +26,7 @@ use super::answers::internal_error;
 #[cfg(feature = "sql")]
 use super::answers::store_unavailable;
 use super::capture::{BodyRead, read_capped};
-use super::{Idempotency, NEVER_REPLAYED, store_call};
+use super::{Idempotency, NEVER_REPLAYED, by_deadline, store_call};
 use crate::config::{HandlerConfig, OnServerError};
 use crate::key::ScopedKey;
 use crate::metrics::{self, Outcome as Counted, StoreOperation};
@@ -161,11 +161,11 @@ impl Execution {
         let release_server_errors = self.config.on_server_error == OnServerError::Release;
         let started = tokio::time::Instant::now();
         let run = AssertUnwindSafe(async {
-            match tokio::time::timeout_at(self.deadline(), handler).await {
-                Ok(response) => self.capture(response, release_server_errors).await,
+            match by_deadline(self.deadline(), handler).await {
+                Some(response) => self.capture(response, release_server_errors).await,
                 // The side effect may or may not have happened: record that, so that a
                 // retry cannot run it a second time.
-                Err(_elapsed) => Outcome::Record(self.interrupted()),
+                None => Outcome::Record(self.interrupted()),
             }
         })
         .catch_unwind();

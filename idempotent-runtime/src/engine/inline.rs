@@ -14,15 +14,19 @@ use std::task::{Context, Poll};
 
 use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
-use tracing::error;
+use tracing::{Instrument, Span, error};
 
 type Work<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Work that runs to its end even when the future awaiting it is dropped (see the
 /// module docs). While it runs it counts as one of the tracker's tasks, so
-/// [`Idempotency::drain`](super::Idempotency::drain) waits for it.
+/// [`Idempotency::drain`](super::Idempotency::drain) waits for it. It runs in the span
+/// that was current when it was made, here or in the task it moves to.
 pub(super) struct Uncancellable<T: Send + 'static> {
     work: Option<Work<T>>,
+    /// Entered around every poll, rather than wrapping `work` in `Instrumented`: the
+    /// work (the handler's whole future) is then moved once, into its box.
+    span: Span,
     /// The answer when the work panicked outside the handler.
     interrupted: fn() -> T,
     tracker: TaskTracker,
@@ -37,6 +41,7 @@ impl<T: Send + 'static> Uncancellable<T> {
     ) -> Self {
         Self {
             work: Some(Box::pin(work)),
+            span: Span::current(),
             interrupted,
             tracker: tracker.clone(),
             _running: tracker.token(),
@@ -48,7 +53,9 @@ impl<T: Send + 'static> Future for Uncancellable<T> {
     type Output = T;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let Some(work) = self.work.as_mut() else {
+        let this = &mut *self;
+        let _entered = this.span.enter();
+        let Some(work) = this.work.as_mut() else {
             panic!("`Uncancellable` polled after it finished");
         };
         // A panic outside the handler (which has its own guard) answers 500, as a
@@ -57,13 +64,13 @@ impl<T: Send + 'static> Future for Uncancellable<T> {
         match polled {
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(response)) => {
-                self.work = None;
+                this.work = None;
                 Poll::Ready(response)
             }
             Err(_panic) => {
-                self.work = None;
+                this.work = None;
                 error!(event = "store_error", "request task panicked");
-                Poll::Ready((self.interrupted)())
+                Poll::Ready((this.interrupted)())
             }
         }
     }
@@ -75,10 +82,12 @@ impl<T: Send + 'static> Drop for Uncancellable<T> {
         // Dropped unfinished: the rest runs on in a task of its own. Outside a runtime
         // (it is shutting down) there is nowhere to run it, as for any spawned task.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let span = std::mem::replace(&mut self.span, Span::none());
             self.tracker.spawn_on(
                 async move {
                     let _ = work.await;
-                },
+                }
+                .instrument(span),
                 &runtime,
             );
         }

@@ -469,7 +469,7 @@ impl Idempotency {
                     }
                 }
             };
-            Uncancellable::new(work.in_current_span(), &self.inner.tracker, interrupted)
+            Uncancellable::new(work, &self.inner.tracker, interrupted)
         };
         match self.wait_for(config) {
             None => match attempt(execute).await {
@@ -748,9 +748,8 @@ fn interrupted<X>() -> Attempt<X> {
 
 /// The store operation `call`, started at `started`: failed with [`StoreError::Timeout`]
 /// when it is not done `timeout` after `started`, and timed into the store-operation
-/// metrics (a call dropped before it finished records nothing). A call that is done at
-/// its first poll, as an in-process store's is, arms no timer: that is one clock read
-/// and no timer entry per operation.
+/// metrics (a call dropped before it finished records nothing). A call done at its
+/// first poll arms no timer ([`by_deadline`]).
 ///
 /// [`StoreError::Timeout`]: crate::StoreError::Timeout
 async fn store_call<T>(
@@ -759,16 +758,23 @@ async fn store_call<T>(
     timeout: Duration,
     call: impl Future<Output = Result<T, crate::StoreError>>,
 ) -> Result<T, crate::StoreError> {
-    let mut call = std::pin::pin!(call);
-    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
-    let result = match first {
-        std::task::Poll::Ready(result) => result,
-        std::task::Poll::Pending => tokio::time::timeout_at(started + timeout, call)
-            .await
-            .unwrap_or(Err(crate::StoreError::Timeout(timeout))),
-    };
+    let result = by_deadline(started + timeout, call)
+        .await
+        .unwrap_or(Err(crate::StoreError::Timeout(timeout)));
     metrics::store_operation(operation, result.is_ok(), started.elapsed());
     result
+}
+
+/// `work`'s output, or `None` once `deadline` passed. Work that is done at its first
+/// poll (a handler that answers at once, an in-process store's call) arms no timer: a
+/// timer costs a clock read and a registration with the runtime's timer, per request.
+async fn by_deadline<F: Future>(deadline: tokio::time::Instant, work: F) -> Option<F::Output> {
+    let mut work = std::pin::pin!(work);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(work.as_mut().poll(cx))).await;
+    match first {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => tokio::time::timeout_at(deadline, work).await.ok(),
+    }
 }
 
 /// `operation`, failed with [`StoreError::Timeout`] when it takes longer than `timeout`.
