@@ -176,7 +176,7 @@ pub mod transaction;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{HandlerConfig, OnServerError};
 pub use engine::{Idempotency, IdempotencyBuilder};
-pub use fingerprint::{Fingerprint, FingerprintMode};
+pub use fingerprint::{Fingerprint, FingerprintMode, RequestFingerprint};
 pub use idempotent_macros::idempotent;
 pub use key::{IdempotencyKey, KeyError};
 pub use layer::IdempotencyLayer;
