@@ -37,13 +37,22 @@
 //! ([`ReplayCacheConfig::max_age`], default 10 s), after which every entry goes back to
 //! the store.
 //!
+//! # Replays answered without hashing
+//!
+//! An entry is first matched by fingerprint, as the store matches it. The first request it
+//! so answers leaves a copy of its framed bytes in the entry ([`RequestFingerprint`]: mode,
+//! method, path, query and body, up to [`MAX_REQUEST_COPY`]); a later request with exactly
+//! those bytes is the same request, and is answered without computing its SHA-256. A
+//! request with other bytes is compared by fingerprint, so a JSON-mode request written
+//! differently still replays and another body still gets its `422`.
+//!
 //! # Memory
 //!
 //! Bounded in entries and bytes ([`ReplayCacheConfig`]), split over [`SHARDS`]
 //! independently locked shards whose maps are allocated at full size up front, so no
 //! request ever waits for a rehash. A shard evicts its oldest entries first (FIFO): a
-//! lookup only reads, so hits need no bookkeeping writes. Entries larger than a shard's
-//! byte share are not cached. Only completed records enter: never an in-progress claim,
+//! lookup writes nothing but, once per entry, the request copy above (counted against
+//! the byte bound). Entries larger than a shard's byte share are not cached. Only completed records enter: never an in-progress claim,
 //! and never a released one (a 5xx released under `OnServerError::Release` is not a
 //! record at all).
 //!
