@@ -106,6 +106,7 @@ async fn serve_on<B: Batches>(
     // forgotten; its drop waits for a batch still running on the handle.
     let lending = unsafe { Lending::new(&mut locked) };
     loop {
+        gather(&mut batch, waiting, max_batch).await;
         work.prepare(&mut batch).await;
         let end = if batch.is_empty() {
             BatchEnd::Clean
@@ -137,6 +138,22 @@ async fn serve_on<B: Batches>(
     drop(lending);
     drop(locked);
     batch
+}
+
+/// Lets the tasks that are ready to run send their items before the batch is taken: one
+/// yield to the scheduler, then whatever arrived. With nothing else ready the yield comes
+/// straight back, so an idle store adds no wait.
+async fn gather<T>(batch: &mut Vec<T>, waiting: &mut mpsc::Receiver<T>, max_batch: usize) {
+    if batch.len() >= max_batch {
+        return;
+    }
+    tokio::task::yield_now().await;
+    while batch.len() < max_batch {
+        match waiting.try_recv() {
+            Ok(item) => batch.push(item),
+            Err(_) => break,
+        }
+    }
 }
 
 /// The error for a connection stuck in a transaction that would not roll back.
