@@ -8,8 +8,9 @@
 //! statement) with a reply channel to the store's writer; the writer takes every write
 //! waiting, up to [`MAX_BATCH`], runs them in order in one `BEGIN IMMEDIATE … COMMIT`,
 //! and answers each caller only after `COMMIT` returned. While one batch commits, the
-//! next one gathers: the batch grows with the load, with no added wait when there is
-//! none.
+//! next one gathers, and before taking it the writer yields to the scheduler while the
+//! requests already running keep adding writes (`dedicated::gather`): the batch grows
+//! with the load, with no added wait when there is none.
 //!
 //! What every write keeps:
 //!
