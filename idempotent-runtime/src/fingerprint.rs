@@ -169,7 +169,7 @@ impl Fingerprint {
 #[derive(Debug)]
 pub struct RequestFingerprint {
     request: Option<FingerprintedRequest>,
-    computed: std::cell::OnceCell<Fingerprint>,
+    computed: std::sync::OnceLock<Fingerprint>,
 }
 
 /// The parts of a request its fingerprint is computed from.
@@ -197,7 +197,7 @@ impl RequestFingerprint {
                 uri,
                 body,
             }),
-            computed: std::cell::OnceCell::new(),
+            computed: std::sync::OnceLock::new(),
         }
     }
 
@@ -284,7 +284,7 @@ impl From<Fingerprint> for RequestFingerprint {
     fn from(fingerprint: Fingerprint) -> Self {
         Self {
             request: None,
-            computed: std::cell::OnceCell::from(fingerprint),
+            computed: std::sync::OnceLock::from(fingerprint),
         }
     }
 }

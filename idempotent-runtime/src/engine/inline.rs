@@ -90,6 +90,10 @@ impl<T: Send + 'static> Drop for Uncancellable<T> {
                 .instrument(span),
                 &runtime,
             );
+        } else {
+            // Dropped here, in its span, as `Instrumented` would drop it.
+            let _entered = self.span.enter();
+            drop(work);
         }
     }
 }

@@ -447,7 +447,8 @@ impl Idempotency {
                 Cached::Miss => {}
             }
         }
-        // The request's bytes are let go before the claim (a round trip, for most stores).
+        // This hold on the request's bytes ends before the claim (a round trip, for most
+        // stores); the handler may hold its own.
         let fingerprint = request.get();
         drop(request);
         // One claim attempt (and the handler, when it wins), uncancellable: run in this

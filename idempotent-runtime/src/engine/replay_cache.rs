@@ -52,9 +52,10 @@
 //! independently locked shards whose maps are allocated at full size up front, so no
 //! request ever waits for a rehash. A shard evicts its oldest entries first (FIFO): a
 //! lookup writes nothing but, once per entry, the request copy above (counted against
-//! the byte bound). Entries larger than a shard's byte share are not cached. Only completed records enter: never an in-progress claim,
-//! and never a released one (a 5xx released under `OnServerError::Release` is not a
-//! record at all).
+//! the byte bound, and kept only within the entry's shard's share). Entries larger than a
+//! shard's byte share are not cached. Only completed records enter: never an in-progress
+//! claim, and never a released one (a 5xx released under `OnServerError::Release` is not
+//! a record at all).
 //!
 //! [`Idempotency::forget_cached`]: super::Idempotency::forget_cached
 
@@ -335,8 +336,11 @@ impl ReplayCache {
             return Cached::Mismatch;
         }
         let replay = entry.replay.clone();
+        // Only a copy that keeps the entry within its shard's share: one that did not
+        // would evict the shard's other entries, and then the entry itself.
+        let room = self.shard_bytes.saturating_sub(entry.size);
         if entry.request.is_none()
-            && let Some(framed) = request.framed(MAX_REQUEST_COPY)
+            && let Some(framed) = request.framed(MAX_REQUEST_COPY.min(room))
         {
             entry.size += framed.len();
             shard.bytes += framed.len();
@@ -714,6 +718,27 @@ mod tests {
             assert!(matches!(cache.get("s", "k", &replay), Cached::Hit(_)));
             assert!(replay.is_computed());
         }
+    }
+
+    #[test]
+    fn a_request_copy_never_pushes_its_entry_past_the_shard_share() {
+        // 2 KiB a shard: the entry fits, a copy of its 4 KiB request would not.
+        let config = ReplayCacheConfig::new().max_bytes(SHARDS * 2048);
+        let (cache, _) = new_cache(config);
+        let body = format!(r#"{{"note": "{}"}}"#, "x".repeat(4096));
+        let id = ScopedKey::new("s", "k");
+        cache.insert(&id, order(&body).get(), stored("a"), cache.now() + 60_000);
+        for _ in 0..3 {
+            let replay = order(&body);
+            assert!(matches!(cache.get("s", "k", &replay), Cached::Hit(_)));
+            assert!(
+                replay.is_computed(),
+                "verified by fingerprint, nothing learned"
+            );
+        }
+        let (hash, shard) = cache.locate("s", "k");
+        assert!(shard.entries[&hash].request.is_none());
+        assert!(shard.bytes <= 2048);
     }
 
     #[test]

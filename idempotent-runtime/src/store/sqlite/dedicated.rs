@@ -140,17 +140,24 @@ async fn serve_on<B: Batches>(
     batch
 }
 
+/// How many times [`gather`] yields for one batch at most.
+const GATHER_ROUNDS: usize = 8;
+
 /// Lets the tasks that are ready to run send their items before the batch is taken: a
 /// yield to the scheduler, then whatever arrived, again while items keep arriving and the
-/// batch has room. With nothing else ready a yield comes straight back, so an idle store
-/// adds no wait; under load the batch fills from requests already in flight instead of
-/// committing the first few of them alone (at `synchronous = NORMAL`, where a commit is
-/// short, batches averaged 3.5 writes without this and 46 with it).
+/// batch has room ([`GATHER_ROUNDS`] times at most). With nothing else ready a yield
+/// comes straight back, so an idle store adds no wait; under load the batch fills from
+/// requests already in flight instead of committing the first few of them alone (at
+/// `synchronous = NORMAL`, where a commit is short, the writer's batches averaged 3.5
+/// writes without this and 46 with it). The writer and the reader (`group_read.rs`)
+/// both gather so.
 async fn gather<T>(batch: &mut Vec<T>, waiting: &mut mpsc::Receiver<T>, max_batch: usize) {
     if batch.len() >= max_batch {
         return;
     }
-    loop {
+    // A yield can last a whole round of the worker's other tasks: under a trickle of
+    // writes, the batch's first callers wait for at most this many of them.
+    for _ in 0..GATHER_ROUNDS {
         tokio::task::yield_now().await;
         let before = batch.len();
         while batch.len() < max_batch {
