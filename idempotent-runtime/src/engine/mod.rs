@@ -759,9 +759,7 @@ async fn store_call<T>(
     timeout: Duration,
     call: impl Future<Output = Result<T, crate::StoreError>>,
 ) -> Result<T, crate::StoreError> {
-    let result = by_deadline(started + timeout, call)
-        .await
-        .unwrap_or(Err(crate::StoreError::Timeout(timeout)));
+    let result = bounded_from(started, timeout, call).await;
     metrics::store_operation(operation, result.is_ok(), started.elapsed());
     result
 }
@@ -783,7 +781,17 @@ async fn bounded<T>(
     timeout: Duration,
     operation: impl Future<Output = Result<T, crate::StoreError>>,
 ) -> Result<T, crate::StoreError> {
-    tokio::time::timeout(timeout, operation)
+    bounded_from(tokio::time::Instant::now(), timeout, operation).await
+}
+
+/// `operation`, failed with [`StoreError::Timeout`] when it is not done `timeout` after
+/// `started`.
+async fn bounded_from<T>(
+    started: tokio::time::Instant,
+    timeout: Duration,
+    operation: impl Future<Output = Result<T, crate::StoreError>>,
+) -> Result<T, crate::StoreError> {
+    by_deadline(started + timeout, operation)
         .await
         .unwrap_or(Err(crate::StoreError::Timeout(timeout)))
 }
