@@ -44,6 +44,11 @@ pub(crate) struct Outcome {
     pub(crate) in_progress: u32,
     /// Transport failures (connection errors and timeouts) seen.
     pub(crate) transport_errors: u32,
+    /// `429`, `502`, `503` and `504` answers seen (retried like a transport failure).
+    pub(crate) unavailable: u32,
+    /// What each attempt met, in order (`200`, `409`, `timeout`, `connect`, …), so a
+    /// payment left without an answer can be read back attempt by attempt.
+    pub(crate) history: Vec<String>,
     /// Answers replayed (`Idempotent-Replayed: true`).
     pub(crate) replayed: bool,
 }
@@ -62,6 +67,8 @@ pub(crate) async fn pay(
         attempts: 0,
         in_progress: 0,
         transport_errors: 0,
+        unavailable: 0,
+        history: Vec::new(),
         replayed: false,
     };
     for attempt in 0..policy.max_attempts {
@@ -78,8 +85,9 @@ pub(crate) async fn pay(
             .send()
             .await;
         let wait = match sent {
-            Err(_) => {
+            Err(error) => {
                 outcome.transport_errors += 1;
+                outcome.history.push(transport_failure(&error).to_owned());
                 backoff(policy, attempt)
             }
             Ok(response) => {
@@ -104,16 +112,19 @@ pub(crate) async fn pay(
                     // The answer was cut while its body was read: a transport failure.
                     _ => {
                         outcome.transport_errors += 1;
+                        outcome.history.push(format!("{status} cut"));
                         tokio::time::sleep(backoff(policy, attempt)).await;
                         continue;
                     }
                 };
+                outcome.history.push(status.to_string());
                 match status {
                     409 => {
                         outcome.in_progress += 1;
                         retry_after.unwrap_or_else(|| backoff(policy, attempt)) + jitter(100)
                     }
                     429 | 502 | 503 | 504 => {
+                        outcome.unavailable += 1;
                         retry_after.unwrap_or_else(|| backoff(policy, attempt)) + jitter(100)
                     }
                     // Anything else is the payment's answer: 2xx, or a 4xx/500 that a
@@ -132,6 +143,17 @@ pub(crate) async fn pay(
         }
     }
     outcome
+}
+
+/// A short name for why an attempt got no answer.
+fn transport_failure(error: &reqwest::Error) -> &'static str {
+    if error.is_timeout() {
+        "timeout"
+    } else if error.is_connect() {
+        "connect"
+    } else {
+        "transport"
+    }
 }
 
 /// Full jitter: a random wait up to `base × 2^attempt`, capped.

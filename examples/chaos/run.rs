@@ -252,6 +252,7 @@ impl fmt::Display for Report {
         let max_attempts = self.outcomes.iter().map(|o| o.attempts).max().unwrap_or(0);
         let transport: u32 = self.outcomes.iter().map(|o| o.transport_errors).sum();
         let in_progress: u32 = self.outcomes.iter().map(|o| o.in_progress).sum();
+        let unavailable: u32 = self.outcomes.iter().map(|o| o.unavailable).sum();
         let replayed = self.outcomes.iter().filter(|o| o.replayed).count();
         let mut answers: BTreeMap<String, usize> = BTreeMap::new();
         for outcome in &self.outcomes {
@@ -288,8 +289,18 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "client saw:      {transport} transport errors/timeouts, {in_progress} × 409 in progress; {replayed} final answers were replays"
+            "client saw:      {transport} transport errors/timeouts, {in_progress} × 409 in progress, {unavailable} × 429/502/503/504; {replayed} final answers were replays"
         )?;
+        for (index, outcome) in self.outcomes.iter().enumerate() {
+            if outcome.status.is_none() {
+                writeln!(
+                    f,
+                    "no answer:       payment {index} after {} attempts: {}",
+                    outcome.attempts,
+                    outcome.history.join(", ")
+                )?;
+            }
+        }
         let answers: Vec<String> = answers.iter().map(|(s, n)| format!("{s}: {n}")).collect();
         writeln!(f, "final answers:   {}", answers.join(", "))?;
         let runs: Vec<String> = runs
