@@ -53,7 +53,7 @@ impl PartialReason {
 pub(super) async fn read_capped(mut body: Body, cap: usize, deadline: Instant) -> BodyRead {
     let mut buffered = BytesMut::new();
     loop {
-        let frame = match super::by_deadline(deadline, body.frame()).await {
+        let frame = match super::ByDeadline::new(deadline, body.frame()).await {
             None => return partial(PartialReason::TimedOut, buffered, body),
             Some(None) => return BodyRead::Whole(buffered.freeze()),
             Some(Some(Err(err))) => return BodyRead::Failed(err.to_string()),

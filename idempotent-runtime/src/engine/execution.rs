@@ -26,7 +26,7 @@ use super::answers::internal_error;
 #[cfg(feature = "sql")]
 use super::answers::store_unavailable;
 use super::capture::{BodyRead, read_capped};
-use super::{Idempotency, NEVER_REPLAYED, by_deadline, store_call};
+use super::{ByDeadline, Idempotency, NEVER_REPLAYED, store_call};
 use crate::config::{HandlerConfig, OnServerError};
 use crate::key::ScopedKey;
 use crate::metrics::{self, Outcome as Counted, StoreOperation};
@@ -161,7 +161,7 @@ impl Execution {
         let release_server_errors = self.config.on_server_error == OnServerError::Release;
         let started = tokio::time::Instant::now();
         let run = AssertUnwindSafe(async {
-            match by_deadline(self.deadline(), handler).await {
+            match ByDeadline::new(self.deadline(), handler).await {
                 Some(response) => self.capture(response, release_server_errors).await,
                 // The side effect may or may not have happened: record that, so that a
                 // retry cannot run it a second time.

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
 use http::HeaderName;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
@@ -16,6 +17,7 @@ use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
 
 mod answers;
 mod capture;
+mod deadline;
 mod execution;
 mod inline;
 mod operator;
@@ -27,6 +29,7 @@ pub(crate) use answers::store_unavailable;
 #[cfg(feature = "sql")]
 use answers::transaction_unsupported;
 use answers::{in_progress, internal_error, key_reused, replay, scope_empty};
+use deadline::ByDeadline;
 use execution::Execution;
 use inline::Uncancellable;
 pub use replay_cache::ReplayCacheConfig;
@@ -369,7 +372,9 @@ impl Idempotency {
     {
         let span = info_span!("idempotent", scope = %scope, key = %key);
         self.claim_and_execute(config, scope, key, fingerprint.into(), |execution, key| {
-            execution.execute(async move { handler(key).await.into_response() })
+            // Boxed: the engine's layers around it then move a pointer, not the handler's
+            // whole future (the request's work measured 4,064 -> 3,256 bytes).
+            execution.execute(Box::pin(async move { handler(key).await.into_response() }))
         })
         .instrument(span)
         .await
@@ -750,48 +755,36 @@ fn interrupted<X>() -> Attempt<X> {
 /// The store operation `call`, started at `started`: failed with [`StoreError::Timeout`]
 /// when it is not done `timeout` after `started`, and timed into the store-operation
 /// metrics (a call dropped before it finished records nothing). A call done at its
-/// first poll arms no timer ([`by_deadline`]).
+/// first poll arms no timer ([`ByDeadline`]).
 ///
 /// [`StoreError::Timeout`]: crate::StoreError::Timeout
-async fn store_call<T>(
+fn store_call<T>(
     operation: StoreOperation,
     started: tokio::time::Instant,
     timeout: Duration,
     call: impl Future<Output = Result<T, crate::StoreError>>,
-) -> Result<T, crate::StoreError> {
-    let result = bounded_from(started, timeout, call).await;
-    metrics::store_operation(operation, result.is_ok(), started.elapsed());
-    result
-}
-
-/// `work`'s output, or `None` once `deadline` passed. Work that is done at its first
-/// poll (a handler that answers at once, an in-process store's call) arms no timer: a
-/// timer costs a clock read and a registration with the runtime's timer, per request.
-async fn by_deadline<F: Future>(deadline: tokio::time::Instant, work: F) -> Option<F::Output> {
-    let mut work = std::pin::pin!(work);
-    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(work.as_mut().poll(cx))).await;
-    match first {
-        std::task::Poll::Ready(output) => Some(output),
-        std::task::Poll::Pending => tokio::time::timeout_at(deadline, work).await.ok(),
-    }
+) -> impl Future<Output = Result<T, crate::StoreError>> {
+    bounded_from(started, timeout, call).map(move |result| {
+        metrics::store_operation(operation, result.is_ok(), started.elapsed());
+        result
+    })
 }
 
 /// `operation`, failed with [`StoreError::Timeout`] when it takes longer than `timeout`.
-async fn bounded<T>(
+fn bounded<T>(
     timeout: Duration,
     operation: impl Future<Output = Result<T, crate::StoreError>>,
-) -> Result<T, crate::StoreError> {
-    bounded_from(tokio::time::Instant::now(), timeout, operation).await
+) -> impl Future<Output = Result<T, crate::StoreError>> {
+    bounded_from(tokio::time::Instant::now(), timeout, operation)
 }
 
 /// `operation`, failed with [`StoreError::Timeout`] when it is not done `timeout` after
 /// `started`.
-async fn bounded_from<T>(
+fn bounded_from<T>(
     started: tokio::time::Instant,
     timeout: Duration,
     operation: impl Future<Output = Result<T, crate::StoreError>>,
-) -> Result<T, crate::StoreError> {
-    by_deadline(started + timeout, operation)
-        .await
-        .unwrap_or(Err(crate::StoreError::Timeout(timeout)))
+) -> impl Future<Output = Result<T, crate::StoreError>> {
+    ByDeadline::new(started + timeout, operation)
+        .map(move |output| output.unwrap_or(Err(crate::StoreError::Timeout(timeout))))
 }
