@@ -26,6 +26,7 @@ use axum::extract::{Extension, FromRef, FromRequestParts};
 use axum::routing::post;
 use http::request::Parts;
 use http::{Request, StatusCode};
+use idempotent_runtime::engine::ReplayCacheConfig;
 use idempotent_runtime::layer::IdempotencyLayer;
 use idempotent_runtime::metrics::{
     HANDLER_DURATION, Outcome, REQUESTS_TOTAL, STORE_OPERATION_DURATION,
@@ -362,9 +363,11 @@ async fn script(store: &'static str, inner: Arc<dyn Store>) {
         failing_completions: AtomicU32::new(0),
     });
     // A lease of an hour: no renewal happens during the script, except on the route
-    // that sets a short one.
+    // that sets a short one. Completions cached, so that the script's replays and
+    // mismatches of keys it completed are answered by the cache and count no claim.
     let engine = Idempotency::builder_shared(flaky.clone())
         .default_lease(Duration::from_secs(3600))
+        .replay_cache(Some(ReplayCacheConfig::new().remember_completions(true)))
         .build();
     let gate = Arc::new(Gate::default());
     let (app, [pay, optional, lease]) = app(&engine, store, gate.clone());
@@ -567,6 +570,7 @@ async fn transactional<DB: idempotent_runtime::transaction::TxDatabase>(
     let config = HandlerConfig::new().name(name);
     let engine = Idempotency::builder_shared(inner)
         .default_lease(Duration::from_secs(3600))
+        .replay_cache(Some(ReplayCacheConfig::new().remember_completions(true)))
         .build();
     let run = |key: String, body: &'static str| {
         let engine = engine.clone();

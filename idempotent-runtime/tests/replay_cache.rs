@@ -147,10 +147,47 @@ fn replayed(response: &Response) -> bool {
     response.headers().get("idempotent-replayed").is_some()
 }
 
+/// An engine over `store` whose cache takes this process's completions.
+fn caching_completions(store: Arc<Counting>) -> Idempotency {
+    Idempotency::builder_shared(store)
+        .replay_cache(Some(ReplayCacheConfig::new().remember_completions(true)))
+        .build()
+}
+
+/// By default a completion is not copied into the cache: a key's first replay asks the
+/// store, and the cache answers the ones after it (and the key's `422`s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_the_first_replay_asks_the_store_and_the_cache_answers_the_rest() {
+    let store = Counting::new(MemoryStore::new());
+    assert!(!store.in_process());
+    let engine = Idempotency::builder_shared(store.clone()).build();
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    let first = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(store.claims(), 1);
+    let replay = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+    assert!(replayed(&replay));
+    assert_eq!(store.claims(), 2, "the first replay asked the store");
+    for _ in 0..3 {
+        let again = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
+        assert!(replayed(&again));
+        assert_eq!(body(again).await, "run 1");
+    }
+    let other = request(&engine, &CONFIG, "k", 2, &runs, StatusCode::CREATED).await;
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        store.claims(),
+        2,
+        "later replays and the 422 from the cache"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replays_and_mismatches_of_own_completions_skip_the_store() {
     let store = Counting::new(MemoryStore::new());
-    let engine = Idempotency::builder_shared(store.clone()).build();
+    let engine = caching_completions(store.clone());
     let runs = Arc::new(AtomicUsize::new(0));
 
     let first = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
@@ -255,7 +292,9 @@ async fn entries_end_with_the_record_ttl_and_the_maximum_age() {
     let store = Counting::new(MemoryStore::with_clock(Arc::new(clock.clone())));
     let engine = Idempotency::builder_shared(store.clone())
         .replay_cache(Some(
-            ReplayCacheConfig::new().max_age(Duration::from_secs(30)),
+            ReplayCacheConfig::new()
+                .max_age(Duration::from_secs(30))
+                .remember_completions(true),
         ))
         .build();
     let runs = Arc::new(AtomicUsize::new(0));
@@ -306,7 +345,7 @@ async fn entries_end_with_the_record_ttl_and_the_maximum_age() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_cached_sends_the_key_back_to_the_store() {
     let store = Counting::new(MemoryStore::new());
-    let engine = Idempotency::builder_shared(store.clone()).build();
+    let engine = caching_completions(store.clone());
     let runs = Arc::new(AtomicUsize::new(0));
     request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
     request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
@@ -321,7 +360,7 @@ async fn forget_cached_sends_the_key_back_to_the_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_drops_the_cached_copy_so_the_key_runs_as_new() {
     let store = Counting::new(MemoryStore::new());
-    let engine = Idempotency::builder_shared(store.clone()).build();
+    let engine = caching_completions(store.clone());
     let runs = Arc::new(AtomicUsize::new(0));
     request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
     let cached = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
@@ -344,7 +383,7 @@ async fn forget_drops_the_cached_copy_so_the_key_runs_as_new() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_and_in_progress_claims_are_never_cached() {
     let store = Counting::new(MemoryStore::new());
-    let engine = Idempotency::builder_shared(store.clone()).build();
+    let engine = caching_completions(store.clone());
     let runs = Arc::new(AtomicUsize::new(0));
 
     // A released 5xx: the retry runs the handler again.
@@ -461,7 +500,7 @@ async fn a_completion_recorded_by_a_retry_is_cached() {
     for failures in [2, 6] {
         let store = Counting::new(MemoryStore::new());
         store.fail_completes.store(failures, Ordering::SeqCst);
-        let engine = Idempotency::builder_shared(store.clone()).build();
+        let engine = caching_completions(store.clone());
         let runs = Arc::new(AtomicUsize::new(0));
         let first = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
         assert_eq!(first.status(), StatusCode::CREATED);
@@ -487,7 +526,7 @@ async fn a_completion_recorded_by_a_retry_is_cached() {
 async fn a_completion_the_store_refused_is_not_cached() {
     let store = Counting::new(MemoryStore::new());
     store.deny_complete.store(true, Ordering::SeqCst);
-    let engine = Idempotency::builder_shared(store.clone()).build();
+    let engine = caching_completions(store.clone());
     let runs = Arc::new(AtomicUsize::new(0));
     let first = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;
     assert_eq!(first.status(), StatusCode::CREATED);

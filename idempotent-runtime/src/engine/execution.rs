@@ -500,13 +500,17 @@ impl Execution {
         self.lease_signal.count_loss_once(self.config.name);
     }
 
-    /// Caches the record this request completed (the store confirmed it), unless the
-    /// store keeps it in memory itself.
+    /// Caches the record this request completed (the store confirmed it), when the
+    /// cache takes completions and the store does not keep it in memory itself.
     fn remember(&self, stored: StoredResponse) {
-        if self.engine.inner.store.in_process() {
+        let inner = &self.engine.inner;
+        let takes_completions = inner
+            .replay_cache
+            .as_ref()
+            .is_some_and(|cache| cache.remembers_completions());
+        if !takes_completions || inner.store.in_process() {
             return;
         }
-        // Without a cache there is nothing to keep: the record was only needed for this.
         let _ = self
             .engine
             .remember(&self.name, self.fingerprint, stored, self.lives_until);

@@ -221,16 +221,16 @@ impl IdempotencyBuilder {
     /// The replay cache's bounds (default: on, [`ReplayCacheConfig::new`]), or `None` to
     /// turn it off.
     ///
-    /// With it, a replay of a completed record this process completed or replayed
+    /// With it, a replay of a completed record the store replayed to this process
     /// recently is answered from memory: no store round trip, nothing spawned; a request
-    /// reusing its key with another body gets its `422` the same way. An entry never
-    /// outlives its record's TTL, and is served at most
-    /// [`max_age`](ReplayCacheConfig::max_age) before the store is asked again: how long
-    /// another instance may still replay a record deleted on this one. In-progress and
-    /// released claims are never cached. Over a store that keeps its records in memory
-    /// itself ([`Store::in_process`]: the [`MemoryStore`](crate::store::MemoryStore)),
-    /// only records the store replayed are cached, not every completion. See
-    /// [`ReplayCacheConfig`] for the bounds.
+    /// reusing its key with another body gets its `422` the same way. So a key's first
+    /// replay asks the store, and its later ones do not (or its first one too, with
+    /// [`remember_completions`](ReplayCacheConfig::remember_completions), for the keys
+    /// this process completed). An entry never outlives its record's TTL, and is served
+    /// at most [`max_age`](ReplayCacheConfig::max_age) before the store is asked again:
+    /// how long another instance may still replay a record deleted on this one.
+    /// In-progress and released claims are never cached. See [`ReplayCacheConfig`] for
+    /// the bounds.
     pub fn replay_cache(mut self, config: Option<ReplayCacheConfig>) -> Self {
         self.replay_cache = config;
         self

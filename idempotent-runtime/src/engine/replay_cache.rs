@@ -12,7 +12,8 @@
 //! The store decides expiry on its own clock. Each entry carries a conservative local
 //! deadline, read on the *cache's clock* before the store call that proved the record:
 //!
-//! - **this process's own completion:** the record was claimed with the handler's TTL,
+//! - **this process's own completion** (only with
+//!   [`ReplayCacheConfig::remember_completions`]): the record was claimed with the handler's TTL,
 //!   so it lives at least until *(cache time before the claim was sent) + TTL* (a renewal
 //!   only ever extends it);
 //! - **a replay the store answered:** only when the store says how long the record lives
@@ -112,16 +113,33 @@ pub struct ReplayCacheConfig {
     max_entries: usize,
     max_bytes: usize,
     max_age: Duration,
+    completions: bool,
 }
 
 impl ReplayCacheConfig {
-    /// The defaults: 16,384 entries, 32 MiB, 10 s maximum age.
+    /// The defaults: 16,384 entries, 32 MiB, 10 s maximum age, completions not cached.
     pub const fn new() -> Self {
         Self {
             max_entries: 16 * 1024,
             max_bytes: 32 * 1024 * 1024,
             max_age: Duration::from_secs(10),
+            completions: false,
         }
+    }
+
+    /// Whether the records this process completes enter the cache as they complete
+    /// (default: no). Without it, a key's first replay asks the store (one read) and
+    /// its later replays are answered from the cache; with it, the first replay is
+    /// answered from memory too, and every fresh key pays for an entry it will most
+    /// likely never use: an insertion and an eviction of an older entry, which cost the
+    /// SQLite store's fresh keys about 15% of their rate in the HTTP benchmark. Worth it
+    /// where retries typically arrive within [`max_age`](Self::max_age) of the original
+    /// and the store is far away. Over a store that keeps its records in memory itself
+    /// ([`Store::in_process`](crate::store::Store::in_process)) completions are never
+    /// cached: the store answers from memory already.
+    pub const fn remember_completions(mut self, remember: bool) -> Self {
+        self.completions = remember;
+        self
     }
 
     /// How many records the cache keeps at most (default 16,384). The cache's maps are
@@ -232,6 +250,7 @@ pub(crate) struct ReplayCache {
     max_age: i64,
     shard_entries: usize,
     shard_bytes: usize,
+    completions: bool,
 }
 
 /// One shard: entries by the keyed hash of their `(scope, key)` (a colliding id is
@@ -290,7 +309,14 @@ impl ReplayCache {
             max_age: millis(config.max_age),
             shard_entries,
             shard_bytes,
+            completions: config.completions,
         }
+    }
+
+    /// Whether this process's own completions are cached
+    /// ([`ReplayCacheConfig::remember_completions`]).
+    pub(crate) fn remembers_completions(&self) -> bool {
+        self.completions
     }
 
     /// The cache's time now: read it before the store call whose answer is cached.
