@@ -223,7 +223,8 @@ async fn over_an_in_process_store_only_replayed_records_are_cached() {
         ..Arc::into_inner(Counting::new(MemoryStore::new())).unwrap()
     });
     assert!(store.in_process());
-    let engine = Idempotency::builder_shared(store.clone()).build();
+    // Even when asked to take completions.
+    let engine = caching_completions(store.clone());
     let runs = Arc::new(AtomicUsize::new(0));
 
     let first = request(&engine, &CONFIG, "k", 1, &runs, StatusCode::CREATED).await;

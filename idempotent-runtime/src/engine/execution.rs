@@ -501,14 +501,10 @@ impl Execution {
     }
 
     /// Caches the record this request completed (the store confirmed it), when the
-    /// cache takes completions and the store does not keep it in memory itself.
+    /// cache takes completions.
     fn remember(&self, stored: StoredResponse) {
-        let inner = &self.engine.inner;
-        let takes_completions = inner
-            .replay_cache
-            .as_ref()
-            .is_some_and(|cache| cache.remembers_completions());
-        if !takes_completions || inner.store.in_process() {
+        let cache = self.engine.inner.replay_cache.as_ref();
+        if !cache.is_some_and(|cache| cache.remembers_completions()) {
             return;
         }
         let _ = self

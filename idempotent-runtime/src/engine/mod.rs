@@ -240,9 +240,10 @@ impl IdempotencyBuilder {
     /// recorder installed by then, if any).
     pub fn build(mut self) -> Idempotency {
         metrics::describe();
-        self.inner.replay_cache = self
-            .replay_cache
-            .map(|config| ReplayCache::new(config, self.inner.store.clock()));
+        self.inner.replay_cache = self.replay_cache.map(|config| {
+            let store = &self.inner.store;
+            ReplayCache::new(config, store.clock(), store.in_process())
+        });
         Idempotency {
             inner: Arc::new(self.inner),
         }

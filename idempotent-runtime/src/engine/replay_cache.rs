@@ -282,8 +282,13 @@ struct Entry {
 
 impl ReplayCache {
     /// An empty cache within `config`'s bounds, on `store_clock` when the store keeps
-    /// time in this process, otherwise on a monotonic clock.
-    pub(crate) fn new(config: ReplayCacheConfig, store_clock: Option<Arc<dyn Clock>>) -> Self {
+    /// time in this process, otherwise on a monotonic clock. Over a store that keeps its
+    /// records in this process (`store_in_process`) it never takes completions.
+    pub(crate) fn new(
+        config: ReplayCacheConfig,
+        store_clock: Option<Arc<dyn Clock>>,
+        store_in_process: bool,
+    ) -> Self {
         let shard_entries = config.max_entries.div_ceil(SHARDS);
         let shard_bytes = config.max_bytes / SHARDS;
         let clock = match store_clock {
@@ -309,12 +314,13 @@ impl ReplayCache {
             max_age: millis(config.max_age),
             shard_entries,
             shard_bytes,
-            completions: config.completions,
+            completions: config.completions && !store_in_process,
         }
     }
 
     /// Whether this process's own completions are cached
-    /// ([`ReplayCacheConfig::remember_completions`]).
+    /// ([`ReplayCacheConfig::remember_completions`], over a store that does not keep its
+    /// records in this process).
     pub(crate) fn remembers_completions(&self) -> bool {
         self.completions
     }
@@ -504,7 +510,7 @@ mod tests {
     fn new_cache(config: ReplayCacheConfig) -> (ReplayCache, ManualClock) {
         let clock = ManualClock::new();
         (
-            ReplayCache::new(config, Some(Arc::new(clock.clone()))),
+            ReplayCache::new(config, Some(Arc::new(clock.clone())), false),
             clock,
         )
     }
