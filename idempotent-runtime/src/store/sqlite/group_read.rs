@@ -20,6 +20,12 @@ use crate::store::sql::FoundRow;
 
 const CLAIM_READ: &str = include_str!("sql/claim_read.sql");
 
+/// A batch's read transaction begins (prepared once, as the reads are: a `static`, so
+/// its address, which keys the prepared statement, is one).
+static BEGIN: &str = "BEGIN";
+/// And ends.
+static COMMIT: &str = "COMMIT";
+
 /// Reads per batch at most.
 const MAX_BATCH: usize = 64;
 
@@ -86,6 +92,14 @@ impl Batches for Reader {
     }
 
     fn run(db: &mut RawConnection, batch: &mut Vec<PendingRead>) -> BatchEnd {
+        // Several reads share one read transaction: one snapshot, one set of WAL locks
+        // and one check of the page cache per batch, instead of per read (each
+        // autocommitted read locks and unlocks the WAL's read mark, and finds its cache
+        // stale after any commit of the writer's). The snapshot is taken at the batch's
+        // first read, after every read of the batch was sent: each still sees what was
+        // committed when its claim asked, or later. If it cannot begin, each read runs
+        // alone, as a batch of one does.
+        let shared = batch.len() > 1 && db.execute(BEGIN, &[]).is_ok();
         for PendingRead { read, reply } in batch.drain(..) {
             let params = [
                 Param::Text(&read.scope),
@@ -101,8 +115,13 @@ impl Batches for Reader {
             // A caller that stopped waiting no longer needs the answer.
             let _ = reply.send(found);
         }
-        // Autocommitted reads leave no transaction open (and each batch begins by
-        // ending one the connection came with).
+        if shared && db.execute(COMMIT, &[]).is_err() {
+            // Nothing was written: whatever the read transaction's end says, the reads
+            // stand; the connection is fit again once no transaction is open.
+            return dedicated::end_transaction(db);
+        }
+        // No transaction left open (and each batch begins by ending one the connection
+        // came with).
         BatchEnd::Clean
     }
 
