@@ -43,6 +43,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             "group_commit::a_connection_handed_over_inside_a_transaction_still_commits",
             a_connection_handed_over_inside_a_transaction_still_commits,
         ),
+        async_trial(
+            "group_commit::the_store_checkpoints_its_wal_after_writes_and_never_when_idle",
+            the_store_checkpoints_its_wal_after_writes_and_never_when_idle,
+        ),
         Trial::test(
             "group_commit::a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound",
             || {
@@ -819,4 +823,77 @@ fn a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound() {
             .unwrap();
         assert!(matches!(replay, ClaimOutcome::Replay(_)), "{replay:?}");
     });
+}
+
+/// The writer's commits run no WAL checkpoint (it would hold up a whole batch); the
+/// store's checkpointer runs them after writes, so the WAL keeps being reused instead of
+/// growing, and an idle store runs none. Rounds of concurrent claims and completions of
+/// large responses, each round waiting for the checkpoint after it.
+async fn the_store_checkpoints_its_wal_after_writes_and_never_when_idle() {
+    const ROUNDS: usize = 4;
+    const TASKS: usize = 16;
+    const KEYS_EACH: usize = 25;
+    let setup = setup().await;
+    let store = &setup.store;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        store.group_commit_stats().checkpoints,
+        0,
+        "an idle store checkpoints nothing"
+    );
+    let wal = std::path::PathBuf::from(format!("{}-wal", setup.path));
+    let body = Bytes::from(vec![b'x'; 4096]);
+    let mut wal_sizes = Vec::new();
+    for round in 0..ROUNDS {
+        let before = store.group_commit_stats();
+        let writers: Vec<_> = (0..TASKS)
+            .map(|task| {
+                let store = Arc::clone(store);
+                let body = body.clone();
+                tokio::spawn(async move {
+                    for i in 0..KEYS_EACH {
+                        let key = format!("wal-{round}-{task}-{i}");
+                        let token = FencingToken::random();
+                        let outcome = store.try_claim(&request(&key, token)).await.unwrap();
+                        assert!(
+                            matches!(outcome, ClaimOutcome::Claimed { .. }),
+                            "{outcome:?}"
+                        );
+                        let response = StoredResponse {
+                            body: Some(body.clone()),
+                            ..response_of(token)
+                        };
+                        assert!(store.complete(SCOPE, &key, token, &response).await.unwrap());
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.await.expect("writer task");
+        }
+        let written = store.group_commit_stats();
+        // Bounded: the checkpoint runs a fraction of a second after the last batch.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while store.group_commit_stats().checkpoints <= written.checkpoints {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: no checkpoint after its writes: {:?}",
+                store.group_commit_stats()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(written.batches > before.batches);
+        wal_sizes.push(std::fs::metadata(&wal).expect("the WAL file").len());
+    }
+    let stats = store.group_commit_stats();
+    assert_eq!(stats.failed_checkpoints, 0, "{stats:?}");
+    // Each round writes well over 2 MiB of responses: a WAL never checkpointed would
+    // hold every round's pages, one reused after each checkpoint only about one round's.
+    let first = wal_sizes[0];
+    let last = *wal_sizes.last().unwrap();
+    assert!(first > 2 << 20, "a round's WAL: {wal_sizes:?}");
+    assert!(
+        last < first * 2,
+        "the WAL grew round after round instead of being reused: {wal_sizes:?}"
+    );
 }

@@ -51,6 +51,9 @@ pub(super) trait Batches: Send + Sync + 'static {
     /// One queued piece of work, with where its answer goes.
     type Item: Send + 'static;
 
+    /// A statement run once on each connection the task takes, before its first batch.
+    const SETUP: Option<&'static str> = None;
+
     /// Before each batch, on the runtime: may wait, and may drop items that need not
     /// run any more.
     fn prepare(&self, batch: &mut Vec<Self::Item>) -> impl Future<Output = ()> + Send;
@@ -80,6 +83,13 @@ pub(super) async fn serve<B: Batches>(
                 continue;
             }
         };
+        if let Some(setup) = B::SETUP
+            && let Err(e) = sqlx::Executor::execute(&mut conn, setup).await
+        {
+            B::fail(&mut batch, e);
+            let _ = conn.close().await;
+            continue;
+        }
         batch = serve_on(&mut conn, &work, batch, &mut waiting, max_batch).await;
         // Broken, or every sender dropped.
         let _ = conn.close().await;

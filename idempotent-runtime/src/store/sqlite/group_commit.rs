@@ -48,6 +48,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use sqlx::SqlitePool;
 use tokio::sync::mpsc;
 
+use super::checkpoint::{self, Checkpointer, Checkpoints};
 use super::dedicated::{self, BatchEnd, Batches, Reply};
 use super::raw_connection::{Param, RawConnection};
 use super::writers::StoreWrites;
@@ -230,6 +231,10 @@ pub struct GroupCommitStats {
     pub mixed_batches: u64,
     /// Writes waiting in the queue now.
     pub queued: usize,
+    /// WAL checkpoints the store's checkpointer ran (the writer's commits run none).
+    pub checkpoints: u64,
+    /// WAL checkpoints that failed (retried after the next batch).
+    pub failed_checkpoints: u64,
     kinds_in_mixed_batches: u8,
 }
 
@@ -276,6 +281,7 @@ struct Pending {
 pub(super) struct GroupCommit {
     queue: mpsc::Sender<Pending>,
     counters: Arc<Counters>,
+    checkpoints: Arc<Checkpoints>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -292,12 +298,18 @@ impl GroupCommit {
     pub(super) fn start(pool: SqlitePool, writes: Arc<StoreWrites>) -> Self {
         let (queue, waiting) = mpsc::channel(QUEUE);
         let counters = Arc::new(Counters::default());
+        let checkpoints = Arc::new(Checkpoints::default());
         let writer = Writer {
             writes,
             counters: counters.clone(),
+            checkpointer: Checkpointer::start(pool.clone(), checkpoints.clone()),
         };
         tokio::spawn(dedicated::serve(pool, writer, waiting, MAX_BATCH));
-        Self { queue, counters }
+        Self {
+            queue,
+            counters,
+            checkpoints,
+        }
     }
 
     /// Runs `write` in the next batch; the rows it affected, once its batch committed.
@@ -318,6 +330,8 @@ impl GroupCommit {
             largest_batch: c.largest_batch.load(Ordering::Relaxed),
             mixed_batches: c.mixed_batches.load(Ordering::Relaxed),
             queued: self.queue.max_capacity() - self.queue.capacity(),
+            checkpoints: self.checkpoints.done(),
+            failed_checkpoints: self.checkpoints.failed(),
             kinds_in_mixed_batches: c.kinds_in_mixed_batches.load(Ordering::Relaxed),
         }
     }
@@ -332,10 +346,14 @@ struct BatchFailed(#[source] Arc<sqlx::Error>);
 struct Writer {
     writes: Arc<StoreWrites>,
     counters: Arc<Counters>,
+    /// Checkpoints the WAL its commits grow (they run none themselves).
+    checkpointer: Checkpointer,
 }
 
 impl Batches for Writer {
     type Item = Pending;
+
+    const SETUP: Option<&'static str> = Some(checkpoint::WRITER_SETUP);
 
     async fn prepare(&self, batch: &mut Vec<Pending>) {
         // A transactional handler about to take the lock goes first (see `writers.rs`).
@@ -345,6 +363,7 @@ impl Batches for Writer {
         batch.retain(|pending| !pending.reply.is_closed());
         if !batch.is_empty() {
             self.counters.count(batch);
+            self.checkpointer.batch_begins();
         }
     }
 

@@ -54,6 +54,7 @@ use super::{
 use crate::clock::{Clock, SystemClock, millis};
 use group_commit::Write;
 
+mod checkpoint;
 mod claim;
 mod dedicated;
 mod group_commit;
