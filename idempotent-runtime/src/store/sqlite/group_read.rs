@@ -4,9 +4,10 @@
 //! Every claim reads its record first: a fresh key to find none, a replay the cache does
 //! not hold to find its response. Through sqlx each read was a hand-off to the
 //! connection's thread and back; here the reads waiting, up to [`MAX_BATCH`], run one
-//! after another in a single hand-off. Each is still its own autocommitted `SELECT`, so
-//! each sees the last committed state when it runs (WAL: it waits for no writer), as
-//! before; a read that fails fails alone.
+//! after another in a single hand-off, in one read transaction: one snapshot, taken at
+//! the batch's first read, after every read of the batch was sent, so each sees what
+//! was committed when its claim asked, or later (WAL: it waits for no writer). A read
+//! that fails fails alone.
 
 use std::sync::Arc;
 

@@ -30,10 +30,14 @@
 //!   statement that fails (a constraint) fails only its own caller; a transaction that
 //!   fails as a whole fails every write in it, none is answered as done. Reads (every
 //!   replay, `409`, `422`) never queue behind the writer. See `group_commit.rs`.
-//! - **Group read.** The claims' reads are batched the same way by one reader task
-//!   (`group_read.rs`). The writer and the reader each run every batch on a connection
+//! - **Group read.** The claims' reads are batched the same way by one reader task,
+//!   a batch in one read transaction (`group_read.rs`). The writer and the reader each run every batch on a connection
 //!   of their own, in one call on its C handle on Tokio's blocking pool, not statement
 //!   by statement through sqlx's connection thread (`dedicated.rs`).
+//! - **Checkpoints off the write path.** The writer's commits never copy the WAL back
+//!   into the database file (SQLite would, inside the commit that passes 1,000 pages,
+//!   with two fsyncs, holding up the batch); a checkpointer task does, `PASSIVE`, on a
+//!   pool connection shortly after writes (`checkpoint.rs`).
 
 use std::path::Path;
 use std::str::FromStr;
