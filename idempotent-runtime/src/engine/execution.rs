@@ -157,33 +157,41 @@ fn panicked() -> Response {
 
 impl Execution {
     /// Runs a plain handler (its answer becomes the response).
-    pub(super) async fn execute(self, handler: impl Future<Output = Response> + Send) -> Response {
-        let release_server_errors = self.config.on_server_error == OnServerError::Release;
-        let started = tokio::time::Instant::now();
-        let run = AssertUnwindSafe(async {
-            match ByDeadline::new(self.deadline(), handler).await {
-                Some(response) => self.capture(response, release_server_errors).await,
-                // The side effect may or may not have happened: record that, so that a
-                // retry cannot run it a second time.
-                None => Outcome::Record(self.interrupted()),
+    pub(super) fn execute(
+        self,
+        handler: impl Future<Output = Response> + Send,
+    ) -> impl Future<Output = Response> + Send {
+        // An `async` block, not an `async fn`: an `async fn` keeps its by-value `self`
+        // twice in its state (the argument and the local it is moved into), and this
+        // future is part of every request's.
+        async move {
+            let release_server_errors = self.config.on_server_error == OnServerError::Release;
+            let started = tokio::time::Instant::now();
+            let run = AssertUnwindSafe(async {
+                match ByDeadline::new(self.deadline(), handler).await {
+                    Some(response) => self.capture(response, release_server_errors).await,
+                    // The side effect may or may not have happened: record that, so that a
+                    // retry cannot run it a second time.
+                    None => Outcome::Record(self.interrupted()),
+                }
+            })
+            .catch_unwind();
+            let outcome = self
+                .with_heartbeat(run)
+                .await
+                .unwrap_or_else(|_panic| Outcome::GiveUp(GiveUp::Panic, panicked()));
+            let finished = tokio::time::Instant::now();
+            metrics::handler_duration(self.config.name, finished - started);
+            match outcome {
+                // The lease is renewed until the outcome is recorded: a store outage after
+                // the handler finished must not let it lapse while we retry.
+                Outcome::Record(Captured { stored, answer }) => {
+                    self.observe_duration(finished);
+                    complete_with_retries(self, stored).await;
+                    answer
+                }
+                Outcome::GiveUp(why, answer) => self.give_up(why, answer).await,
             }
-        })
-        .catch_unwind();
-        let outcome = self
-            .with_heartbeat(run)
-            .await
-            .unwrap_or_else(|_panic| Outcome::GiveUp(GiveUp::Panic, panicked()));
-        let finished = tokio::time::Instant::now();
-        metrics::handler_duration(self.config.name, finished - started);
-        match outcome {
-            // The lease is renewed until the outcome is recorded: a store outage after
-            // the handler finished must not let it lapse while we retry.
-            Outcome::Record(Captured { stored, answer }) => {
-                self.observe_duration(finished);
-                complete_with_retries(self, stored).await;
-                answer
-            }
-            Outcome::GiveUp(why, answer) => self.give_up(why, answer).await,
         }
     }
 
@@ -734,62 +742,68 @@ fn renew_timeout(store_timeout: Duration, lease: Duration) -> Duration {
 /// client gets its answer and the attempts go on in the background, so the claim is
 /// completed as soon as the store is back (unless the lease was taken over meanwhile).
 /// The lease is renewed all along.
-async fn complete_with_retries(execution: Execution, stored: StoredResponse) {
-    let started = tokio::time::Instant::now();
-    let deadline = started + execution.engine.inner.completion_retry_window;
-    // Inline, the client waits: a few quick attempts within about a second.
-    let inline = execution
-        .with_heartbeat(async {
-            for (attempt, delay_ms) in [25, 50, 100, 200].into_iter().enumerate() {
-                match execution.try_complete(&stored).await {
-                    Completion::Failed => {}
-                    done => return Some(done),
-                }
-                if attempt == 0 {
-                    metrics::count(execution.config.name, Counted::CompletionRetried);
-                }
-                if started.elapsed() > Duration::from_secs(1) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-            }
-            None
-        })
-        .await;
-    if let Some(done) = inline {
-        execution.settle(done, stored);
-        return;
-    }
-    let span = tracing::Span::current();
-    let engine = execution.engine.clone();
-    engine.spawn_tracked(
-        async move {
-            // Short steps: once the store answers again, record before a retry can take
-            // the key over.
-            let retries = async {
-                let mut delay = Duration::from_millis(250);
-                loop {
+fn complete_with_retries(
+    execution: Execution,
+    stored: StoredResponse,
+) -> impl Future<Output = ()> + Send {
+    // An `async` block, not an `async fn`: see `Execution::execute`.
+    async move {
+        let started = tokio::time::Instant::now();
+        let deadline = started + execution.engine.inner.completion_retry_window;
+        // Inline, the client waits: a few quick attempts within about a second.
+        let inline = execution
+            .with_heartbeat(async {
+                for (attempt, delay_ms) in [25, 50, 100, 200].into_iter().enumerate() {
                     match execution.try_complete(&stored).await {
                         Completion::Failed => {}
                         done => return Some(done),
                     }
-                    if tokio::time::Instant::now() + delay > deadline {
-                        error!(
-                            event = "store_error",
-                            "gave up recording the response; the claim frees when its lease runs out"
-                        );
-                        return None;
+                    if attempt == 0 {
+                        metrics::count(execution.config.name, Counted::CompletionRetried);
                     }
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(1));
+                    if started.elapsed() > Duration::from_secs(1) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                 }
-            };
-            if let Some(done) = execution.with_heartbeat(retries).await {
-                execution.settle(done, stored);
-            }
+                None
+            })
+            .await;
+        if let Some(done) = inline {
+            execution.settle(done, stored);
+            return;
         }
-        .instrument(span),
-    );
+        let span = tracing::Span::current();
+        let engine = execution.engine.clone();
+        engine.spawn_tracked(
+            async move {
+                // Short steps: once the store answers again, record before a retry can take
+                // the key over.
+                let retries = async {
+                    let mut delay = Duration::from_millis(250);
+                    loop {
+                        match execution.try_complete(&stored).await {
+                            Completion::Failed => {}
+                            done => return Some(done),
+                        }
+                        if tokio::time::Instant::now() + delay > deadline {
+                            error!(
+                                event = "store_error",
+                                "gave up recording the response; the claim frees when its lease runs out"
+                            );
+                            return None;
+                        }
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(1));
+                    }
+                };
+                if let Some(done) = execution.with_heartbeat(retries).await {
+                    execution.settle(done, stored);
+                }
+            }
+            .instrument(span),
+        );
+    }
 }
 
 /// The response headers to store, in order: every one but those never replayed, those

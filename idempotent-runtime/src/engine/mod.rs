@@ -464,17 +464,23 @@ impl Idempotency {
         let attempt = |execute: X| {
             let (engine, config, name) = (self.clone(), *config, name.clone());
             let work = async move {
-                match engine.claim(&config, &name, &fingerprint).await {
+                // The handler's future is built inside the match and awaited after it:
+                // awaited inside, the claim's result and the execution moved out of it
+                // would each keep their bytes in this future beside the one awaited.
+                let run = match engine.claim(&config, &name, &fingerprint).await {
                     Ok(execution) => {
                         let lease = execution.lease_signal.clone();
                         let key = IdempotencyKey::claimed(name, fingerprint, lease);
-                        Attempt::Done(Settled::Ran, execute(execution, key).await)
+                        execute(execution, key)
                     }
-                    Err(Refused::Answer(settled, answer)) => Attempt::Done(settled, answer),
+                    Err(Refused::Answer(settled, answer)) => {
+                        return Attempt::Done(settled, answer);
+                    }
                     Err(Refused::InProgress(retry_after)) => {
-                        Attempt::InProgress(retry_after, execute)
+                        return Attempt::InProgress(retry_after, execute);
                     }
-                }
+                };
+                Attempt::Done(Settled::Ran, run.await)
             };
             Uncancellable::new(work, &self.inner.tracker, interrupted)
         };
