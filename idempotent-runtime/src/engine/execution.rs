@@ -157,6 +157,8 @@ fn panicked() -> Response {
 
 impl Execution {
     /// Runs a plain handler (its answer becomes the response).
+    // Not an `async fn`, on purpose (see the comment in the body).
+    #[allow(clippy::manual_async_fn)]
     pub(super) fn execute(
         self,
         handler: impl Future<Output = Response> + Send,
@@ -742,6 +744,8 @@ fn renew_timeout(store_timeout: Duration, lease: Duration) -> Duration {
 /// client gets its answer and the attempts go on in the background, so the claim is
 /// completed as soon as the store is back (unless the lease was taken over meanwhile).
 /// The lease is renewed all along.
+// Not an `async fn`, on purpose (see `Execution::execute`).
+#[allow(clippy::manual_async_fn)]
 fn complete_with_retries(
     execution: Execution,
     stored: StoredResponse,
