@@ -109,12 +109,23 @@ where
     count == 1
 }
 
+/// A port nothing listens on, and that no other test of this binary was given: the
+/// probe's listener is dropped before the demo binds, so two tests starting demos at
+/// once could otherwise be handed the same port, and one would talk to the other's demo.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A server the end-to-end tests can run the demos on, named by an environment variable.
