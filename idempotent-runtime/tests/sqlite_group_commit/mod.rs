@@ -835,6 +835,8 @@ async fn the_store_checkpoints_its_wal_after_writes_and_never_when_idle() {
     const KEYS_EACH: usize = 25;
     let setup = setup().await;
     let store = &setup.store;
+    // A fixed wait, as nothing is to happen: twice the checkpointer's delay after
+    // opening, which wrote only through the pool (the migrations), not the writer.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
         store.group_commit_stats().checkpoints,

@@ -19,6 +19,15 @@ use tokio::sync::{mpsc, oneshot};
 use super::raw_connection::{Lending, RawConnection};
 use crate::store::StoreError;
 
+// A batch's transaction statements, prepared once per connection like the batch's own
+// statements: `static`s, so each has one address (which keys the prepared statement).
+/// Begins a read transaction (the reader's batches).
+pub(super) static BEGIN: &str = "BEGIN";
+/// Begins a write transaction, taking the write lock at once (the writer's batches).
+pub(super) static BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
+/// Ends either.
+pub(super) static COMMIT: &str = "COMMIT";
+
 /// Where a queued item's answer goes.
 pub(super) type Reply<R> = oneshot::Sender<Result<R, StoreError>>;
 

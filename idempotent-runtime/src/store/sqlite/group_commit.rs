@@ -56,12 +56,6 @@ use super::{COMPLETE, PURGE, RELEASE, RENEW};
 use crate::store::sql::CompletionColumns;
 use crate::store::{FencingToken, StoreError, StoredResponse};
 
-/// A batch's transaction begins, taking the write lock at once (prepared once, as the
-/// writes are: a `static`, so its address, which keys the prepared statement, is one).
-static BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
-/// And commits.
-static COMMIT: &str = "COMMIT";
-
 /// Writes per transaction at most: bounds how long one transaction holds the write lock
 /// (and the latency of the batch's first caller).
 pub(super) const MAX_BATCH: usize = 64;
@@ -394,7 +388,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
         }
         return end;
     }
-    if let Err(e) = db.execute(BEGIN_IMMEDIATE, &[]) {
+    if let Err(e) = db.execute(dedicated::BEGIN_IMMEDIATE, &[]) {
         fail_all(batch, Vec::new(), e.into_sqlx());
         return dedicated::end_transaction(db);
     }
@@ -414,7 +408,7 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
             return end;
         }
     }
-    match db.execute(COMMIT, &[]) {
+    match db.execute(dedicated::COMMIT, &[]) {
         Ok(_) => {
             for (pending, result) in batch.drain(..).zip(done) {
                 answer(pending, result);

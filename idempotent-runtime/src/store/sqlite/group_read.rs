@@ -21,12 +21,6 @@ use crate::store::sql::FoundRow;
 
 const CLAIM_READ: &str = include_str!("sql/claim_read.sql");
 
-/// A batch's read transaction begins (prepared once, as the reads are: a `static`, so
-/// its address, which keys the prepared statement, is one).
-static BEGIN: &str = "BEGIN";
-/// And ends.
-static COMMIT: &str = "COMMIT";
-
 /// Reads per batch at most.
 const MAX_BATCH: usize = 64;
 
@@ -100,7 +94,7 @@ impl Batches for Reader {
         // first read, after every read of the batch was sent: each still sees what was
         // committed when its claim asked, or later. If it cannot begin, each read runs
         // alone, as a batch of one does.
-        let shared = batch.len() > 1 && db.execute(BEGIN, &[]).is_ok();
+        let shared = batch.len() > 1 && db.execute(dedicated::BEGIN, &[]).is_ok();
         for PendingRead { read, reply } in batch.drain(..) {
             let params = [
                 Param::Text(&read.scope),
@@ -116,7 +110,7 @@ impl Batches for Reader {
             // A caller that stopped waiting no longer needs the answer.
             let _ = reply.send(found);
         }
-        if shared && db.execute(COMMIT, &[]).is_err() {
+        if shared && db.execute(dedicated::COMMIT, &[]).is_err() {
             // Nothing was written: whatever the read transaction's end says, the reads
             // stand; the connection is fit again once no transaction is open.
             return dedicated::end_transaction(db);
