@@ -11,7 +11,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 
-ALL_VARIANTS="bare,floor-memory,idempotent-memory,axum-idempotent,idempotent-sqlite-normal,rustango-sqlite-normal,idempotent-sqlite-full,rustango-sqlite-full,idempotent-postgres,rustango-postgres,idempotent-mysql,idempotent-redis"
+ALL_VARIANTS="bare,fingerprint-only,floor-memory,idempotent-memory,axum-idempotent,idempotent-sqlite-normal,rustango-sqlite-normal,idempotent-sqlite-full,rustango-sqlite-full,idempotent-postgres,rustango-postgres,idempotent-mysql,idempotent-redis"
 
 usage() {
     cat <<EOF
@@ -439,7 +439,7 @@ fi
 
 # Anything that makes a row suspect: error answers in the load runs, or handler runs
 # during the replay run (a replay that was not one).
-notes="$(awk -F'\t' 'NR > 1 && ($5 > 0 || $8 > 0 || ($9 > 0 && $1 != "bare")) {
+notes="$(awk -F'\t' 'NR > 1 && ($5 > 0 || $8 > 0 || ($9 > 0 && $1 != "bare" && $1 != "fingerprint-only")) {
     printf "- %s #%s: %d bad answers in the fresh run, %d in the replay run, %d handler runs during the replay run\n", $1, $2, $5, $8, $9 }' "$results")"
 if [ -n "$notes" ]; then
     echo

@@ -91,6 +91,46 @@ pub fn router(counters: Counters) -> Router {
         .with_state(state)
 }
 
+/// `fingerprint-only`: [`read_and_fingerprint`] and the handler, nothing claimed or kept.
+/// No idempotency at all (every duplicate runs): it measures what the fingerprint the
+/// contract requires costs before any store is touched, the floor's floor.
+pub fn fingerprint_router(counters: Counters) -> Router {
+    Router::new()
+        .route("/orders", post(fingerprint_only_order))
+        .route("/orders/slow", post(fingerprint_only_slow_order))
+        .route("/stats", get(order::stats))
+        .with_state(counters)
+}
+
+async fn fingerprint_only_order(
+    State(counters): State<Counters>,
+    caller: Caller,
+    request: Request,
+) -> Response {
+    match read_and_fingerprint(request).await {
+        Ok((_, _, order)) => {
+            let sequence = counters.order_started();
+            order::place_order(&caller, order, sequence).into_response()
+        }
+        Err(answer) => answer,
+    }
+}
+
+async fn fingerprint_only_slow_order(
+    State(counters): State<Counters>,
+    caller: Caller,
+    request: Request,
+) -> Response {
+    match read_and_fingerprint(request).await {
+        Ok((_, _, order)) => {
+            let sequence = counters.slow_order_started();
+            tokio::time::sleep(order::SLOW_HANDLER).await;
+            order::place_order(&caller, order, sequence).into_response()
+        }
+        Err(answer) => answer,
+    }
+}
+
 async fn create_order(State(state): State<AppState>, caller: Caller, request: Request) -> Response {
     idempotent(
         &state,
@@ -122,6 +162,33 @@ async fn create_slow_order(
     .await
 }
 
+/// What the contract makes every layer do before it may claim: the key, the buffered body,
+/// its SHA-256 fingerprint over method, path and body, and the body's extractor (a body
+/// it refuses claims nothing). `Err` is the answer for a request that cannot be claimed.
+async fn read_and_fingerprint(request: Request) -> Result<(String, [u8; 32], Order), Response> {
+    let Some(key) = idempotency_key(request.headers()) else {
+        return Err(StatusCode::BAD_REQUEST.into_response());
+    };
+    let (parts, body) = request.into_parts();
+    // Within axum's default body limit, as the engine reads it.
+    let Ok(body) = axum::body::to_bytes(body, 2 * 1024 * 1024).await else {
+        return Err(StatusCode::BAD_REQUEST.into_response());
+    };
+    let mut sha = Sha256::new();
+    sha.update(parts.method.as_str());
+    sha.update([0]);
+    sha.update(parts.uri.path());
+    sha.update([0]);
+    sha.update(&body);
+    let fingerprint: [u8; 32] = sha.finalize().into();
+
+    let request = Request::from_parts(parts, body.into());
+    match Json::<Order>::from_request(request, &()).await {
+        Ok(Json(order)) => Ok((key, fingerprint, order)),
+        Err(rejection) => Err(rejection.into_response()),
+    }
+}
+
 /// Claim, fingerprint, run `handler`, keep its answer — the floor of the contract.
 async fn idempotent<F, Fut>(
     state: &AppState,
@@ -133,28 +200,9 @@ where
     F: FnOnce(Caller, Order, Counters) -> Fut,
     Fut: Future<Output = (StatusCode, Json<order::Receipt>)>,
 {
-    let Some(key) = idempotency_key(request.headers()) else {
-        return StatusCode::BAD_REQUEST.into_response();
-    };
-    let (parts, body) = request.into_parts();
-    // Within axum's default body limit, as the engine reads it.
-    let Ok(body) = axum::body::to_bytes(body, 2 * 1024 * 1024).await else {
-        return StatusCode::BAD_REQUEST.into_response();
-    };
-    let mut sha = Sha256::new();
-    sha.update(parts.method.as_str());
-    sha.update([0]);
-    sha.update(parts.uri.path());
-    sha.update([0]);
-    sha.update(&body);
-    let fingerprint: [u8; 32] = sha.finalize().into();
-
-    // The extractor runs before the claim, as in the engine: a body it refuses claims
-    // nothing.
-    let request = Request::from_parts(parts, body.into());
-    let order = match Json::<Order>::from_request(request, &()).await {
-        Ok(Json(order)) => order,
-        Err(rejection) => return rejection.into_response(),
+    let (key, fingerprint, order) = match read_and_fingerprint(request).await {
+        Ok(read) => read,
+        Err(answer) => return answer,
     };
 
     let id = (caller.account.clone(), key);

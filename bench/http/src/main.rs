@@ -78,6 +78,7 @@ async fn main() -> ExitCode {
         Variant::Bare => (bare_router(counters), None),
         Variant::AxumIdempotent => (axum_idempotent_app::router(counters), None),
         Variant::Floor => (floor_app::router(counters), None),
+        Variant::FingerprintOnly => (floor_app::fingerprint_router(counters), None),
         Variant::Idempotent(kind) => match stores::open(kind, &args.data_dir).await {
             Ok(store) => {
                 let (app, idempotency) = idempotent_app::router(store, counters);

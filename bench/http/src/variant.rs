@@ -24,11 +24,13 @@ pub enum Variant {
     AxumIdempotent,
     /// The least work a correct in-process layer does, by hand (`floor_app.rs`).
     Floor,
+    /// The floor's reading and fingerprinting alone: no claim, nothing kept.
+    FingerprintOnly,
 }
 
 impl Variant {
     /// Every variant this server serves, by its command-line name.
-    pub const ALL: [Variant; 9] = [
+    pub const ALL: [Variant; 10] = [
         Variant::Bare,
         Variant::Idempotent(StoreKind::Memory),
         Variant::Idempotent(StoreKind::SqliteNormal),
@@ -38,6 +40,7 @@ impl Variant {
         Variant::Idempotent(StoreKind::Redis),
         Variant::AxumIdempotent,
         Variant::Floor,
+        Variant::FingerprintOnly,
     ];
 
     /// The command-line name, as the driver and the results table spell it.
@@ -52,6 +55,7 @@ impl Variant {
             Variant::Idempotent(StoreKind::Redis) => "idempotent-redis",
             Variant::AxumIdempotent => "axum-idempotent",
             Variant::Floor => "floor-memory",
+            Variant::FingerprintOnly => "fingerprint-only",
         }
     }
 
