@@ -45,10 +45,13 @@ enum Record {
     },
 }
 
+/// One independently locked map of records, by `(scope, key)`.
+type Shard = Mutex<HashMap<(String, String), Record>>;
+
 /// The records, by `(scope, key)`.
 #[derive(Clone)]
 struct Records {
-    shards: Arc<[Mutex<HashMap<(String, String), Record>>]>,
+    shards: Arc<[Shard]>,
     hasher: std::hash::RandomState,
 }
 
@@ -60,7 +63,7 @@ impl Records {
         }
     }
 
-    fn shard(&self, id: &(String, String)) -> &Mutex<HashMap<(String, String), Record>> {
+    fn shard(&self, id: &(String, String)) -> &Shard {
         let hash = std::hash::BuildHasher::hash_one(&self.hasher, id);
         &self.shards[(hash >> 32) as usize % SHARDS]
     }
