@@ -110,13 +110,11 @@ async fn fingerprint_only_order(
     caller: Caller,
     request: Request,
 ) -> Response {
-    match read_and_fingerprint(request).await {
-        Ok((_, _, order)) => {
-            let sequence = counters.order_started();
-            order::place_order(&caller, order, sequence).into_response()
-        }
-        Err(answer) => answer,
-    }
+    fingerprint_only(caller, request, |caller, order| async move {
+        let sequence = counters.order_started();
+        order::place_order(&caller, order, sequence)
+    })
+    .await
 }
 
 async fn fingerprint_only_slow_order(
@@ -124,12 +122,22 @@ async fn fingerprint_only_slow_order(
     caller: Caller,
     request: Request,
 ) -> Response {
+    fingerprint_only(caller, request, |caller, order| async move {
+        let sequence = counters.slow_order_started();
+        tokio::time::sleep(order::SLOW_HANDLER).await;
+        order::place_order(&caller, order, sequence)
+    })
+    .await
+}
+
+/// [`read_and_fingerprint`], then `handler`: the fingerprint's cost and nothing else.
+async fn fingerprint_only<F, Fut>(caller: Caller, request: Request, handler: F) -> Response
+where
+    F: FnOnce(Caller, Order) -> Fut,
+    Fut: Future<Output = (StatusCode, Json<order::Receipt>)>,
+{
     match read_and_fingerprint(request).await {
-        Ok((_, _, order)) => {
-            let sequence = counters.slow_order_started();
-            tokio::time::sleep(order::SLOW_HANDLER).await;
-            order::place_order(&caller, order, sequence).into_response()
-        }
+        Ok((_, _, order)) => handler(caller, order).await.into_response(),
         Err(answer) => answer,
     }
 }
