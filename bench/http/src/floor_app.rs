@@ -110,11 +110,7 @@ async fn fingerprint_only_order(
     caller: Caller,
     request: Request,
 ) -> Response {
-    fingerprint_only(caller, request, |caller, order| async move {
-        let sequence = counters.order_started();
-        order::place_order(&caller, order, sequence)
-    })
-    .await
+    fingerprint_only(counters, caller, request, place_order).await
 }
 
 async fn fingerprint_only_slow_order(
@@ -122,37 +118,28 @@ async fn fingerprint_only_slow_order(
     caller: Caller,
     request: Request,
 ) -> Response {
-    fingerprint_only(caller, request, |caller, order| async move {
-        let sequence = counters.slow_order_started();
-        tokio::time::sleep(order::SLOW_HANDLER).await;
-        order::place_order(&caller, order, sequence)
-    })
-    .await
+    fingerprint_only(counters, caller, request, place_slow_order).await
 }
 
 /// [`read_and_fingerprint`], then `handler`: the fingerprint's cost and nothing else.
-async fn fingerprint_only<F, Fut>(caller: Caller, request: Request, handler: F) -> Response
+async fn fingerprint_only<F, Fut>(
+    counters: Counters,
+    caller: Caller,
+    request: Request,
+    handler: F,
+) -> Response
 where
-    F: FnOnce(Caller, Order) -> Fut,
+    F: FnOnce(Caller, Order, Counters) -> Fut,
     Fut: Future<Output = (StatusCode, Json<order::Receipt>)>,
 {
     match read_and_fingerprint(request).await {
-        Ok((_, _, order)) => handler(caller, order).await.into_response(),
+        Ok((_, _, order)) => handler(caller, order, counters).await.into_response(),
         Err(answer) => answer,
     }
 }
 
 async fn create_order(State(state): State<AppState>, caller: Caller, request: Request) -> Response {
-    idempotent(
-        &state,
-        caller,
-        request,
-        |caller, order, counters| async move {
-            let sequence = counters.order_started();
-            order::place_order(&caller, order, sequence)
-        },
-    )
-    .await
+    idempotent(&state, caller, request, place_order).await
 }
 
 async fn create_slow_order(
@@ -160,17 +147,28 @@ async fn create_slow_order(
     caller: Caller,
     request: Request,
 ) -> Response {
-    idempotent(
-        &state,
-        caller,
-        request,
-        |caller, order, counters| async move {
-            let sequence = counters.slow_order_started();
-            tokio::time::sleep(order::SLOW_HANDLER).await;
-            order::place_order(&caller, order, sequence)
-        },
-    )
-    .await
+    idempotent(&state, caller, request, place_slow_order).await
+}
+
+/// The order handler both routes of both variants run.
+async fn place_order(
+    caller: Caller,
+    order: Order,
+    counters: Counters,
+) -> (StatusCode, Json<order::Receipt>) {
+    let sequence = counters.order_started();
+    order::place_order(&caller, order, sequence)
+}
+
+/// The same after [`order::SLOW_HANDLER`], for the duplicates test.
+async fn place_slow_order(
+    caller: Caller,
+    order: Order,
+    counters: Counters,
+) -> (StatusCode, Json<order::Receipt>) {
+    let sequence = counters.slow_order_started();
+    tokio::time::sleep(order::SLOW_HANDLER).await;
+    order::place_order(&caller, order, sequence)
 }
 
 /// What the contract makes every layer do before it may claim: the key, the buffered body,
