@@ -213,11 +213,20 @@ pub(crate) struct ScopedKey {
 
 impl ScopedKey {
     pub(crate) fn new(scope: &str, key: &str) -> Self {
-        let mut text = String::with_capacity(scope.len() + key.len());
-        text.push_str(scope);
-        text.push_str(key);
+        // Joined on the stack when it fits, so that the text is allocated once, in its
+        // `Arc` (a `String` joined on the heap would be a second allocation per request).
+        const ON_STACK: usize = 512;
+        let len = scope.len() + key.len();
+        let text: Arc<str> = if len <= ON_STACK {
+            let mut joined = [0u8; ON_STACK];
+            joined[..scope.len()].copy_from_slice(scope.as_bytes());
+            joined[scope.len()..len].copy_from_slice(key.as_bytes());
+            Arc::from(std::str::from_utf8(&joined[..len]).expect("two strs end to end are UTF-8"))
+        } else {
+            [scope, key].concat().into()
+        };
         Self {
-            text: text.into(),
+            text,
             scope_len: scope.len(),
         }
     }
@@ -253,5 +262,31 @@ impl std::fmt::Debug for ScopedKey {
             .field("scope", &self.scope())
             .field("key", &self.key())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ScopedKey;
+
+    #[test]
+    fn a_scoped_key_splits_back_into_its_scope_and_key_whatever_its_length() {
+        let long_scope = "ü".repeat(400); // 800 bytes: joined on the heap
+        for (scope, key) in [
+            ("acct_1", "k-1"),
+            ("é", "ü"), // multi-byte characters on both sides of the seam
+            ("", "k"),
+            (long_scope.as_str(), "k-2"),
+            ("s", &*"x".repeat(511)), // 512 bytes: the largest joined on the stack
+            ("s", &*"x".repeat(512)),
+        ] {
+            let name = ScopedKey::new(scope, key);
+            assert_eq!((name.scope(), name.key()), (scope, key));
+            assert!(name.is(scope, key));
+            assert!(!name.is(key, scope) || scope == key);
+        }
+        // The seam is part of the identity: ("ab", "c") is not ("a", "bc").
+        assert_ne!(ScopedKey::new("ab", "c"), ScopedKey::new("a", "bc"));
+        assert!(!ScopedKey::new("ab", "c").is("a", "bc"));
     }
 }
