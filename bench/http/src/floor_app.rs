@@ -110,7 +110,7 @@ async fn fingerprint_only_order(
     caller: Caller,
     request: Request,
 ) -> Response {
-    fingerprint_only(counters, caller, request, place_order).await
+    fingerprint_only(counters, caller, request, order::create_order).await
 }
 
 async fn fingerprint_only_slow_order(
@@ -118,7 +118,7 @@ async fn fingerprint_only_slow_order(
     caller: Caller,
     request: Request,
 ) -> Response {
-    fingerprint_only(counters, caller, request, place_slow_order).await
+    fingerprint_only(counters, caller, request, order::create_slow_order).await
 }
 
 /// [`read_and_fingerprint`], then `handler`: the fingerprint's cost and nothing else.
@@ -129,17 +129,19 @@ async fn fingerprint_only<F, Fut>(
     handler: F,
 ) -> Response
 where
-    F: FnOnce(Caller, Order, Counters) -> Fut,
+    F: FnOnce(Caller, State<Counters>, Json<Order>) -> Fut,
     Fut: Future<Output = (StatusCode, Json<order::Receipt>)>,
 {
     match read_and_fingerprint(request).await {
-        Ok((_, _, order)) => handler(caller, order, counters).await.into_response(),
+        Ok((_, _, order)) => handler(caller, State(counters), Json(order))
+            .await
+            .into_response(),
         Err(answer) => answer,
     }
 }
 
 async fn create_order(State(state): State<AppState>, caller: Caller, request: Request) -> Response {
-    idempotent(&state, caller, request, place_order).await
+    idempotent(&state, caller, request, order::create_order).await
 }
 
 async fn create_slow_order(
@@ -147,28 +149,7 @@ async fn create_slow_order(
     caller: Caller,
     request: Request,
 ) -> Response {
-    idempotent(&state, caller, request, place_slow_order).await
-}
-
-/// The order handler both routes of both variants run.
-async fn place_order(
-    caller: Caller,
-    order: Order,
-    counters: Counters,
-) -> (StatusCode, Json<order::Receipt>) {
-    let sequence = counters.order_started();
-    order::place_order(&caller, order, sequence)
-}
-
-/// The same after [`order::SLOW_HANDLER`], for the duplicates test.
-async fn place_slow_order(
-    caller: Caller,
-    order: Order,
-    counters: Counters,
-) -> (StatusCode, Json<order::Receipt>) {
-    let sequence = counters.slow_order_started();
-    tokio::time::sleep(order::SLOW_HANDLER).await;
-    order::place_order(&caller, order, sequence)
+    idempotent(&state, caller, request, order::create_slow_order).await
 }
 
 /// What the contract makes every layer do before it may claim: the key, the buffered body,
@@ -206,7 +187,7 @@ async fn idempotent<F, Fut>(
     handler: F,
 ) -> Response
 where
-    F: FnOnce(Caller, Order, Counters) -> Fut,
+    F: FnOnce(Caller, State<Counters>, Json<Order>) -> Fut,
     Fut: Future<Output = (StatusCode, Json<order::Receipt>)>,
 {
     let (key, fingerprint, order) = match read_and_fingerprint(request).await {
@@ -246,7 +227,7 @@ where
         }
     }
 
-    let answer = handler(caller, order, state.counters.clone())
+    let answer = handler(caller, State(state.counters.clone()), Json(order))
         .await
         .into_response();
     let (parts, body) = answer.into_parts();

@@ -138,7 +138,8 @@ impl Counters {
 }
 
 /// `POST /orders` for the variants whose layer is middleware (bare, axum-idempotent,
-/// rustango).
+/// rustango), and the handler the hand-written floor and fingerprint-only call after
+/// their own reading of the request (`floor_app.rs`).
 pub async fn create_order(
     caller: Caller,
     State(counters): State<Counters>,
