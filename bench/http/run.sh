@@ -69,6 +69,7 @@ export IDEMPOTENT_BENCH_POSTGRES_URL="${IDEMPOTENT_BENCH_POSTGRES_URL:-postgres:
 export IDEMPOTENT_BENCH_MYSQL_URL="${IDEMPOTENT_BENCH_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
 export IDEMPOTENT_BENCH_REDIS_URL="${IDEMPOTENT_BENCH_REDIS_URL:-redis://127.0.0.1:6379/}"
 base="http://127.0.0.1:$port"
+clock_ticks="$(getconf CLK_TCK)"
 body="$here/wrk/order.json"
 target="$here/target"
 
@@ -139,7 +140,7 @@ stamp="$(date +%Y%m%d-%H%M%S)"
 results="$results_dir/$stamp.tsv"
 server_log="$results_dir/$stamp-server.log"
 wrk_log="$results_dir/$stamp-wrk.log"
-printf 'variant\trep\tfresh_rps\tfresh_p99_ms\tfresh_bad\treplay_rps\treplay_p99_ms\treplay_bad\treplay_execs\tdupe_execs\tdupe_codes\tfresh_writes\treplay_writes\n' > "$results"
+printf 'variant\trep\tfresh_rps\tfresh_p99_ms\tfresh_bad\treplay_rps\treplay_p99_ms\treplay_bad\treplay_execs\tdupe_execs\tdupe_codes\tfresh_writes\treplay_writes\tfresh_cpu_us\treplay_cpu_us\tfresh_steal_pct\treplay_steal_pct\n' > "$results"
 
 server_pid=""
 cleanup() {
@@ -237,6 +238,24 @@ parse_wrk() {
         END { printf "%s %s %d %d\n", rps + 0, p99 + 0, bad, total + 0 }'
 }
 
+# The server's CPU time so far (user + system, all its threads, dead ones included), in
+# microseconds. The kernel leaves out time the hypervisor stole (paravirtual steal-time
+# accounting), so it moves far less with the rest of the host than the throughput does.
+server_cpu_us() {
+    sed 's/^.*) //' "/proc/$server_pid/stat" \
+        | awk -v hz="$clock_ticks" '{ printf "%.0f\n", ($12 + $13) * 1000000 / hz }'
+}
+# Clock ticks of both CPUs so far: "stolen total" (steal is the time the hypervisor ran
+# something else while this machine wanted the CPU).
+host_ticks() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, t; exit }' /proc/stat; }
+# Percent of the CPUs' time stolen between two host_ticks readings.
+steal_pct() {
+    awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " ")
+        t = y[2] - x[2]; if (t > 0) printf "%.1f", 100 * (y[1] - x[1]) / t; else print "-" }'
+}
+# Microseconds of server CPU per request: $1 and $2 readings of server_cpu_us, $3 requests.
+per_request() { awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN { if (n > 0) printf "%.2f", (b - a) / n; else print "-" }'; }
+
 stats_field() {
     curl -sf --max-time 5 "$base/stats" | sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"
 }
@@ -324,8 +343,15 @@ measure() {
     local fresh orders_before
     orders_before="$(stats_field orders)"
     [ -n "$store_port" ] && writes_before="$(store_round_trips "$variant" "$server_pid" "$store_port")"
+    local cpu_before cpu_after host_before
+    cpu_before="$(server_cpu_us)"; host_before="$(host_ticks)"
     fresh="$(run_wrk fresh.lua "$prefix" "$body" "$cookie" | parse_wrk)"
+    cpu_after="$(server_cpu_us)"
+    local fresh_steal
+    fresh_steal="$(steal_pct "$host_before" "$(host_ticks)")"
     read -r fresh_rps fresh_p99 fresh_bad fresh_total <<< "$fresh"
+    local fresh_cpu
+    fresh_cpu="$(per_request "$cpu_before" "$cpu_after" "$fresh_total")"
     wait_idle orders
     # Per fresh request: every one of them runs the handler once, including those wrk
     # left running when it stopped, whose store calls are counted too.
@@ -346,8 +372,14 @@ measure() {
     execs_before="$(stats_field orders)"
     [ -n "$store_port" ] && writes_before="$(store_round_trips "$variant" "$server_pid" "$store_port")"
     local replay
+    cpu_before="$(server_cpu_us)"; host_before="$(host_ticks)"
     replay="$(run_wrk replay.lua "$prefix" "$body" "$cookie" "$keys" | parse_wrk)"
+    cpu_after="$(server_cpu_us)"
+    local replay_steal
+    replay_steal="$(steal_pct "$host_before" "$(host_ticks)")"
     read -r replay_rps replay_p99 replay_bad replay_total <<< "$replay"
+    local replay_cpu
+    replay_cpu="$(per_request "$cpu_before" "$cpu_after" "$replay_total")"
     local replay_writes="-"
     if [ -n "$writes_before" ]; then
         writes_after="$(store_round_trips "$variant" "$server_pid" "$store_port")"
@@ -370,10 +402,11 @@ measure() {
     dupe_execs=$(( $(stats_field slow_orders) - slow_before ))
 
     stop_server
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$variant" "$rep" \
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$variant" "$rep" \
         "$fresh_rps" "$fresh_p99" "$fresh_bad" "$replay_rps" "$replay_p99" "$replay_bad" \
-        "$replay_execs" "$dupe_execs" "$codes" "$fresh_writes" "$replay_writes" >> "$results"
-    log "  $variant #$rep: fresh $fresh_rps req/s p99 ${fresh_p99} ms; replay $replay_rps req/s p99 ${replay_p99} ms; dupes: $dupe_execs execs ($codes)"
+        "$replay_execs" "$dupe_execs" "$codes" "$fresh_writes" "$replay_writes" \
+        "$fresh_cpu" "$replay_cpu" "$fresh_steal" "$replay_steal" >> "$results"
+    log "  $variant #$rep: fresh $fresh_rps req/s p99 ${fresh_p99} ms; replay $replay_rps req/s p99 ${replay_p99} ms; CPU per request ${fresh_cpu} / ${replay_cpu} µs; steal ${fresh_steal}% / ${replay_steal}%; dupes: $dupe_execs execs ($codes)"
 }
 
 # --- run ---------------------------------------------------------------------------------
@@ -404,17 +437,19 @@ thousands() { awk -v n="$1" 'BEGIN { s = sprintf("%.0f", n); r = ""
     while (length(s) > 3) { r = "," substr(s, length(s) - 2) r; s = substr(s, 1, length(s) - 3) }
     print s r }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f×", a / b }'; }
+us() { awk -v v="$1" 'BEGIN { if (v == "-") print "-"; else printf "%.1f µs", v }'; }
 ms() { awk -v v="$1" 'BEGIN { if (v < 10) printf "%.2f ms", v; else if (v < 100) printf "%.1f ms", v; else printf "%.0f ms", v }'; }
 
 bare_fresh="$(median bare 3)"; bare_replay="$(median bare 6)"; bare_p99="$(median bare 4)"
+bare_fresh_cpu="$(median bare 14)"; bare_replay_cpu="$(median bare 15)"
 echo
 echo "wrk -t1 -c$connections -d$duration, medians of $reps repetition(s); server on CPU $server_cpu, wrk on CPU $client_cpu; allocator: $malloc"
 echo
-echo "| variant | fresh key req/s (× bare) | replay req/s (× bare) | fresh p99 (× bare) | replay p99 | execs per 50 concurrent dupes | fresh × peer | replay × peer | store round trips per request (fresh / replay) |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| variant | fresh key req/s (× bare) | replay req/s (× bare) | fresh p99 (× bare) | replay p99 | execs per 50 concurrent dupes | fresh × peer | replay × peer | store round trips per request (fresh / replay) | server CPU per request, fresh / replay (bare's ÷ this) |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for variant in "${selected[@]}"; do
     if [ -n "${skipped[$variant]:-}" ]; then
-        echo "| $variant | skipped: ${skipped[$variant]#"skipped: $variant: "} | | | | | | | |"
+        echo "| $variant | skipped: ${skipped[$variant]#"skipped: $variant: "} | | | | | | | | |"
         continue
     fi
     fresh="$(median "$variant" 3)"; replay="$(median "$variant" 6)"
@@ -427,15 +462,25 @@ for variant in "${selected[@]}"; do
     fi
     writes="—"
     [ -n "$(store_port_for "$variant")" ] && writes="$(median "$variant" 12) / $(median "$variant" 13)"
-    echo "| $variant | $(thousands "$fresh") ($(ratio "$fresh" "$bare_fresh")) | $(thousands "$replay") ($(ratio "$replay" "$bare_replay")) | $(ms "$p99") ($(ratio "$p99" "$bare_p99")) | $(ms "$replay_p99") | $(median "$variant" 10) ($(mode "$variant" 11)) | $vs_fresh | $vs_replay | $writes |"
+    fresh_cpu="$(median "$variant" 14)"; replay_cpu="$(median "$variant" 15)"
+    cpu="$(us "$fresh_cpu") / $(us "$replay_cpu") ($(ratio "$bare_fresh_cpu" "$fresh_cpu") / $(ratio "$bare_replay_cpu" "$replay_cpu"))"
+    echo "| $variant | $(thousands "$fresh") ($(ratio "$fresh" "$bare_fresh")) | $(thousands "$replay") ($(ratio "$replay" "$bare_replay")) | $(ms "$p99") ($(ratio "$p99" "$bare_p99")) | $(ms "$replay_p99") | $(median "$variant" 10) ($(mode "$variant" 11)) | $vs_fresh | $vs_replay | $writes | $cpu |"
 done
 
 # The memory store against the floor: how much of what any correct in-process layer must
 # spend (floor_app.rs) the engine spends on top.
 if grep -q "^floor-memory	" "$results" && grep -q "^idempotent-memory	" "$results"; then
     echo
-    echo "idempotent-memory against floor-memory (the least a correct in-process layer does): fresh $(ratio "$(median idempotent-memory 3)" "$(median floor-memory 3)"), replay $(ratio "$(median idempotent-memory 6)" "$(median floor-memory 6)")"
+    echo "idempotent-memory against floor-memory (the least a correct in-process layer does): fresh $(ratio "$(median idempotent-memory 3)" "$(median floor-memory 3)"), replay $(ratio "$(median idempotent-memory 6)" "$(median floor-memory 6)"); in server CPU per request (floor's ÷ memory's): fresh $(ratio "$(median floor-memory 14)" "$(median idempotent-memory 14)"), replay $(ratio "$(median floor-memory 15)" "$(median idempotent-memory 15)")"
 fi
+
+# How much of the machine the hypervisor took while the load ran: the noise behind the
+# repetitions' spread (throughput moves with it; CPU per request far less).
+echo
+awk -F'\t' 'NR > 1 { for (c = 16; c <= 17; c++) if ($c != "-" && $c != "") { v[++n] = $c; if ($c > max) max = $c } }
+    END { if (n == 0) exit; asort(v)
+        printf "CPU time stolen by the hypervisor during the load runs: median %.1f%%, max %.1f%% (of both CPUs)\n",
+            (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2, max }' "$results"
 
 # Anything that makes a row suspect: error answers in the load runs, or handler runs
 # during the replay run (a replay that was not one).
