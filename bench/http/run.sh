@@ -240,14 +240,16 @@ parse_wrk() {
 
 # The server's CPU time so far (user + system, all its threads, dead ones included), in
 # microseconds. The kernel leaves out time the hypervisor stole (paravirtual steal-time
-# accounting), so it moves far less with the rest of the host than the throughput does.
+# accounting), so per request it moves less with the rest of the host than the
+# throughput does (not nothing: heavy steal still raises it).
 server_cpu_us() {
     sed 's/^.*) //' "/proc/$server_pid/stat" \
         | awk -v hz="$clock_ticks" '{ printf "%.0f\n", ($12 + $13) * 1000000 / hz }'
 }
 # Clock ticks of both CPUs so far: "stolen total" (steal is the time the hypervisor ran
 # something else while this machine wanted the CPU).
-host_ticks() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, t; exit }' /proc/stat; }
+# (user .. steal: the guest columns after steal are already counted in user and nice.)
+host_ticks() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t; exit }' /proc/stat; }
 # Percent of the CPUs' time stolen between two host_ticks readings.
 steal_pct() {
     awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " ")
@@ -477,10 +479,10 @@ fi
 # How much of the machine the hypervisor took while the load ran: the noise behind the
 # repetitions' spread (throughput moves with it; CPU per request far less).
 echo
-awk -F'\t' 'NR > 1 { for (c = 16; c <= 17; c++) if ($c != "-" && $c != "") { v[++n] = $c; if ($c > max) max = $c } }
-    END { if (n == 0) exit; asort(v)
+awk -F'\t' 'NR > 1 { for (c = 16; c <= 17; c++) if ($c != "-" && $c != "") print $c }' "$results" \
+    | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit
         printf "CPU time stolen by the hypervisor during the load runs: median %.1f%%, max %.1f%% (of both CPUs)\n",
-            (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2, max }' "$results"
+            (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, v[NR] }'
 
 # Anything that makes a row suspect: error answers in the load runs, or handler runs
 # during the replay run (a replay that was not one).
