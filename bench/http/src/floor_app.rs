@@ -121,17 +121,25 @@ async fn fingerprint_only_slow_order(
     fingerprint_only(counters, caller, request, order::create_slow_order).await
 }
 
+/// An order handler as `order.rs` writes them (`create_order`, `create_slow_order`): what
+/// the floor and fingerprint-only call after their own reading of the request.
+trait OrderHandler:
+    AsyncFnOnce(Caller, State<Counters>, Json<Order>) -> (StatusCode, Json<order::Receipt>)
+{
+}
+
+impl<F> OrderHandler for F where
+    F: AsyncFnOnce(Caller, State<Counters>, Json<Order>) -> (StatusCode, Json<order::Receipt>)
+{
+}
+
 /// [`read_and_fingerprint`], then `handler`: the fingerprint's cost and nothing else.
-async fn fingerprint_only<F, Fut>(
+async fn fingerprint_only(
     counters: Counters,
     caller: Caller,
     request: Request,
-    handler: F,
-) -> Response
-where
-    F: FnOnce(Caller, State<Counters>, Json<Order>) -> Fut,
-    Fut: Future<Output = (StatusCode, Json<order::Receipt>)>,
-{
+    handler: impl OrderHandler,
+) -> Response {
     match read_and_fingerprint(request).await {
         Ok((_, _, order)) => handler(caller, State(counters), Json(order))
             .await
@@ -180,16 +188,12 @@ async fn read_and_fingerprint(request: Request) -> Result<(String, [u8; 32], Ord
 }
 
 /// Claim, fingerprint, run `handler`, keep its answer — the floor of the contract.
-async fn idempotent<F, Fut>(
+async fn idempotent(
     state: &AppState,
     caller: Caller,
     request: Request,
-    handler: F,
-) -> Response
-where
-    F: FnOnce(Caller, State<Counters>, Json<Order>) -> Fut,
-    Fut: Future<Output = (StatusCode, Json<order::Receipt>)>,
-{
+    handler: impl OrderHandler,
+) -> Response {
     let (key, fingerprint, order) = match read_and_fingerprint(request).await {
         Ok(read) => read,
         Err(answer) => return answer,
