@@ -221,14 +221,22 @@ impl RequestFingerprint {
     /// The request's bytes in one allocation, framed so that two requests frame alike
     /// exactly when their mode, method, path, query and body are equal; `None` without a
     /// request, or when the framing would be longer than `max` bytes.
+    #[cfg(test)]
     pub(crate) fn framed(&self, max: usize) -> Option<Box<[u8]>> {
+        self.framed_after(&[], max)
+    }
+
+    /// `prefix` followed by [`framed`](Self::framed)'s bytes, in one allocation; `None`
+    /// without a request, or when the framing would be longer than `max` bytes.
+    pub(crate) fn framed_after(&self, prefix: &[u8], max: usize) -> Option<Box<[u8]>> {
         let request = self.request.as_ref()?;
         let mut len = 0;
         request.frame(|part| len += part.len());
         if len > max {
             return None;
         }
-        let mut framed = Vec::with_capacity(len);
+        let mut framed = Vec::with_capacity(prefix.len() + len);
+        framed.extend_from_slice(prefix);
         request.frame(|part| framed.extend_from_slice(part));
         Some(framed.into_boxed_slice())
     }

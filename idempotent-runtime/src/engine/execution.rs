@@ -51,6 +51,9 @@ pub(super) struct Execution {
     /// When the claim was sent: the store's lease ends no earlier than this plus the
     /// lease; how long the handler took (from here) feeds `Retry-After`.
     pub(super) claimed_at: tokio::time::Instant,
+    /// When the store answered the claim: the handler's run is timed from here (one
+    /// clock read fewer per request than reading it again as the handler starts).
+    pub(super) claim_answered_at: tokio::time::Instant,
     /// Raised when the lease is lost while the handler runs.
     pub(super) lease_signal: std::sync::Arc<crate::lease::LeaseSignal>,
     /// Until when the store holds the lease at least: sent time of the claim or of the
@@ -168,7 +171,7 @@ impl Execution {
         // future is part of every request's.
         async move {
             let release_server_errors = self.config.on_server_error == OnServerError::Release;
-            let started = tokio::time::Instant::now();
+            let started = self.claim_answered_at;
             let run = AssertUnwindSafe(async {
                 match ByDeadline::new(self.deadline(), handler).await {
                     Some(response) => self.capture(response, release_server_errors).await,
@@ -189,7 +192,7 @@ impl Execution {
                 // the handler finished must not let it lapse while we retry.
                 Outcome::Record(Captured { stored, answer }) => {
                     self.observe_duration(finished);
-                    complete_with_retries(self, stored).await;
+                    complete_with_retries(self, stored, finished).await;
                     answer
                 }
                 Outcome::GiveUp(why, answer) => self.give_up(why, answer).await,
@@ -634,13 +637,16 @@ impl Execution {
         }
     }
 
-    /// One attempt to record `stored`.
-    async fn try_complete(&self, stored: &StoredResponse) -> Completion {
+    /// One attempt to record `stored`, sent at `sent_at` (its timeout counts from there).
+    async fn try_complete(
+        &self,
+        stored: &StoredResponse,
+        sent_at: tokio::time::Instant,
+    ) -> Completion {
         let store = &self.engine.inner.store;
         let completion = store.complete(self.name.scope(), self.name.key(), self.token, stored);
         let timeout = self.engine.inner.store_timeout;
-        let now = tokio::time::Instant::now();
-        match store_call(StoreOperation::Complete, now, timeout, completion).await {
+        match store_call(StoreOperation::Complete, sent_at, timeout, completion).await {
             Ok(true) => {
                 info!(
                     event = "completed",
@@ -746,19 +752,26 @@ fn renew_timeout(store_timeout: Duration, lease: Duration) -> Duration {
 /// The lease is renewed all along.
 // Not an `async fn`, on purpose (see `Execution::execute`).
 #[allow(clippy::manual_async_fn)]
+///
+/// `started` is a clock reading taken just before (the handler's finish): the retry
+/// window and the first attempt's timeout count from it.
 fn complete_with_retries(
     execution: Execution,
     stored: StoredResponse,
+    started: tokio::time::Instant,
 ) -> impl Future<Output = ()> + Send {
     // An `async` block, not an `async fn`: see `Execution::execute`.
     async move {
-        let started = tokio::time::Instant::now();
         let deadline = started + execution.engine.inner.completion_retry_window;
         // Inline, the client waits: a few quick attempts within about a second.
         let inline = execution
             .with_heartbeat(async {
                 for (attempt, delay_ms) in [25, 50, 100, 200].into_iter().enumerate() {
-                    match execution.try_complete(&stored).await {
+                    let sent_at = match attempt {
+                        0 => started,
+                        _ => tokio::time::Instant::now(),
+                    };
+                    match execution.try_complete(&stored, sent_at).await {
                         Completion::Failed => {}
                         done => return Some(done),
                     }
@@ -786,7 +799,10 @@ fn complete_with_retries(
                 let retries = async {
                     let mut delay = Duration::from_millis(250);
                     loop {
-                        match execution.try_complete(&stored).await {
+                        match execution
+                            .try_complete(&stored, tokio::time::Instant::now())
+                            .await
+                        {
                             Completion::Failed => {}
                             done => return Some(done),
                         }

@@ -553,13 +553,14 @@ impl Idempotency {
         // and a record it reports ends no earlier than the cache's time now + its life.
         let sent_at = tokio::time::Instant::now();
         let cache_now = self.inner.replay_cache.as_ref().map_or(0, ReplayCache::now);
-        let claimed = store_call(
+        let claimed = timed_store_call(
             StoreOperation::Claim,
             sent_at,
             self.inner.store_timeout,
             self.inner.store.claim_with_expiry(&claim),
         );
-        let (outcome, expires_in) = match claimed.await {
+        let (claimed, answered_at) = claimed.await;
+        let (outcome, expires_in) = match claimed {
             Ok(outcome) => outcome,
             Err(err) => {
                 error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
@@ -619,6 +620,7 @@ impl Idempotency {
                     token,
                     lease,
                     claimed_at: sent_at,
+                    claim_answered_at: answered_at,
                     lease_signal: Default::default(),
                     lease_held_until: std::sync::Mutex::new(sent_at + lease),
                 })
@@ -771,9 +773,21 @@ fn store_call<T>(
     timeout: Duration,
     call: impl Future<Output = Result<T, crate::StoreError>>,
 ) -> impl Future<Output = Result<T, crate::StoreError>> {
+    timed_store_call(operation, started, timeout, call).map(|(result, _)| result)
+}
+
+/// [`store_call`], and when the store answered: the clock read that times the call,
+/// for a caller that needs the time next (the claim's answer starts the handler's run).
+fn timed_store_call<T>(
+    operation: StoreOperation,
+    started: tokio::time::Instant,
+    timeout: Duration,
+    call: impl Future<Output = Result<T, crate::StoreError>>,
+) -> impl Future<Output = (Result<T, crate::StoreError>, tokio::time::Instant)> {
     bounded_from(started, timeout, call).map(move |result| {
-        metrics::store_operation(operation, result.is_ok(), started.elapsed());
-        result
+        let answered = tokio::time::Instant::now();
+        metrics::store_operation(operation, result.is_ok(), answered - started);
+        (result, answered)
     })
 }
 

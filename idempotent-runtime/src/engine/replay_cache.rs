@@ -271,17 +271,33 @@ struct Shard {
 #[derive(Debug)]
 struct Entry {
     seq: u64,
-    /// The scope and key (shared with the execution that completed it).
-    id: ScopedKey,
+    /// The scope and the key, then (once learned) the framed bytes of a request verified
+    /// against `fingerprint` ([`RequestFingerprint::framed_after`]): a request framed
+    /// alike is the same request, and is answered without computing its fingerprint.
+    /// One allocation, so that a replay's two compares read one run of memory.
+    text: Box<[u8]>,
+    scope_len: usize,
+    /// How many bytes of `text` are the scope and key; more are the request's.
+    id_len: usize,
     fingerprint: Fingerprint,
-    /// The framed bytes of a request verified against `fingerprint`
-    /// ([`RequestFingerprint::framed`]): a request framed alike is the same request, and
-    /// is answered without computing its fingerprint.
-    request: Option<Box<[u8]>>,
     /// Cache time after which the entry is not served.
     expires_at: i64,
     size: usize,
     replay: Arc<CachedReplay>,
+}
+
+impl Entry {
+    /// Whether this entry is `(scope, key)`'s.
+    fn is(&self, scope: &str, key: &str) -> bool {
+        let (id_scope, id_key) = self.text[..self.id_len].split_at(self.scope_len);
+        id_scope == scope.as_bytes() && id_key == key.as_bytes()
+    }
+
+    /// The framed bytes of the request the entry learned, if it has.
+    fn request(&self) -> Option<&[u8]> {
+        // A framing is never empty (it holds at least the mode's tag).
+        Some(&self.text[self.id_len..]).filter(|framed| !framed.is_empty())
+    }
 }
 
 impl ReplayCache {
@@ -348,24 +364,20 @@ impl ReplayCache {
     /// any other is compared by its fingerprint (computed here if it was not yet), and
     /// the first hit so verified teaches the entry its request's bytes.
     pub(super) fn get(&self, scope: &str, key: &str, request: &RequestFingerprint) -> Cached {
-        let now = self.now();
         let (hash, mut shard) = self.locate(scope, key);
         let shard = &mut *shard;
         let Some(entry) = shard.entries.get_mut(&hash) else {
             return Cached::Miss;
         };
-        if !entry.id.is(scope, key) {
+        if !entry.is(scope, key) {
             return Cached::Miss;
         }
-        if entry.expires_at <= now {
+        // Read only for an entry found: a fresh key (most requests) reads no clock here.
+        if entry.expires_at <= self.now() {
             shard.remove(hash);
             return Cached::Miss;
         }
-        if entry
-            .request
-            .as_deref()
-            .is_some_and(|seen| request.is_framed(seen))
-        {
+        if entry.request().is_some_and(|seen| request.is_framed(seen)) {
             return Cached::Hit(entry.replay.clone());
         }
         if entry.fingerprint != request.get() {
@@ -375,12 +387,14 @@ impl ReplayCache {
         // Only a copy that keeps the entry within its shard's share: one that did not
         // would evict the shard's other entries, and then the entry itself.
         let room = self.shard_bytes.saturating_sub(entry.size);
-        if entry.request.is_none()
-            && let Some(framed) = request.framed(MAX_REQUEST_COPY.min(room))
+        if entry.request().is_none()
+            && let Some(text) =
+                request.framed_after(&entry.text[..entry.id_len], MAX_REQUEST_COPY.min(room))
         {
-            entry.size += framed.len();
-            shard.bytes += framed.len();
-            entry.request = Some(framed);
+            let learned = text.len() - entry.id_len;
+            entry.size += learned;
+            shard.bytes += learned;
+            entry.text = text;
             shard.evict(self.shard_entries, self.shard_bytes);
         }
         Cached::Hit(replay)
@@ -421,9 +435,10 @@ impl ReplayCache {
             hash,
             Entry {
                 seq,
-                id: id.clone(),
+                text: id.text().as_bytes().into(),
+                scope_len: scope.len(),
+                id_len: scope.len() + key.len(),
                 fingerprint,
-                request: None,
                 expires_at,
                 size,
                 replay: replay.clone(),
@@ -438,11 +453,7 @@ impl ReplayCache {
     /// Drops `(scope, key)` from the cache.
     pub(super) fn invalidate(&self, scope: &str, key: &str) {
         let (hash, mut shard) = self.locate(scope, key);
-        if shard
-            .entries
-            .get(&hash)
-            .is_some_and(|e| e.id.is(scope, key))
-        {
+        if shard.entries.get(&hash).is_some_and(|e| e.is(scope, key)) {
             shard.remove(hash);
         }
     }
@@ -603,6 +614,43 @@ mod tests {
             cache.get("s", "long", &fingerprint(1).into()),
             Cached::Miss
         ));
+    }
+
+    #[test]
+    fn an_entry_knows_its_scope_and_key_apart_and_keeps_them_with_the_request_it_learned() {
+        let (cache, _) = new_cache(ReplayCacheConfig::new());
+        let original = order(r#"{"amount": 1}"#);
+        cache.insert(
+            &ScopedKey::new("ab", "c"),
+            original.get(),
+            stored("a"),
+            cache.now() + 60_000,
+        );
+        let entry_is = |scope: &str, key: &str, learned: bool| {
+            let (hash, shard) = cache.locate("ab", "c");
+            let entry = &shard.entries[&hash];
+            assert_eq!(entry.request().is_some(), learned);
+            entry.is(scope, key)
+        };
+        assert!(entry_is("ab", "c", false));
+        // The seam is part of the identity: ("ab", "c") is not ("a", "bc").
+        assert!(!entry_is("a", "bc", false));
+        assert!(!entry_is("ab", "cd", false));
+        assert!(!entry_is("ab", "", false));
+        // Learning the request's bytes keeps the id in front of them.
+        assert!(matches!(
+            cache.get("ab", "c", &order(r#"{"amount": 1}"#)),
+            Cached::Hit(_)
+        ));
+        assert!(entry_is("ab", "c", true));
+        assert!(!entry_is("a", "bc", true));
+        assert!(
+            !entry_is("ab", "c{", true),
+            "the request's bytes are no part of the key"
+        );
+        let again = order(r#"{"amount": 1}"#);
+        assert!(matches!(cache.get("ab", "c", &again), Cached::Hit(_)));
+        assert!(!again.is_computed(), "answered by the learned bytes");
     }
 
     #[test]
@@ -793,7 +841,7 @@ mod tests {
             );
         }
         let (hash, shard) = cache.locate("s", "k");
-        assert!(shard.entries[&hash].request.is_none());
+        assert!(shard.entries[&hash].request().is_none());
         assert!(shard.bytes <= 2048);
     }
 
