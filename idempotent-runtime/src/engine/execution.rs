@@ -750,11 +750,11 @@ fn renew_timeout(store_timeout: Duration, lease: Duration) -> Duration {
 /// client gets its answer and the attempts go on in the background, so the claim is
 /// completed as soon as the store is back (unless the lease was taken over meanwhile).
 /// The lease is renewed all along.
-// Not an `async fn`, on purpose (see `Execution::execute`).
-#[allow(clippy::manual_async_fn)]
 ///
 /// `started` is a clock reading taken just before (the handler's finish): the retry
 /// window and the first attempt's timeout count from it.
+// Not an `async fn`, on purpose (see `Execution::execute`).
+#[allow(clippy::manual_async_fn)]
 fn complete_with_retries(
     execution: Execution,
     stored: StoredResponse,
