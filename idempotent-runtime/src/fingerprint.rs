@@ -218,16 +218,16 @@ impl RequestFingerprint {
         })
     }
 
-    /// The request's bytes in one allocation, framed so that two requests frame alike
-    /// exactly when their mode, method, path, query and body are equal; `None` without a
-    /// request, or when the framing would be longer than `max` bytes.
+    /// [`framed_after`](Self::framed_after) with nothing before the framing.
     #[cfg(test)]
     pub(crate) fn framed(&self, max: usize) -> Option<Box<[u8]>> {
         self.framed_after(&[], max)
     }
 
-    /// `prefix` followed by [`framed`](Self::framed)'s bytes, in one allocation; `None`
-    /// without a request, or when the framing would be longer than `max` bytes.
+    /// `prefix` followed by the request's bytes, in one allocation, framed so that two
+    /// requests frame alike exactly when their mode, method, path, query and body are
+    /// equal; `None` without a request, or when the framing would be longer than `max`
+    /// bytes.
     pub(crate) fn framed_after(&self, prefix: &[u8], max: usize) -> Option<Box<[u8]>> {
         let request = self.request.as_ref()?;
         let mut len = 0;
@@ -241,7 +241,8 @@ impl RequestFingerprint {
         Some(framed.into_boxed_slice())
     }
 
-    /// Whether `framed` is this request's [`framed`](Self::framed) bytes (never for a
+    /// Whether `framed` is this request's framing, as
+    /// [`framed_after`](Self::framed_after) writes it after its prefix (never for a
     /// fingerprint built without its request).
     pub(crate) fn is_framed(&self, framed: &[u8]) -> bool {
         let Some(request) = &self.request else {

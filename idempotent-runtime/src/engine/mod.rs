@@ -791,7 +791,7 @@ fn timed_store_call<T>(
     })
 }
 
-/// `operation`, failed with [`StoreError::Timeout`] when it takes longer than `timeout`.
+/// `operation`, failed with [`StoreError::Timeout`](crate::StoreError::Timeout) when it takes longer than `timeout`.
 fn bounded<T>(
     timeout: Duration,
     operation: impl Future<Output = Result<T, crate::StoreError>>,
@@ -799,7 +799,7 @@ fn bounded<T>(
     bounded_from(tokio::time::Instant::now(), timeout, operation)
 }
 
-/// `operation`, failed with [`StoreError::Timeout`] when it is not done `timeout` after
+/// `operation`, failed with [`StoreError::Timeout`](crate::StoreError::Timeout) when it is not done `timeout` after
 /// `started`.
 fn bounded_from<T>(
     started: tokio::time::Instant,
