@@ -1,5 +1,5 @@
-//! The byte encoding of stored headers, shared by the SQL stores, and the compact form
-//! in which the memory store and the engine's replay cache hold a response.
+//! The byte encoding of stored headers, shared by every store, and the compact form in
+//! which the engine's replay cache holds a response.
 //!
 //! Format v1: a `u32` count, then per header a `u32`-length-prefixed name and a
 //! `u32`-length-prefixed value, all big-endian. Length prefixes keep it unambiguous for
@@ -46,12 +46,21 @@ impl CompactResponse {
 
 /// Encodes headers for a `headers` BLOB column.
 pub fn encode_headers(headers: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        4 + headers
-            .iter()
-            .map(|(n, v)| 8 + n.len() + v.len())
-            .sum::<usize>(),
-    );
+    let mut out = Vec::with_capacity(encoded_headers_len(headers));
+    encode_headers_into(&mut out, headers);
+    out
+}
+
+/// How many bytes [`encode_headers`] writes for `headers`.
+pub(crate) fn encoded_headers_len(headers: &[(String, Vec<u8>)]) -> usize {
+    4 + headers
+        .iter()
+        .map(|(n, v)| 8 + n.len() + v.len())
+        .sum::<usize>()
+}
+
+/// [`encode_headers`], appended to `out`.
+pub(crate) fn encode_headers_into(out: &mut Vec<u8>, headers: &[(String, Vec<u8>)]) {
     out.extend_from_slice(&len_u32(headers.len()).to_be_bytes());
     for (name, value) in headers {
         out.extend_from_slice(&len_u32(name.len()).to_be_bytes());
@@ -59,7 +68,6 @@ pub fn encode_headers(headers: &[(String, Vec<u8>)]) -> Vec<u8> {
         out.extend_from_slice(&len_u32(value.len()).to_be_bytes());
         out.extend_from_slice(value);
     }
-    out
 }
 
 /// Decodes what [`encode_headers`] wrote.
