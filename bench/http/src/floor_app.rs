@@ -7,7 +7,9 @@
 //! the claim, as the contract orders: a body it refuses claims nothing), and look the key
 //! up in a mutex-guarded map, once. A fresh key is claimed in that map (an atomic claim: one
 //! execution per concurrent duplicates), the handler runs, and the status, the
-//! `Content-Type` and the body are kept in the map for the key's replays; a replay
+//! `Content-Type` and the body are kept for the key's replays (appended to the shard's
+//! blocks, as `MemoryStore` keeps a record's bytes in its arena: a record allocates nothing
+//! of its own, which under glibc is most of what keeping it costs); a replay
 //! answers them with `Idempotent-Replayed: true`, a duplicate of a running key `409`, a
 //! key reused with another body `422`.
 //!
@@ -17,7 +19,6 @@
 //! published policy. So no layer that keeps the contract can beat this one: it is the
 //! ceiling, not a peer.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use axum::Json;
@@ -27,31 +28,81 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Router, extract::FromRef};
+use hashbrown::HashTable;
 use sha2::{Digest, Sha256};
 
 use crate::order::{self, Caller, Counters, Order};
 
-/// How many independently locked maps hold the records, as in `MemoryStore`.
+/// How many independently locked tables hold the records, as in `MemoryStore`.
 const SHARDS: usize = 32;
+/// The size of the blocks a shard appends its records' bytes to, as `MemoryStore`'s
+/// arena settles on.
+const BLOCK: usize = 64 * 1024;
 
 /// A key's record: claimed (the handler runs) or completed (its answer, for replays).
-enum Record {
-    Running([u8; 32]),
-    Done {
-        fingerprint: [u8; 32],
-        status: StatusCode,
-        content_type: Option<HeaderValue>,
-        body: Bytes,
-    },
+/// Its id and its answer's bytes are in its shard's blocks, as `MemoryStore` keeps them:
+/// a record allocates nothing of its own (records never leave here, so no block is freed).
+struct Record {
+    hash: u64,
+    fingerprint: [u8; 32],
+    /// The scope, then the key.
+    id: Span,
+    scope_len: usize,
+    /// Completed: the status; where its `Content-Type` then its body are; how long the
+    /// `Content-Type` is.
+    done: Option<(StatusCode, Span, usize)>,
 }
 
-/// One independently locked map of records, by `(scope, key)`.
-type Shard = Mutex<HashMap<(String, String), Record>>;
+/// Where bytes are in a shard's blocks.
+#[derive(Clone, Copy)]
+struct Span {
+    block: usize,
+    start: usize,
+    len: usize,
+}
+
+/// One independently locked table of records, and the blocks holding their bytes.
+#[derive(Default)]
+struct Shard {
+    table: HashTable<Record>,
+    blocks: Vec<Vec<u8>>,
+}
+
+/// Appends `parts` to the last block (a new one when it is full); where they went.
+fn push(blocks: &mut Vec<Vec<u8>>, parts: &[&[u8]]) -> Span {
+    let len = parts.iter().map(|part| part.len()).sum();
+    if blocks
+        .last()
+        .is_none_or(|block| block.capacity() - block.len() < len)
+    {
+        blocks.push(Vec::with_capacity(BLOCK.max(len)));
+    }
+    let block = blocks.len() - 1;
+    let bytes = &mut blocks[block];
+    let start = bytes.len();
+    for part in parts {
+        bytes.extend_from_slice(part);
+    }
+    Span { block, start, len }
+}
+
+fn bytes_at(blocks: &[Vec<u8>], span: Span) -> &[u8] {
+    &blocks[span.block][span.start..span.start + span.len]
+}
+
+/// Whether `record` is the record of `(scope, key)`.
+fn is(blocks: &[Vec<u8>], record: &Record, scope: &str, key: &str) -> bool {
+    if record.scope_len != scope.len() || record.id.len != scope.len() + key.len() {
+        return false;
+    }
+    let (stored_scope, stored_key) = bytes_at(blocks, record.id).split_at(scope.len());
+    stored_scope == scope.as_bytes() && stored_key == key.as_bytes()
+}
 
 /// The records, by `(scope, key)`.
 #[derive(Clone)]
 struct Records {
-    shards: Arc<[Shard]>,
+    shards: Arc<[Mutex<Shard>]>,
     hasher: std::hash::RandomState,
 }
 
@@ -63,8 +114,11 @@ impl Records {
         }
     }
 
-    fn shard(&self, id: &(String, String)) -> &Shard {
-        let hash = std::hash::BuildHasher::hash_one(&self.hasher, id);
+    fn hash(&self, scope: &str, key: &str) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, (scope, key))
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
         &self.shards[(hash >> 32) as usize % SHARDS]
     }
 }
@@ -199,53 +253,74 @@ async fn idempotent(
         Err(answer) => return answer,
     };
 
-    let id = (caller.account.clone(), key);
-    let shard = state.records.shard(&id);
-    {
-        let mut records = shard.lock().unwrap();
-        match records.get(&id) {
-            Some(Record::Done {
-                fingerprint: stored,
-                status,
-                content_type,
-                body,
-            }) if *stored == fingerprint => {
-                let mut response = (*status, body.clone()).into_response();
-                if let Some(content_type) = content_type {
+    let scope = caller.account.as_str();
+    let hash = state.records.hash(scope, &key);
+    let shard = state.records.shard(hash);
+    let id = {
+        let mut shard = shard.lock().unwrap();
+        let Shard { table, blocks } = &mut *shard;
+        match table.find(hash, |r| is(blocks, r, scope, &key)) {
+            Some(record) if record.fingerprint != fingerprint => {
+                return StatusCode::UNPROCESSABLE_ENTITY.into_response();
+            }
+            Some(Record {
+                done: Some((status, span, content_type_len)),
+                ..
+            }) => {
+                let (content_type, body) = bytes_at(blocks, *span).split_at(*content_type_len);
+                let mut response = (*status, Bytes::copy_from_slice(body)).into_response();
+                if !content_type.is_empty()
+                    && let Ok(content_type) = HeaderValue::from_bytes(content_type)
+                {
                     response
                         .headers_mut()
-                        .insert(header::CONTENT_TYPE, content_type.clone());
+                        .insert(header::CONTENT_TYPE, content_type);
                 }
                 response
                     .headers_mut()
                     .insert("idempotent-replayed", HeaderValue::from_static("true"));
                 return response;
             }
-            Some(Record::Running(stored)) if *stored == fingerprint => {
-                return StatusCode::CONFLICT.into_response();
-            }
-            Some(_) => return StatusCode::UNPROCESSABLE_ENTITY.into_response(),
-            None => {
-                records.insert(id.clone(), Record::Running(fingerprint));
-            }
+            Some(_) => return StatusCode::CONFLICT.into_response(),
+            None => {}
         }
-    }
+        let id = push(blocks, &[scope.as_bytes(), key.as_bytes()]);
+        let record = Record {
+            hash,
+            fingerprint,
+            id,
+            scope_len: scope.len(),
+            done: None,
+        };
+        table.insert_unique(hash, record, |r| r.hash);
+        id
+    };
 
     let answer = handler(caller, State(state.counters.clone()), Json(order))
         .await
         .into_response();
     let (parts, body) = answer.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, usize::MAX).await else {
-        shard.lock().unwrap().remove(&id);
+    let body = axum::body::to_bytes(body, usize::MAX).await;
+    let mut shard = shard.lock().unwrap();
+    let Shard { table, blocks } = &mut *shard;
+    // The claim is this request's until it completes or is removed: found by its id's
+    // place, which no other record shares.
+    let Ok(mut entry) =
+        table.find_entry(hash, |r| r.id.block == id.block && r.id.start == id.start)
+    else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
-    let record = Record::Done {
-        fingerprint,
-        status: parts.status,
-        content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
-        body: body.clone(),
+    let Ok(body) = body else {
+        entry.remove();
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
-    shard.lock().unwrap().insert(id, record);
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .map_or(&b""[..], HeaderValue::as_bytes);
+    let span = push(blocks, &[content_type, &body]);
+    entry.get_mut().done = Some((parts.status, span, content_type.len()));
+    drop(shard);
     Response::from_parts(parts, body.into())
 }
 
