@@ -107,10 +107,7 @@ impl Shard {
         key: &str,
         token: FencingToken,
     ) -> Option<&mut Record> {
-        let arena = &self.arena;
-        self.records
-            .find_mut(hash, |r| r.is(arena, scope, key))
-            .filter(|r| r.is_held_by(token))
+        owned(&mut self.records, &self.arena, hash, (scope, key), token)
     }
 
     /// Records `response` as the outcome of the claim `token` holds on `(scope, key)`;
@@ -122,12 +119,7 @@ impl Shard {
         token: FencingToken,
         response: &StoredResponse,
     ) -> bool {
-        let arena = &self.arena;
-        let Some(record) = self
-            .records
-            .find_mut(hash, |r| r.is(arena, scope, key))
-            .filter(|r| r.is_held_by(token))
-        else {
+        let Some(record) = owned(&mut self.records, &self.arena, hash, (scope, key), token) else {
             return false;
         };
         let headers_len = encoded_headers_len(&response.headers);
@@ -149,14 +141,25 @@ impl Shard {
         true
     }
 
-    /// Removes the record of `(scope, key)`, with its bytes.
-    fn remove(&mut self, hash: u64, scope: &str, key: &str) {
+    /// Removes the record of `(scope, key)`, with its bytes, if `removable` says so;
+    /// whether it did.
+    fn remove(
+        &mut self,
+        hash: u64,
+        (scope, key): (&str, &str),
+        removable: impl FnOnce(&Record) -> bool,
+    ) -> bool {
         let arena = &self.arena;
-        if let Ok(entry) = self.records.find_entry(hash, |r| r.is(arena, scope, key)) {
-            let (record, _) = entry.remove();
-            let sparse = self.arena.free(record.span);
-            self.evacuate([sparse, None]);
+        let Ok(entry) = self.records.find_entry(hash, |r| r.is(arena, scope, key)) else {
+            return false;
+        };
+        if !removable(entry.get()) {
+            return false;
         }
+        let (record, _) = entry.remove();
+        let sparse = self.arena.free(record.span);
+        self.evacuate([sparse, None]);
+        true
     }
 
     /// Moves the live entries of each sparse block (and of any block that sealing makes
@@ -181,6 +184,20 @@ impl Shard {
             self.arena.evacuated(block);
         }
     }
+}
+
+/// The record of `(scope, key)` in `records` when `token` holds it in progress (a
+/// function of the shard's parts, so that a caller may push to the arena meanwhile).
+fn owned<'r>(
+    records: &'r mut HashTable<Record>,
+    arena: &Arena,
+    hash: u64,
+    (scope, key): (&str, &str),
+    token: FencingToken,
+) -> Option<&'r mut Record> {
+    records
+        .find_mut(hash, |r| r.is(arena, scope, key))
+        .filter(|r| r.is_held_by(token))
 }
 
 /// One record: a row of its shard's table, its bytes in the shard's arena.
@@ -469,11 +486,7 @@ impl Store for MemoryStore {
     ) -> Result<bool, StoreError> {
         let hash = self.shards.hash(scope, key);
         let mut shard = self.shards.lock(hash);
-        if shard.owned(hash, scope, key, token).is_none() {
-            return Ok(false);
-        }
-        shard.remove(hash, scope, key);
-        Ok(true)
+        Ok(shard.remove(hash, (scope, key), |r| r.is_held_by(token)))
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
@@ -535,7 +548,7 @@ impl Store for MemoryStore {
         } else {
             ForgetOutcome::Forgotten(record.info(now))
         };
-        shard.remove(hash, scope, key);
+        shard.remove(hash, (scope, key), |_| true);
         Ok(outcome)
     }
 
