@@ -121,6 +121,13 @@ label_values! {
         /// Recording the response failed at first and was retried (inline, then in the
         /// background within the completion retry window).
         CompletionRetried => "completion_retried",
+        /// Recording the response was still failing past the completion retry window
+        /// while the lease still held: the engine keeps trying (until the lease is lost
+        /// or the record's TTL ends) rather than let the lease lapse under it.
+        CompletionOverdue => "completion_overdue",
+        /// The claim's answer came too late in its lease to run the handler (a slow or
+        /// stalled store): released, `503`, nothing ran.
+        ClaimLate => "claim_late",
         /// `key = optional` without a key: the handler ran unprotected.
         Unprotected => "unprotected",
     }

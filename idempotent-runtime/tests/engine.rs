@@ -1365,3 +1365,142 @@ async fn a_forced_forget_tells_the_running_handler_it_lost_its_key() {
     assert!(retry.headers().get("idempotent-replayed").is_none());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// The memory store's clock following Tokio's (paused) clock, so that the store's leases
+/// and the engine's run on one time line that the test advances.
+#[derive(Debug)]
+struct TokioClock {
+    base_millis: i64,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    fn store() -> Arc<dyn Store> {
+        let clock = TokioClock {
+            base_millis: idempotent_runtime::SystemClock.now_millis(),
+            start: tokio::time::Instant::now(),
+        };
+        Arc::new(MemoryStore::with_clock(Arc::new(clock)))
+    }
+}
+
+impl idempotent_runtime::Clock for TokioClock {
+    fn now_millis(&self) -> i64 {
+        self.base_millis + i64::try_from(self.start.elapsed().as_millis()).unwrap()
+    }
+}
+
+use idempotent_runtime::Clock as _;
+use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
+
+/// Two engines over one store, each with the lease `lease`; the first sees the store
+/// through `faulty`.
+fn two_engines(
+    store: &Arc<dyn Store>,
+    faulty: &Arc<Faulty>,
+    lease: Duration,
+) -> (Idempotency, Idempotency) {
+    let engine = |store: Arc<dyn Store>| {
+        Idempotency::builder_shared(store)
+            .default_lease(lease)
+            .completion_retry_window(Duration::from_secs(1))
+            .replay_cache(None)
+            .build()
+    };
+    (engine(faulty.clone()), engine(store.clone()))
+}
+
+/// Interleaving 1 of the protocol review: A's claim is applied at once but answered
+/// after its lease ran out; meanwhile a retry on B took the key over and ran. A must not
+/// run too.
+#[tokio::test(start_paused = true)]
+async fn a_claim_answered_after_its_lease_could_have_run_out_does_not_run() {
+    let store = TokioClock::store();
+    let faulty = Arc::new(Faulty::new(store.clone()));
+    faulty.inject(
+        Operation::Claim,
+        Fault::DelayAnswer(Duration::from_millis(1200)),
+    );
+    let (a, b) = two_engines(&store, &faulty, Duration::from_millis(600));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = tokio::spawn({
+        let (a, runs) = (a.clone(), runs.clone());
+        async move {
+            a.run(&CONFIG, "acct", "k", fingerprint(1), created(&runs))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let retry = b
+        .run(&CONFIG, "acct", "k", fingerprint(1), created(&runs))
+        .await;
+    assert_eq!(retry.status(), StatusCode::CREATED, "the retry took over");
+    let (status, _, body) = body_of(first.await.unwrap()).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran twice");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(problem_code(&body), "idempotency_store_unavailable");
+    // A's release of its late claim is fenced: B's record stands and replays.
+    let replay = b
+        .run(&CONFIG, "acct", "k", fingerprint(1), created(&runs))
+        .await;
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert!(replay.headers().contains_key("idempotent-replayed"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// `lease_lost()` reads the lease's deadline, not only what the heartbeat noticed: with
+/// renewals hanging, a handler past its licence (a tenth before the lease's end) is told.
+#[tokio::test(start_paused = true)]
+async fn lease_lost_turns_true_when_the_licence_ends_without_a_renewal() {
+    let store = TokioClock::store();
+    let faulty = Arc::new(Faulty::new(store.clone()));
+    faulty.inject_always(Operation::Renew, Fault::Hang);
+    let (a, _) = two_engines(&store, &faulty, Duration::from_millis(600));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let response = a
+        .run(&CONFIG, "acct", "k", fingerprint(1), {
+            let seen = seen.clone();
+            move |key| async move {
+                seen.lock().unwrap().push(key.lease_lost());
+                tokio::time::sleep(Duration::from_millis(530)).await;
+                seen.lock().unwrap().push(key.lease_lost());
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                seen.lock().unwrap().push(key.lease_lost());
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        })
+        .await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(*seen.lock().unwrap(), [false, false, true]);
+}
+
+/// The completion case of the review: the store applies renewals but refuses every
+/// completion. While the lease holds, the engine keeps trying past its retry window, so a
+/// retry gets `409` instead of running the handler again; once the store takes the
+/// completion, the retry replays it.
+#[tokio::test(start_paused = true)]
+async fn an_engine_that_holds_the_lease_keeps_trying_to_record() {
+    let store = TokioClock::store();
+    let faulty = Arc::new(Faulty::new(store.clone()));
+    faulty.inject_always(Operation::Complete, Fault::Fail);
+    let (a, b) = two_engines(&store, &faulty, Duration::from_millis(600));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = a
+        .run(&CONFIG, "acct", "k", fingerprint(1), created(&runs))
+        .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let retry = b
+        .run(&CONFIG, "acct", "k", fingerprint(1), created(&runs))
+        .await;
+    assert_eq!(retry.status(), StatusCode::CONFLICT, "the key was given up");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    faulty.heal();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let replay = b
+        .run(&CONFIG, "acct", "k", fingerprint(1), created(&runs))
+        .await;
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert!(replay.headers().contains_key("idempotent-replayed"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -54,11 +54,8 @@ pub(super) struct Execution {
     /// When the store answered the claim: the handler's run is timed from here (one
     /// clock read fewer per request than reading it again as the handler starts).
     pub(super) claim_answered_at: tokio::time::Instant,
-    /// Raised when the lease is lost while the handler runs.
+    /// The lease as held: when its last grant was sent; raised when it is lost.
     pub(super) lease_signal: std::sync::Arc<crate::lease::LeaseSignal>,
-    /// Until when the store holds the lease at least: sent time of the claim or of the
-    /// last successful renewal, plus the lease.
-    pub(super) lease_held_until: std::sync::Mutex<tokio::time::Instant>,
 }
 
 /// What the handler's answer means for the claim.
@@ -550,31 +547,24 @@ impl Execution {
     /// first renewal is due it holds one timer.
     ///
     /// Raises the lease signal (the handler sees [`IdempotencyKey::lease_lost`]) when
-    /// the store says the claim was taken over, or when no renewal succeeded for a whole
-    /// lease: counted from before the last successful renewal (or the claim) was sent,
-    /// so the signal is raised no later than the store could hand the key to a retry.
-    /// That deadline lives in the execution, so a heartbeat restarted in the background
-    /// (completion retries) keeps it.
+    /// the store says the claim was taken over, or when the licence ends with no renewal
+    /// since ([`crate::lease::licence_holds`], counted from before the last successful
+    /// renewal or the claim was sent), so the signal is raised before the store could
+    /// hand the key to a retry. That deadline lives in the lease signal, so a heartbeat
+    /// restarted in the background (completion retries) keeps it.
     ///
     /// [`IdempotencyKey::lease_lost`]: crate::IdempotencyKey::lease_lost
     async fn heartbeat(&self) {
         let period = (self.lease / 3).max(Duration::from_millis(10));
-        let held_until = self.lease_deadline();
-        let last_renewed = held_until
-            .checked_sub(self.lease)
-            .unwrap_or(self.claimed_at);
-        let first_tick = last_renewed + period;
-        // One timer until the first renewal is due (or the lease ends first).
-        tokio::time::sleep_until(first_tick.min(held_until)).await;
+        let first_tick = self.lease_signal.granted_at() + period;
+        // One timer until the first renewal is due (or the licence ends first).
+        tokio::time::sleep_until(first_tick.min(self.lease_deadline())).await;
         self.renew_until_released(first_tick, period).await;
     }
 
-    /// Until when the store holds the lease at least.
+    /// From when on the lease no longer licenses a run (see [`crate::lease`]).
     fn lease_deadline(&self) -> tokio::time::Instant {
-        *self
-            .lease_held_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.lease_signal.licence_ends()
     }
 
     /// The heartbeat's renewal loop, from the first tick on.
@@ -589,7 +579,7 @@ impl Execution {
             if !signal.is_raised() {
                 warn!(
                     event = "lease_lost",
-                    "no lease renewal succeeded for a whole lease; a retry may take the key over"
+                    "no lease renewal succeeded for (nearly) a whole lease; a retry may take the key over"
                 );
                 signal.raise();
                 signal.count_loss_once(self.config.name);
@@ -618,10 +608,7 @@ impl Execution {
             match renewed {
                 Ok(true) => {
                     debug!(event = "renewed", "lease renewed");
-                    *self
-                        .lease_held_until
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()) = sent_at + lease;
+                    signal.renewed(sent_at);
                 }
                 // Completed or released just now, or taken over: completion tells
                 // which (and warns with `lease_lost` when it was taken over).
@@ -796,7 +783,9 @@ fn complete_with_retries(
             async move {
                 // Short steps: once the store answers again, record before a retry can take
                 // the key over.
+                let ttl_ends = execution.claimed_at + execution.engine.ttl_for(&execution.config);
                 let retries = async {
+                    let mut said_still_trying = false;
                     let mut delay = Duration::from_millis(250);
                     loop {
                         match execution
@@ -806,12 +795,26 @@ fn complete_with_retries(
                             Completion::Failed => {}
                             done => return Some(done),
                         }
-                        if tokio::time::Instant::now() + delay > deadline {
+                        let next = tokio::time::Instant::now() + delay;
+                        // While the lease holds, the key is ours and a retry gets `409`:
+                        // giving up then would let the lease lapse and the handler run
+                        // again. So the window ends the attempts only once the lease is
+                        // lost too; the record's TTL ends them in any case.
+                        if next > ttl_ends || (next > deadline && execution.lease_signal.is_lost()) {
                             error!(
                                 event = "store_error",
                                 "gave up recording the response; the claim frees when its lease runs out"
                             );
                             return None;
+                        }
+                        if next > deadline && !said_still_trying {
+                            said_still_trying = true;
+                            metrics::count(execution.config.name, Counted::CompletionOverdue);
+                            error!(
+                                event = "store_error",
+                                "still recording the response past the completion retry window: \
+                                 the store applies renewals but not the completion; retrying while the lease holds"
+                            );
                         }
                         tokio::time::sleep(delay).await;
                         delay = (delay * 2).min(Duration::from_secs(1));

@@ -598,6 +598,20 @@ impl Idempotency {
                 Err(Refused::Answer(Settled::Mismatch, key_reused()))
             }
             ClaimOutcome::Claimed { token, takeover } => {
+                if !crate::lease::licence_holds(answered_at - sent_at, lease) {
+                    // The store may already have handed the key to a retry: running now
+                    // could run the operation twice. Give the claim back and say retry.
+                    warn!(
+                        event = "claim_late",
+                        waited_ms =
+                            u64::try_from((answered_at - sent_at).as_millis()).unwrap_or(u64::MAX),
+                        lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                        "the claim was answered too late in its lease to run; releasing it"
+                    );
+                    metrics::count(config.name, Outcome::ClaimLate);
+                    self.release_late_claim(name, token).await;
+                    return Err(Refused::Answer(Settled::Failed, store_unavailable()));
+                }
                 match takeover {
                     None => info!(event = "claimed", "running handler"),
                     Some(reason) => info!(
@@ -621,9 +635,28 @@ impl Idempotency {
                     lease,
                     claimed_at: sent_at,
                     claim_answered_at: answered_at,
-                    lease_signal: Default::default(),
-                    lease_held_until: std::sync::Mutex::new(sent_at + lease),
+                    lease_signal: Arc::new(crate::lease::LeaseSignal::new(sent_at, lease)),
                 })
+            }
+        }
+    }
+
+    /// Releases a claim that came back too late to run (its token fences it: a retry
+    /// that took the key over meanwhile keeps it).
+    async fn release_late_claim(&self, name: &ScopedKey, token: FencingToken) {
+        let release = self.inner.store.release(name.scope(), name.key(), token);
+        let now = tokio::time::Instant::now();
+        match store_call(
+            StoreOperation::Release,
+            now,
+            self.inner.store_timeout,
+            release,
+        )
+        .await
+        {
+            Ok(_) => {}
+            Err(err) => {
+                warn!(event = "store_error", error = %err, "releasing a late claim failed; it frees when its lease runs out")
             }
         }
     }

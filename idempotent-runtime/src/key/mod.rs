@@ -120,21 +120,22 @@ impl IdempotencyKey {
         }
     }
 
-    /// Whether this request lost its claim on the key while it runs: the store said it
-    /// was taken over, or renewing the lease kept failing until the lease ran out (a
-    /// stalled store), so a retry may be running the same operation now. A handler with
-    /// a side effect that cannot be deduplicated downstream checks this right before it,
-    /// and answers `503` instead when it is `true`. Always `false` for a key the engine
-    /// did not hand out.
+    /// Whether this request lost its licence to run: the store said the claim was taken
+    /// over, or no renewal has succeeded for nearly a whole lease (a tenth of it is kept
+    /// as a margin for the store's clock), so a retry may be running the same operation
+    /// now or soon. Judged by the engine's monotonic clock at the moment of the call, not
+    /// only by what the heartbeat has noticed. A handler with a side effect that cannot be
+    /// deduplicated downstream checks this right before it, and answers `503` instead when
+    /// it is `true`. Always `false` for a key the engine did not hand out.
     pub fn lease_lost(&self) -> bool {
-        self.lease.as_ref().is_some_and(|lease| lease.is_raised())
+        self.lease.as_ref().is_some_and(|lease| lease.is_lost())
     }
 
     /// Completes when [`lease_lost`](Self::lease_lost) becomes `true` (never, for a key
     /// the engine did not hand out): race it against slow work with `tokio::select!`.
     pub async fn until_lease_lost(&self) {
         match &self.lease {
-            Some(lease) => lease.raised().await,
+            Some(lease) => lease.lost().await,
             None => std::future::pending().await,
         }
     }

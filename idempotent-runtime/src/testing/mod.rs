@@ -21,6 +21,7 @@ use std::sync::Mutex;
 pub use libtest_mimic::{Arguments, Trial};
 
 pub mod conformance;
+pub mod faults;
 
 /// Runs `trials` as the test binary's tests, honouring `cargo test`'s arguments
 /// (filters, `--ignored`, `--list`, …), and exits with their verdict.
