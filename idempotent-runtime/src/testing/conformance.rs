@@ -45,6 +45,11 @@
 //! the same binary, chain [`trials`] with them (e.g. made by
 //! [`async_trial`](super::async_trial)) and pass them all to [`testing::run`](super::run).
 //!
+//! The checks named `check_fault_…` drive two engines over the store, one through a
+//! [`Faulty`](super::faults::Faulty) decorator (late answers, lost answers, refused
+//! completions), and assert that the handler runs at most once per key and that no
+//! recorded answer is lost: the engine's lease rule holds on every store.
+//!
 //! Semantics pinned here (the [`Store`] docs say the rest):
 //!
 //! - A record is live while `now < expires_at`; at `expires_at` it is gone (any request
@@ -71,10 +76,16 @@ use bytes::Bytes;
 
 use super::Trial;
 
+mod faults;
 mod operator;
 
 use crate::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse, Takeover,
+};
+pub use faults::{
+    check_fault_claim_answered_late_does_not_run, check_fault_claim_applied_but_failed_runs_once,
+    check_fault_completion_applied_but_failed_is_kept,
+    check_fault_refused_completions_keep_the_key,
 };
 pub use operator::{
     check_concurrent_forgets_delete_once, check_forced_forget_fences_the_owner,
@@ -156,6 +167,10 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_forget_racing_completion_is_consistent,
         check_watch_wakes_after_complete_and_release,
         check_replay_life_bounds_the_record,
+        check_fault_claim_answered_late_does_not_run,
+        check_fault_claim_applied_but_failed_runs_once,
+        check_fault_completion_applied_but_failed_is_kept,
+        check_fault_refused_completions_keep_the_key,
     ];
     let trials = checks
         .into_iter()

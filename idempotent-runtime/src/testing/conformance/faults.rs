@@ -1,0 +1,167 @@
+//! The fault section: two engines over one store, one of them seeing it through a
+//! [`Faulty`] decorator, driven through late answers, refused and lost operations. Each
+//! check asserts that the handler ran at most once for the key and that no recorded
+//! answer was lost. They run on real time with short leases (the engines' clocks cannot
+//! be paused on a multi-thread runtime), moving the store's clock with
+//! [`Harness::advance`] where a lease has to run out.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+
+use super::{Harness, KEY, SCOPE, fp, setup};
+use crate::testing::faults::{Fault, Faulty, Operation};
+use crate::{HandlerConfig, Idempotency, Store};
+
+/// The lease the fault checks' engines use: short, so that they run on real time.
+const LEASE: Duration = Duration::from_millis(400);
+
+const CONFIG: HandlerConfig = HandlerConfig::new();
+
+/// An engine over `store` with the checks' lease, no replay cache (every answer comes
+/// from the store) and a short completion retry window.
+fn engine(store: Arc<dyn Store>) -> Idempotency {
+    Idempotency::builder_shared(store)
+        .default_lease(LEASE)
+        .completion_retry_window(Duration::from_millis(100))
+        .replay_cache(None)
+        .build()
+}
+
+/// Runs a request for the key on `engine`; the handler counts its runs in `runs`.
+async fn request(engine: &Idempotency, runs: &Arc<AtomicUsize>) -> Response {
+    let runs = runs.clone();
+    engine
+        .run(&CONFIG, SCOPE, KEY, fp(1), move |_key| async move {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            (StatusCode::CREATED, format!("run {run}")).into_response()
+        })
+        .await
+}
+
+fn replayed(response: &Response) -> bool {
+    response
+        .headers()
+        .contains_key(crate::engine::REPLAYED_HEADER)
+}
+
+/// Lets `total` of real time pass while the store's clock runs at twice the speed (it
+/// is advanced by each step as well), so leases run out in the store twice as fast as
+/// the engines see: a renewing holder keeps its lease, one that stopped loses it.
+async fn pass_double_time<H: Harness>(harness: &H, total: Duration) {
+    let step = LEASE / 8;
+    let mut passed = Duration::ZERO;
+    while passed < total {
+        tokio::time::sleep(step).await;
+        harness.advance(step).await;
+        passed += step;
+    }
+}
+
+/// Interleaving 1 of the protocol review: engine A's claim is applied at once but
+/// answered after its lease could have run out; a retry on engine B took the key over
+/// and ran meanwhile. A must not run too: it answers `503`, and its release is fenced.
+pub async fn check_fault_claim_answered_late_does_not_run<H: Harness>() {
+    let (harness, store) = setup::<H>().await;
+    let faulty = Arc::new(Faulty::new(store.clone()));
+    let (a, b) = (engine(faulty.clone()), engine(store));
+    faulty.inject(Operation::Claim, Fault::DelayAnswer(LEASE + LEASE / 2));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = tokio::spawn({
+        let (a, runs) = (a.clone(), runs.clone());
+        async move { request(&a, &runs).await }
+    });
+    // The claim is applied, its answer held back; then its lease runs out in the store.
+    tokio::time::sleep(LEASE / 4).await;
+    harness.advance(LEASE * 2).await;
+    let retry = request(&b, &runs).await;
+    assert_eq!(retry.status(), StatusCode::CREATED, "the retry takes over");
+    let first = first.await.expect("A's request");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran twice");
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let replay = request(&b, &runs).await;
+    assert!(
+        replayed(&replay),
+        "B's record stands after A's late release"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A claim the store applied but whose answer was lost: the engine answers `503` and
+/// runs nothing; the key is in progress until the lease runs out, then a retry runs it
+/// once.
+pub async fn check_fault_claim_applied_but_failed_runs_once<H: Harness>() {
+    let (harness, store) = setup::<H>().await;
+    let faulty = Arc::new(Faulty::new(store.clone()));
+    let (a, b) = (engine(faulty.clone()), engine(store));
+    faulty.inject(Operation::Claim, Fault::FailAfterApplying);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = request(&a, &runs).await;
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let during = request(&b, &runs).await;
+    assert_eq!(
+        during.status(),
+        StatusCode::CONFLICT,
+        "the lost claim holds the key"
+    );
+    harness.advance(LEASE * 2).await;
+    let retry = request(&b, &runs).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A completion the store applied but whose answer was lost: the engine's next attempt
+/// finds the record completed; the retry replays it, nothing runs twice.
+pub async fn check_fault_completion_applied_but_failed_is_kept<H: Harness>() {
+    let (_harness, store) = setup::<H>().await;
+    let faulty = Arc::new(Faulty::new(store.clone()));
+    let (a, b) = (engine(faulty.clone()), engine(store));
+    faulty.inject(Operation::Complete, Fault::FailAfterApplying);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = request(&a, &runs).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let replay = request(&b, &runs).await;
+    assert!(replayed(&replay), "the applied completion is the record");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// The completion case of the review: the store applies renewals but refuses every
+/// completion. The engine holding the lease keeps trying past its retry window, so a
+/// retry gets `409` rather than a second run; once completions go through, it replays.
+pub async fn check_fault_refused_completions_keep_the_key<H: Harness>() {
+    let (harness, store) = setup::<H>().await;
+    let faulty = Arc::new(Faulty::new(store.clone()));
+    let (a, b) = (engine(faulty.clone()), engine(store));
+    faulty.inject_always(Operation::Complete, Fault::Fail);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = request(&a, &runs).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    // Past the retry window, for more than a lease of the store's time.
+    pass_double_time(&harness, LEASE * 2).await;
+    let retry = request(&b, &runs).await;
+    assert_eq!(
+        retry.status(),
+        StatusCode::CONFLICT,
+        "the holder gave the key up"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    faulty.heal();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let replay = request(&b, &runs).await;
+        if replayed(&replay) {
+            break;
+        }
+        assert_eq!(replay.status(), StatusCode::CONFLICT);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the response was never recorded once the store took completions again"
+        );
+        tokio::time::sleep(LEASE / 8).await;
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
