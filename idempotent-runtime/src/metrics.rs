@@ -256,6 +256,6 @@ mod tests {
                 );
             }
         }
-        assert_eq!(outcomes.len(), 11);
+        assert_eq!(outcomes.len(), 13);
     }
 }

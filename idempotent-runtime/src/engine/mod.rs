@@ -192,7 +192,10 @@ impl IdempotencyBuilder {
     /// attempts; the rest continues in the background, and [`Idempotency::drain`] waits
     /// for it: drain with at least this long at shutdown, or a response that was sent
     /// may go unrecorded (its claim then frees when the lease runs out, and a retry runs
-    /// the handler again).
+    /// the handler again). Past the window the attempts go on for as long as the lease
+    /// is still renewed (the store applies renewals but not the completion), up to the
+    /// record's TTL, logged as an error and counted `completion_overdue` once: giving
+    /// the key up while holding it would let a retry run the handler again.
     pub fn completion_retry_window(mut self, window: Duration) -> Self {
         self.inner.completion_retry_window = window;
         self
@@ -202,9 +205,12 @@ impl IdempotencyBuilder {
     /// counts as failed (default 5s): a database that stopped answering gives `503`
     /// instead of a request that hangs.
     ///
-    /// A lease must be at least three times the store timeout, so that one stalled
-    /// renewal still leaves time for the next: for a handler whose lease is shorter, a
-    /// renewal's timeout is cut to a third of its lease.
+    /// Keep leases at least three times the store timeout, so that one stalled renewal
+    /// still leaves time for the next: for a handler whose lease is shorter, a renewal's
+    /// timeout is cut to a third of its lease. A claim whose answer comes back later than
+    /// nine tenths of its lease after it was sent is never run, whatever this timeout
+    /// allows: the engine releases it and answers `503` (see [`crate::IdempotencyKey::lease_lost`]
+    /// for the same rule while the handler runs).
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.inner.store_timeout = timeout;
         self

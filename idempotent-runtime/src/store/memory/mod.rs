@@ -276,10 +276,10 @@ impl Record {
     fn claim(&mut self, claim: Claimed) {
         self.fingerprint = claim.fingerprint;
         self.token = claim.token;
-        self.created_at = claim.now;
-        self.expires_at = claim.now.saturating_add(millis(claim.ttl));
+        self.created_at = claim.now.wall;
+        self.expires_at = claim.now.wall.saturating_add(millis(claim.ttl));
         self.state = State::InProgress {
-            lease_expires_at: claim.now.saturating_add(millis(claim.lease)),
+            lease_expires_at: claim.now.monotonic.saturating_add(millis(claim.lease)),
         };
     }
 
@@ -299,17 +299,19 @@ impl Record {
     }
 
     /// Not expired: within its TTL, or a claim whose lease is still live.
-    fn is_live(&self, now: i64) -> bool {
-        self.expires_at > now
-            || matches!(self.state, State::InProgress { lease_expires_at } if lease_expires_at > now)
+    fn is_live(&self, now: Now) -> bool {
+        self.expires_at > now.wall
+            || matches!(self.state, State::InProgress { lease_expires_at } if lease_expires_at > now.monotonic)
     }
 
-    /// What an operator sees of it at `now`.
-    fn info(&self, now: i64) -> RecordInfo {
+    /// What an operator sees of it at `now` (a lease's end shown in wall-clock time).
+    fn info(&self, now: Now) -> RecordInfo {
         let state = match self.state {
             State::InProgress { lease_expires_at } => RecordState::InProgress {
-                lease_expires_at: system_time_from_millis(lease_expires_at),
-                holder_alive: lease_expires_at > now,
+                lease_expires_at: system_time_from_millis(
+                    now.wall.saturating_add(lease_expires_at - now.monotonic),
+                ),
+                holder_alive: lease_expires_at > now.monotonic,
             },
             State::Completed(kept) => RecordState::Completed {
                 status: kept.status,
@@ -324,17 +326,33 @@ impl Record {
     }
 }
 
+/// One instant on both of the store's timelines: wall time for TTLs, monotonic time for
+/// leases (a wall-clock step cannot expire a live lease).
+#[derive(Debug, Clone, Copy)]
+struct Now {
+    wall: i64,
+    monotonic: i64,
+}
+
 /// What a claim writes into a record.
 #[derive(Clone, Copy)]
 struct Claimed {
     fingerprint: Fingerprint,
     token: FencingToken,
-    now: i64,
+    now: Now,
     ttl: Duration,
     lease: Duration,
 }
 
 impl MemoryStore {
+    /// Now, on both timelines.
+    fn now(&self) -> Now {
+        Now {
+            wall: self.clock.now_millis(),
+            monotonic: self.clock.monotonic_millis(),
+        }
+    }
+
     /// An empty store on the system clock.
     pub fn new() -> Self {
         Self::with_clock(Arc::new(SystemClock))
@@ -382,7 +400,7 @@ impl Store for MemoryStore {
         &self,
         claim: &ClaimRequest<'_>,
     ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
-        let now = self.clock.now_millis();
+        let now = self.now();
         let (scope, key) = (claim.scope, claim.key);
         let hash = self.shards.hash(scope, key);
         let claimed = Claimed {
@@ -412,10 +430,10 @@ impl Store for MemoryStore {
         let same_fingerprint = existing.fingerprint == *claim.fingerprint;
         let found = Found {
             completed: matches!(existing.state, State::Completed(_)),
-            ttl_ran_out: existing.expires_at <= now,
+            ttl_ran_out: existing.expires_at <= now.wall,
             lease_ran_out: matches!(
                 existing.state,
-                State::InProgress { lease_expires_at } if lease_expires_at <= now
+                State::InProgress { lease_expires_at } if lease_expires_at <= now.monotonic
             ),
             same_fingerprint,
         };
@@ -435,11 +453,11 @@ impl Store for MemoryStore {
             None => Ok(match existing.state {
                 State::Completed(kept) => (
                     ClaimOutcome::Replay(existing.response(arena, kept)?),
-                    Some(remaining(existing.expires_at - now)),
+                    Some(remaining(existing.expires_at - now.wall)),
                 ),
                 State::InProgress { lease_expires_at } => (
                     ClaimOutcome::InProgress {
-                        retry_after: retry_after_from_millis(lease_expires_at - now),
+                        retry_after: retry_after_from_millis(lease_expires_at - now.monotonic),
                     },
                     None,
                 ),
@@ -454,15 +472,18 @@ impl Store for MemoryStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let now = self.clock.now_millis();
+        let now = self.now();
         let hash = self.shards.hash(scope, key);
         let mut shard = self.shards.lock(hash);
         let Some(record) = shard.owned(hash, scope, key, token) else {
             return Ok(false);
         };
-        let lease_expires_at = now.saturating_add(millis(lease));
-        record.state = State::InProgress { lease_expires_at };
-        record.expires_at = record.expires_at.max(lease_expires_at);
+        record.state = State::InProgress {
+            lease_expires_at: now.monotonic.saturating_add(millis(lease)),
+        };
+        record.expires_at = record
+            .expires_at
+            .max(now.wall.saturating_add(millis(lease)));
         Ok(true)
     }
 
@@ -490,7 +511,7 @@ impl Store for MemoryStore {
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        let now = self.clock.now_millis();
+        let now = self.now();
         let mut left = limit as usize;
         for shard in &self.shards.shards {
             if left == 0 {
@@ -515,7 +536,7 @@ impl Store for MemoryStore {
     }
 
     async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        let now = self.clock.now_millis();
+        let now = self.now();
         let hash = self.shards.hash(scope, key);
         let shard = self.shards.lock(hash);
         Ok(shard
@@ -530,7 +551,7 @@ impl Store for MemoryStore {
         key: &str,
         force: bool,
     ) -> Result<ForgetOutcome, StoreError> {
-        let now = self.clock.now_millis();
+        let now = self.now();
         let hash = self.shards.hash(scope, key);
         let mut shard = self.shards.lock(hash);
         let Some(record) = shard.find(hash, scope, key) else {
@@ -539,11 +560,11 @@ impl Store for MemoryStore {
         let outcome = if !record.is_live(now) {
             ForgetOutcome::NotFound
         } else if let State::InProgress { lease_expires_at } = record.state
-            && lease_expires_at > now
+            && lease_expires_at > now.monotonic
             && !force
         {
             return Ok(ForgetOutcome::Refused {
-                lease_left: lease_left_from_millis(lease_expires_at - now),
+                lease_left: lease_left_from_millis(lease_expires_at - now.monotonic),
             });
         } else {
             ForgetOutcome::Forgotten(record.info(now))
@@ -596,6 +617,67 @@ mod tests {
             );
         }
         assert_eq!(store.len(), 4);
+    }
+
+    /// Interleaving 3 of the protocol review: a wall-clock step larger than the lease
+    /// left must not hand a live claim to a retry; a backward step must not keep a dead
+    /// owner's lease alive. TTLs stay on wall time.
+    #[tokio::test]
+    async fn wall_clock_steps_move_ttls_not_leases() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(Arc::new(clock.clone()));
+        let fingerprint = Fingerprint {
+            version: 1,
+            digest: [3; 32],
+        };
+        let first = claim("s", "k", &fingerprint);
+        store.try_claim(&first).await.unwrap();
+        // Forward by far more than the 10 s lease (within the 60 s TTL): still held.
+        clock.step_wall(30_000);
+        let retry = store
+            .try_claim(&claim("s", "k", &fingerprint))
+            .await
+            .unwrap();
+        assert!(
+            matches!(retry, ClaimOutcome::InProgress { .. }),
+            "a forward step took a live lease over: {retry:?}"
+        );
+        let info = store.inspect("s", "k").await.unwrap().expect("live");
+        assert!(matches!(
+            info.state,
+            RecordState::InProgress {
+                holder_alive: true,
+                ..
+            }
+        ));
+        // Past the TTL by the wall clock, but the lease is live: a running claim keeps it.
+        clock.step_wall(60_000);
+        let retry = store
+            .try_claim(&claim("s", "k", &fingerprint))
+            .await
+            .unwrap();
+        assert!(
+            matches!(retry, ClaimOutcome::InProgress { .. }),
+            "{retry:?}"
+        );
+        // Backwards by an hour, then the lease's time passes: the crashed owner's lease
+        // is over, and the record (now within its TTL by the wall clock) is taken over.
+        clock.step_wall(-3_600_000);
+        clock.advance(Duration::from_secs(11));
+        let retry = store
+            .try_claim(&claim("s", "k", &fingerprint))
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                retry,
+                ClaimOutcome::Claimed {
+                    takeover: Some(crate::Takeover::LeaseLost),
+                    ..
+                }
+            ),
+            "{retry:?}"
+        );
     }
 
     #[tokio::test]
