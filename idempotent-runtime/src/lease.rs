@@ -26,8 +26,25 @@ pub(crate) fn safety_margin(lease: Duration) -> Duration {
 /// The licence rule: a lease granted by a call sent `elapsed` ago still licenses a run.
 /// Every place that decides whether a claim may run (the claim's answer, the heartbeat,
 /// `lease_lost`) asks this one function.
-pub(crate) fn licence_holds(elapsed: Duration, lease: Duration) -> bool {
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub fn licence_holds(elapsed: Duration, lease: Duration) -> bool {
     elapsed + safety_margin(lease) < lease
+}
+
+/// How long one renewal may take: the store timeout, but at most a third of the lease,
+/// so that one stalled renewal still leaves time for the next before the licence ends.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub fn renewal_timeout(store_timeout: Duration, lease: Duration) -> Duration {
+    store_timeout.min(lease / 3).max(Duration::from_millis(1))
+}
+
+/// Whether an engine may stop trying to record a finished handler's answer: only once
+/// the record's TTL ended, or once the completion retry window passed *and* the lease is
+/// lost. While the engine holds the lease the key is its own and a retry gets `409`;
+/// giving up then would let the lease lapse and the handler run again.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub fn may_stop_recording(past_window: bool, past_ttl: bool, lease_lost: bool) -> bool {
+    past_ttl || (past_window && lease_lost)
 }
 
 /// The request's lease as this engine holds it: when the last grant (the claim, or a

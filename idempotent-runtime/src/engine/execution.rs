@@ -570,7 +570,8 @@ impl Execution {
     /// The heartbeat's renewal loop, from the first tick on.
     async fn renew_until_released(&self, first_tick: tokio::time::Instant, period: Duration) {
         let store = &self.engine.inner.store;
-        let renew_timeout = renew_timeout(self.engine.inner.store_timeout, self.lease);
+        let renew_timeout =
+            crate::lease::renewal_timeout(self.engine.inner.store_timeout, self.lease);
         let (scope, key) = (self.name.scope(), self.name.key());
         let (token, lease) = (self.token, self.lease);
         let signal = &self.lease_signal;
@@ -726,13 +727,6 @@ impl<W: Future> Future for WithHeartbeat<'_, W> {
     }
 }
 
-/// How long one renewal may take: the store timeout, but at most a third of the lease,
-/// so that one stalled renewal still leaves time for the next before the lease runs out
-/// (the rule "lease ≥ 3 × store timeout", enforced by shortening the renewal's timeout).
-fn renew_timeout(store_timeout: Duration, lease: Duration) -> Duration {
-    store_timeout.min(lease / 3).max(Duration::from_millis(1))
-}
-
 /// Tries to record the outcome a few times inline; if the store stays unreachable the
 /// client gets its answer and the attempts go on in the background, so the claim is
 /// completed as soon as the store is back (unless the lease was taken over meanwhile).
@@ -796,11 +790,12 @@ fn complete_with_retries(
                             done => return Some(done),
                         }
                         let next = tokio::time::Instant::now() + delay;
-                        // While the lease holds, the key is ours and a retry gets `409`:
-                        // giving up then would let the lease lapse and the handler run
-                        // again. So the window ends the attempts only once the lease is
-                        // lost too; the record's TTL ends them in any case.
-                        if next > ttl_ends || (next > deadline && execution.lease_signal.is_lost()) {
+                        let stop = crate::lease::may_stop_recording(
+                            next > deadline,
+                            next > ttl_ends,
+                            execution.lease_signal.is_lost(),
+                        );
+                        if stop {
                             error!(
                                 event = "store_error",
                                 "gave up recording the response; the claim frees when its lease runs out"

@@ -41,7 +41,7 @@ mod redis;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-mod takeover;
+pub(crate) mod takeover;
 mod tx_support;
 
 pub use memory::MemoryStore;

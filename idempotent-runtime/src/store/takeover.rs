@@ -33,17 +33,47 @@ impl std::fmt::Display for Takeover {
 }
 
 /// What a claim needs to know about the record it found, as of one instant "now".
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Found {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct Found {
     /// `true`: completed; `false`: in progress.
-    pub(crate) completed: bool,
+    pub completed: bool,
     /// The record's TTL ran out (`expires_at <= now`).
-    pub(crate) ttl_ran_out: bool,
+    pub ttl_ran_out: bool,
     /// An in-progress record's lease ran out (`lease_expires_at <= now`); ignored for a
     /// completed record.
-    pub(crate) lease_ran_out: bool,
+    pub lease_ran_out: bool,
     /// The claim's fingerprint (digest and version) equals the record's.
-    pub(crate) same_fingerprint: bool,
+    pub same_fingerprint: bool,
+}
+
+/// What a claim does with the record it found: the whole decision, of which the
+/// takeover rule is the first step. Every store's classification goes through
+/// [`decide`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub enum Decision {
+    /// The claim takes the record over, for this reason.
+    Take(Takeover),
+    /// Another request used the key: `422`.
+    Mismatch,
+    /// Completed with the claim's fingerprint: replay it.
+    Replay,
+    /// Running under a live lease with the claim's fingerprint: `409` (or wait).
+    InProgress,
+}
+
+/// The claim's decision for a record it found: the takeover rule first, then a
+/// different fingerprint is a mismatch, then a completed record replays and an
+/// in-progress one is still running.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub fn decide(found: Found) -> Decision {
+    match takeover(found) {
+        Some(reason) => Decision::Take(reason),
+        None if !found.same_fingerprint => Decision::Mismatch,
+        None if found.completed => Decision::Replay,
+        None => Decision::InProgress,
+    }
 }
 
 /// The takeover rule. A record may be taken over when
@@ -56,7 +86,8 @@ pub(crate) struct Found {
 ///
 /// A live lease always wins over the TTL: a handler outliving its TTL keeps its claim as
 /// long as it heartbeats.
-pub(crate) fn takeover(found: Found) -> Option<Takeover> {
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub fn takeover(found: Found) -> Option<Takeover> {
     let running = !found.completed && !found.lease_ran_out;
     if found.ttl_ran_out && !running {
         Some(Takeover::Expired)

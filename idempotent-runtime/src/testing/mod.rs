@@ -22,6 +22,7 @@ pub use libtest_mimic::{Arguments, Trial};
 
 pub mod conformance;
 pub mod faults;
+pub mod protocol;
 
 /// Runs `trials` as the test binary's tests, honouring `cargo test`'s arguments
 /// (filters, `--ignored`, `--list`, …), and exits with their verdict.

@@ -26,7 +26,7 @@ use hashbrown::hash_table::Entry;
 
 use super::operator::{lease_left_from_millis, system_time_from_millis};
 use super::record::{decode_headers, encode_headers_into, encoded_headers_len};
-use super::takeover::{Found, takeover};
+use super::takeover::{Decision, Found, decide};
 use super::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordState, Store,
     StoreError, StoredResponse, retry_after_from_millis,
@@ -437,32 +437,29 @@ impl Store for MemoryStore {
             ),
             same_fingerprint,
         };
-        match takeover(found) {
+        Ok(match decide(found) {
             // A takeover rewrites the record in place: its id was pushed once, when new.
-            Some(reason) => {
+            Decision::Take(reason) => {
                 existing.claim(claimed);
-                Ok((
-                    ClaimOutcome::Claimed {
-                        token: claim.token,
-                        takeover: Some(reason),
-                    },
-                    None,
-                ))
+                let claimed = ClaimOutcome::Claimed {
+                    token: claim.token,
+                    takeover: Some(reason),
+                };
+                (claimed, None)
             }
-            None if !same_fingerprint => Ok((ClaimOutcome::Mismatch, None)),
-            None => Ok(match existing.state {
+            Decision::Mismatch => (ClaimOutcome::Mismatch, None),
+            // Replay or in progress: which one is the record's state.
+            Decision::Replay | Decision::InProgress => match existing.state {
                 State::Completed(kept) => (
                     ClaimOutcome::Replay(existing.response(arena, kept)?),
                     Some(remaining(existing.expires_at - now.wall)),
                 ),
-                State::InProgress { lease_expires_at } => (
-                    ClaimOutcome::InProgress {
-                        retry_after: retry_after_from_millis(lease_expires_at - now.monotonic),
-                    },
-                    None,
-                ),
-            }),
-        }
+                State::InProgress { lease_expires_at } => {
+                    let retry_after = retry_after_from_millis(lease_expires_at - now.monotonic);
+                    (ClaimOutcome::InProgress { retry_after }, None)
+                }
+            },
+        })
     }
 
     async fn renew(

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::takeover::{Found, takeover};
+use super::takeover::{Decision, Found, decide};
 use super::{
     ClaimOutcome, ClaimRequest, StoreError, StoredResponse, Takeover, decode_headers,
     retry_after_from_millis,
@@ -90,29 +90,26 @@ pub(crate) fn classify(row: FoundRow) -> Result<Classified, StoreError> {
         lease_ran_out: row.lease_ran_out,
         same_fingerprint: row.same_fingerprint,
     };
-    if let Some(reason) = takeover(found) {
-        return Ok(Classified::Claimable(reason));
-    }
-    if !row.same_fingerprint {
-        return Ok(Classified::Refused((ClaimOutcome::Mismatch, None)));
-    }
-    if completed {
-        let response = decode_completed(row.status, row.headers, row.body)?;
-        let life = row
-            .ttl_remaining_ms
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(Duration::from_millis);
-        return Ok(Classified::Refused((ClaimOutcome::Replay(response), life)));
-    }
-    let remaining = row
-        .lease_remaining_ms
-        .ok_or_else(|| StoreError::Corrupt("in progress without a lease".into()))?;
-    Ok(Classified::Refused((
-        ClaimOutcome::InProgress {
-            retry_after: retry_after_from_millis(remaining),
-        },
-        None,
-    )))
+    let answer = match decide(found) {
+        Decision::Take(reason) => return Ok(Classified::Claimable(reason)),
+        Decision::Mismatch => (ClaimOutcome::Mismatch, None),
+        Decision::Replay => {
+            let response = decode_completed(row.status, row.headers, row.body)?;
+            let life = row
+                .ttl_remaining_ms
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(Duration::from_millis);
+            (ClaimOutcome::Replay(response), life)
+        }
+        Decision::InProgress => {
+            let remaining = row
+                .lease_remaining_ms
+                .ok_or_else(|| StoreError::Corrupt("in progress without a lease".into()))?;
+            let retry_after = retry_after_from_millis(remaining);
+            (ClaimOutcome::InProgress { retry_after }, None)
+        }
+    };
+    Ok(Classified::Refused(answer))
 }
 
 /// A completed record's columns as the response to replay.
