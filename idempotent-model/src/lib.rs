@@ -1,0 +1,1040 @@
+//! A model of the idempotency protocol, checked exhaustively within bounds by
+//! [`stateright`].
+//!
+//! One key, one store, two engines (each with its own replay cache and heartbeat) and
+//! their clients' requests, on a network that delays any call or its answer and loses
+//! any call past the caller's timeout while the call may still take effect later. Time
+//! runs in ticks (one tick is one second of the engines' and the store's clocks); every
+//! step may happen at any tick, so an overloaded runtime, a slow store and a slow network
+//! are all in the explored interleavings. Engines crash, the operator forgets the key,
+//! and an in-process store's wall clock steps.
+//!
+//! The model decides as the code does by calling the same functions
+//! ([`idempotent_runtime::testing::protocol`]): the store's claim classifies a found
+//! record with [`decide`] (the takeover rule), the engine runs a claim, raises
+//! `lease_lost` and times its renewals by [`licence_holds`] and [`renewal_timeout`], and
+//! gives up recording an answer by [`may_stop_recording`]. What it adds is the
+//! sequencing around them, written after `engine/mod.rs` (claim), `engine/execution.rs`
+//! (run, heartbeat, completion retries) and the stores' single-record operations.
+//!
+//! [`Rules`] turns each fix of the protocol review off, to show that the checker finds
+//! the interleaving it closed. The invariants are [`Protocol::properties`]; a violation
+//! of a history-dependent one is noted in [`History::violations`] at the step that breaks
+//! it.
+//!
+//! Not modelled: the store's internal queues (a store that drops a renewal that reached
+//! it is, to the model, a lost renewal, which the contract treats like a crashed owner),
+//! a store clock running at another rate than the engines' (the licence's margin is for
+//! that), transactional handlers (their side effect commits with the completion), and
+//! duplicates that wait instead of answering `409`.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use idempotent_runtime::store::Takeover;
+use idempotent_runtime::testing::protocol::{
+    Decision, Found, decide, licence_holds, may_stop_recording, renewal_timeout,
+};
+use stateright::{Model, Property};
+
+/// A point in time, in ticks (seconds).
+pub type Tick = i16;
+
+/// The two engines.
+pub const ENGINES: usize = 2;
+
+/// Calls given up by their caller that may still reach the store; one more is lost.
+const ORPHANS: usize = 1;
+
+/// Where the store keeps time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// A database server (Postgres, MySQL, Redis): one clock, never stepped here.
+    Server,
+    /// The memory or SQLite store: TTLs on the host's wall clock, which steps.
+    InProcess,
+}
+
+/// The fixes of the protocol review; each can be turned off to see the checker find
+/// what it closed.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    /// A claim answered after its licence ended is released, not run (interleaving 1).
+    pub late_claim_check: bool,
+    /// An in-process store judges leases on a clock that a wall step cannot move
+    /// (interleaving 3).
+    pub leases_on_monotonic: bool,
+    /// An engine that holds the lease keeps trying to record its answer past the retry
+    /// window (the completion case).
+    pub record_while_held: bool,
+}
+
+impl Rules {
+    /// The protocol as the code runs it.
+    pub const FIXED: Self = Self {
+        late_claim_check: true,
+        leases_on_monotonic: true,
+        record_while_held: true,
+    };
+}
+
+/// The model's bounds and the protocol's settings.
+#[derive(Debug, Clone)]
+pub struct Protocol {
+    /// The lease, in ticks.
+    pub lease: Tick,
+    /// The TTL, in ticks.
+    pub ttl: Tick,
+    /// The engine's store timeout, in ticks.
+    pub store_timeout: Tick,
+    /// The engine's completion retry window, in ticks.
+    pub retry_window: Tick,
+    /// The replay cache's maximum age, in ticks.
+    pub cache_max_age: Tick,
+    /// Where the store keeps time.
+    pub store: StoreKind,
+    /// The fingerprints of the requests each engine's clients send, in order (all with
+    /// the same key and scope): `0` is the original request, `1` another request reusing
+    /// its key.
+    pub requests: [&'static [u8]; ENGINES],
+    /// How many engine crashes may happen.
+    pub crashes: u8,
+    /// How many times the operator may forget the key.
+    pub forgets: u8,
+    /// The steps the in-process store's wall clock may take (at most one of them).
+    pub wall_steps: &'static [Tick],
+    /// The fixes in force.
+    pub rules: Rules,
+}
+
+impl Protocol {
+    /// The bounds CI checks: a lease of 3 ticks under a store timeout of 4 (the
+    /// configuration in which a claim can be answered after its lease ran out), a TTL of
+    /// 6, three requests, one crash and one forget, and for an in-process store one
+    /// wall-clock step forward or back by more than a lease. Time runs on without end.
+    pub fn ci(store: StoreKind) -> Self {
+        Self {
+            lease: 3,
+            ttl: 6,
+            store_timeout: 4,
+            retry_window: 2,
+            cache_max_age: 2,
+            store,
+            requests: [&[0], &[0, 0]],
+            crashes: 1,
+            forgets: 1,
+            wall_steps: match store {
+                StoreKind::Server => &[],
+                StoreKind::InProcess => &[4, -4],
+            },
+            rules: Rules::FIXED,
+        }
+    }
+
+    fn duration(ticks: Tick) -> Duration {
+        Duration::from_secs(u64::try_from(ticks.max(0)).unwrap_or(0))
+    }
+
+    /// The licence rule, in ticks: a lease granted by a call sent `age` ago.
+    fn licence_holds(&self, age: Tick) -> bool {
+        licence_holds(Self::duration(age), Self::duration(self.lease))
+    }
+
+    /// The renewal's timeout in whole ticks (rounded up: the engine waits at least that).
+    fn renewal_timeout(&self) -> Tick {
+        let timeout = renewal_timeout(
+            Self::duration(self.store_timeout),
+            Self::duration(self.lease),
+        );
+        Tick::try_from(timeout.as_millis().div_ceil(1000)).unwrap_or(Tick::MAX)
+    }
+}
+
+/// The one record of the key in the store. Times are what is left of them, by the
+/// store's clocks; zero is run out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Record {
+    /// The fingerprint of the request that claimed it.
+    pub fingerprint: u8,
+    /// The fencing token of the claim that holds it.
+    pub token: u8,
+    /// The recorded response (named by the token of the run that produced it); `None`:
+    /// in progress.
+    pub response: Option<u8>,
+    /// The lease left, on the store's lease clock.
+    pub lease_left: Tick,
+    /// The TTL left, on the store's wall clock.
+    pub ttl_left: Tick,
+}
+
+/// A store call as the engine sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    /// `claim_with_expiry`.
+    Claim {
+        /// The request's fingerprint.
+        fingerprint: u8,
+        /// The token the claim carries.
+        token: u8,
+    },
+    /// `renew`.
+    Renew {
+        /// The claim's token.
+        token: u8,
+    },
+    /// `complete`, recording the response named by the token.
+    Complete {
+        /// The claim's token.
+        token: u8,
+    },
+    /// `release`.
+    Release {
+        /// The claim's token.
+        token: u8,
+    },
+}
+
+/// What the store answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// The claim owns the key.
+    Claimed,
+    /// A completed record: its response, and how long it lives on (store's wall clock).
+    Replay {
+        /// The recorded response.
+        response: u8,
+        /// Ticks until its TTL runs out.
+        life: Tick,
+    },
+    /// `409`.
+    InProgress,
+    /// `422`.
+    Mismatch,
+    /// `renew`, `complete` or `release`: whether the token still owned the record.
+    Done(bool),
+}
+
+/// A call in flight, sent `age` ticks ago (counted up to where nothing more changes);
+/// applied by the store once `answer` is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Call {
+    /// What was sent.
+    pub op: Op,
+    /// Ticks since it was sent.
+    pub age: Tick,
+    /// The store's answer once it applied the call (the answer may still be lost).
+    pub answer: Option<Answer>,
+}
+
+/// A claimed request as its engine holds it; ages in ticks, counted up to where nothing
+/// more changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Held {
+    /// The request's fingerprint.
+    pub fingerprint: u8,
+    /// The claim's token.
+    pub token: u8,
+    /// Since the claim was sent (the TTL counts from there).
+    pub claim_age: Tick,
+    /// Since the call behind the lease the engine knows of was sent.
+    pub grant_age: Tick,
+    /// The lease signal was raised (sticky).
+    pub raised: bool,
+    /// The store said the token owns nothing: the heartbeat stopped.
+    pub heartbeat_ended: bool,
+    /// The handler started in this tick: it may do its side effect at once, without
+    /// checking `lease_lost()` (the engine's claim check is what licenses that).
+    pub fresh: bool,
+    /// The handler did its side effect.
+    pub effect: bool,
+    /// Since the handler finished with a response to record.
+    pub finished_age: Option<Tick>,
+}
+
+/// What an engine is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Work {
+    /// Waiting for a request.
+    Idle,
+    /// Claiming for a request.
+    Claiming {
+        /// The request's fingerprint.
+        fingerprint: u8,
+        /// How far the replay cache's clock moved since the claim was sent.
+        cache_moved: Tick,
+    },
+    /// Running the handler, or recording its answer.
+    Holding(Held),
+    /// Giving the claim back.
+    Releasing,
+}
+
+/// A replay cache entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cached {
+    /// The fingerprint it answers.
+    pub fingerprint: u8,
+    /// The recorded response.
+    pub response: u8,
+    /// Its life left, on the cache's clock.
+    pub left: Tick,
+}
+
+/// One engine: its request, its store calls (the request's and the heartbeat's) and
+/// its replay cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Engine {
+    /// How many of its clients' requests it has taken.
+    pub taken: u8,
+    /// What it is doing.
+    pub work: Work,
+    /// The request's store call in flight.
+    pub call: Option<Call>,
+    /// The heartbeat's renewal in flight.
+    pub renewal: Option<Call>,
+    /// The replay cache (one key: one entry).
+    pub cache: Option<Cached>,
+}
+
+/// What the invariants need to remember of the past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct History {
+    /// Side effects since the record's lifetime began or its lease was last taken over.
+    pub effects_under_lease: u8,
+    /// A response was recorded in this lifetime.
+    pub recorded: bool,
+    /// Ticks since the operator forgot the key, while within the replay cache's maximum
+    /// age.
+    pub forgotten: Option<Tick>,
+    /// Side effects in all, up to two (for the coverage properties).
+    pub effects: u8,
+    /// A lease was taken over from its holder.
+    pub lease_taken_over: bool,
+    /// The invariants broken, by the step that broke them (a set of [`Violation`]s).
+    pub violations: u8,
+}
+
+/// An invariant broken by a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Violation {
+    /// A second side effect in one record lifetime under one lease: no takeover of a lost
+    /// lease came between them, or a response was already recorded.
+    SecondEffect,
+    /// A side effect while the store did not hold the executing claim's lease.
+    EffectWithoutLease,
+    /// The store handed the key to another claim while its holder's licence held.
+    TakenFromLiveHolder,
+    /// A replay answered something other than the key's record.
+    StaleReplay,
+    /// An engine gave up recording an answer while it held the key.
+    AnswerAbandoned,
+}
+
+impl Violation {
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+impl History {
+    /// Whether `violation` happened.
+    pub fn broke(&self, violation: Violation) -> bool {
+        self.violations & violation.bit() != 0
+    }
+}
+
+/// The whole system. It keeps no absolute time, only what is left of each lease, TTL
+/// and timeout, so that time runs on without end in a finite set of states.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct State {
+    /// The key's record.
+    pub record: Option<Record>,
+    /// The engines.
+    pub engines: [Engine; ENGINES],
+    /// Calls given up by their caller that the store may still apply (sorted).
+    pub orphans: [Option<Op>; ORPHANS],
+    /// The next claim's token.
+    pub next_token: u8,
+    /// Crashes so far.
+    pub crashes: u8,
+    /// Forgets so far.
+    pub forgets: u8,
+    /// Wall steps so far.
+    pub steps: u8,
+    /// What the invariants remember.
+    pub history: History,
+}
+
+/// Which of an engine's calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Slot {
+    /// The request's (claim, complete, release).
+    Request,
+    /// The heartbeat's renewal.
+    Renewal,
+}
+
+/// One step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A tick passes, and the engines' timers fire (timeouts, the heartbeat).
+    Tick,
+    /// The in-process store's wall clock steps by this many ticks.
+    StepWall(Tick),
+    /// The operator forgets the key (`force = false`).
+    Forget,
+    /// An engine takes its next request.
+    Start(usize),
+    /// The store applies an engine's call.
+    Apply(usize, Slot),
+    /// The store's answer reaches the engine.
+    Deliver(usize, Slot),
+    /// The store applies a call its caller gave up on.
+    ApplyOrphan(usize),
+    /// A call its caller gave up on is lost.
+    LoseOrphan(usize),
+    /// The handler does its side effect, at once as it starts or later having checked
+    /// `lease_lost()`, and returns its 2xx; the engine sends the completion.
+    Effect(usize),
+    /// The handler saw `lease_lost()` and returns a 5xx without its side effect; the
+    /// engine releases the claim.
+    Fail(usize),
+    /// The engine's process crashes and restarts, empty.
+    Crash(usize),
+}
+
+impl Protocol {
+    /// Whether the store judges leases on its wall clock (which steps).
+    fn leases_on_wall(&self) -> bool {
+        self.store == StoreKind::InProcess && !self.rules.leases_on_monotonic
+    }
+
+    /// `IdempotencyKey::lease_lost()` as the running handler sees it.
+    fn lease_lost(&self, held: &Held) -> bool {
+        held.raised || !self.licence_holds(held.grant_age)
+    }
+
+    /// How long a call may take before its caller gives up on it.
+    fn timeout(&self, op: &Op) -> Tick {
+        match op {
+            Op::Renew { .. } => self.renewal_timeout(),
+            _ => self.store_timeout,
+        }
+    }
+
+    /// A tick passes: every age grows (up to where nothing more changes) and every time
+    /// left shrinks (down to zero, run out); then each engine's timers fire: calls past
+    /// their timeout are given up, and the heartbeat raises the lease signal at the
+    /// licence's end and sends its renewal.
+    fn tick(&self, s: &mut State) {
+        let grow = |age: &mut Tick, cap: Tick| *age = (*age + 1).min(cap);
+        if let Some(r) = &mut s.record {
+            r.lease_left = (r.lease_left - 1).max(0);
+            r.ttl_left = (r.ttl_left - 1).max(0);
+        }
+        for engine in &mut s.engines {
+            for call in [&mut engine.call, &mut engine.renewal]
+                .into_iter()
+                .flatten()
+            {
+                call.age += 1;
+            }
+            match &mut engine.work {
+                Work::Claiming { cache_moved, .. } => grow(cache_moved, self.ttl + 1),
+                Work::Holding(held) => {
+                    held.fresh = false;
+                    grow(&mut held.claim_age, self.ttl + 1);
+                    grow(&mut held.grant_age, self.lease);
+                    if let Some(age) = &mut held.finished_age {
+                        grow(age, self.retry_window + 1);
+                    }
+                }
+                Work::Idle | Work::Releasing => {}
+            }
+            engine.cache = engine
+                .cache
+                .map(|c| Cached {
+                    left: c.left - 1,
+                    ..c
+                })
+                .filter(|c| c.left > 0);
+        }
+        s.history.forgotten = s
+            .history
+            .forgotten
+            .map(|age| age + 1)
+            .filter(|&age| age <= self.cache_max_age);
+        for e in 0..ENGINES {
+            self.time_out(s, e);
+            self.heartbeat(s, e);
+        }
+    }
+
+    /// The engine's timeouts: a renewal past its own is dropped (the next one goes out);
+    /// a claim or release past the store timeout answers `503`; a completion past it is
+    /// tried again, or given up when the rule allows.
+    fn time_out(&self, s: &mut State, e: usize) {
+        let late = |call: &Option<Call>| matches!(call, Some(c) if c.age > self.timeout(&c.op));
+        if late(&s.engines[e].renewal) {
+            let renewal = s.engines[e].renewal.take();
+            Self::orphan(s, renewal);
+        }
+        if !late(&s.engines[e].call) {
+            return;
+        }
+        let call = s.engines[e].call.take();
+        Self::orphan(s, call);
+        let Work::Holding(held) = s.engines[e].work else {
+            return Self::settle(s, e);
+        };
+        let (stop, abandons) = self.stop_recording(&held, held.finished_age.unwrap_or(0));
+        if !stop {
+            return Self::send(s, e, Op::Complete { token: held.token });
+        }
+        if abandons {
+            Self::violate(s, Violation::AnswerAbandoned);
+        }
+        Self::settle(s, e);
+    }
+
+    /// The heartbeat: raises the lease signal once the licence ended, and keeps one
+    /// renewal in flight (its period, a third of the lease, is a tick here) until the
+    /// store says the claim is no longer held.
+    fn heartbeat(&self, s: &mut State, e: usize) {
+        let engine = &mut s.engines[e];
+        let Work::Holding(held) = &mut engine.work else {
+            return;
+        };
+        if !self.licence_holds(held.grant_age) {
+            held.raised = true;
+        }
+        if !held.heartbeat_ended && engine.renewal.is_none() {
+            engine.renewal = Some(Call {
+                op: Op::Renew { token: held.token },
+                age: 0,
+                answer: None,
+            });
+        }
+    }
+
+    /// The in-process store's wall clock steps by `by`: TTLs move, and so does what
+    /// counts on that clock (the replay cache; leases, without the fix).
+    fn step_wall(&self, s: &mut State, by: Tick) {
+        if let Some(r) = &mut s.record {
+            r.ttl_left = (r.ttl_left - by).max(0);
+            if self.leases_on_wall() {
+                r.lease_left = (r.lease_left - by).max(0);
+            }
+        }
+        for engine in &mut s.engines {
+            if let Work::Claiming { cache_moved, .. } = &mut engine.work {
+                *cache_moved += by;
+            }
+            engine.cache = engine
+                .cache
+                .map(|c| Cached {
+                    left: c.left - by,
+                    ..c
+                })
+                .filter(|c| c.left > 0);
+        }
+    }
+
+    /// The store applies `op`, as one atomic step.
+    fn apply(&self, s: &mut State, op: Op) -> Answer {
+        let owned = |record: &Option<Record>, token: u8| matches!(record, Some(r) if r.token == token && r.response.is_none());
+        match op {
+            Op::Claim { fingerprint, token } => {
+                let fresh = Record {
+                    fingerprint,
+                    token,
+                    response: None,
+                    lease_left: self.lease,
+                    ttl_left: self.ttl,
+                };
+                let Some(found) = s.record else {
+                    s.record = Some(fresh);
+                    return Answer::Claimed;
+                };
+                let decision = decide(Found {
+                    completed: found.response.is_some(),
+                    ttl_ran_out: found.ttl_left <= 0,
+                    lease_ran_out: found.response.is_none() && found.lease_left <= 0,
+                    same_fingerprint: found.fingerprint == fingerprint,
+                });
+                match decision {
+                    Decision::Take(reason) => {
+                        // Only a lease is a holder's: a completed record is nobody's.
+                        let from_live_holder = found.response.is_none()
+                            && s.engines.iter().any(|engine| {
+                                matches!(engine.work, Work::Holding(held) if held.token == found.token && !self.lease_lost(&held))
+                            });
+                        if from_live_holder {
+                            Self::violate(s, Violation::TakenFromLiveHolder);
+                        }
+                        s.record = Some(fresh);
+                        s.history.effects_under_lease = 0;
+                        if reason == Takeover::Expired {
+                            s.history.recorded = false;
+                        } else {
+                            s.history.lease_taken_over = true;
+                        }
+                        Answer::Claimed
+                    }
+                    Decision::Mismatch => Answer::Mismatch,
+                    Decision::Replay => Answer::Replay {
+                        response: found.response.unwrap_or(found.token),
+                        life: found.ttl_left,
+                    },
+                    Decision::InProgress => Answer::InProgress,
+                }
+            }
+            Op::Renew { token } => {
+                let held = owned(&s.record, token);
+                if let (true, Some(r)) = (held, s.record.as_mut()) {
+                    r.lease_left = self.lease;
+                    r.ttl_left = r.ttl_left.max(self.lease);
+                }
+                Answer::Done(held)
+            }
+            Op::Complete { token } => {
+                let held = owned(&s.record, token);
+                if let (true, Some(r)) = (held, s.record.as_mut()) {
+                    r.response = Some(token);
+                    s.history.recorded = true;
+                }
+                Answer::Done(held)
+            }
+            Op::Release { token } => {
+                let held = owned(&s.record, token);
+                if held {
+                    s.record = None;
+                }
+                Answer::Done(held)
+            }
+        }
+    }
+
+    fn orphan(s: &mut State, call: Option<Call>) {
+        let Some(Call {
+            op, answer: None, ..
+        }) = call
+        else {
+            // Not sent, or applied already (its answer is what is lost).
+            return;
+        };
+        if let Some(free) = s.orphans.iter_mut().find(|o| o.is_none()) {
+            *free = Some(op);
+        }
+        s.orphans.sort();
+    }
+
+    /// The engine is done with its request: a renewal in flight is left to the network.
+    fn settle(s: &mut State, e: usize) {
+        let renewal = s.engines[e].renewal.take();
+        Self::orphan(s, renewal);
+        s.engines[e].work = Work::Idle;
+    }
+
+    fn violate(s: &mut State, violation: Violation) {
+        s.history.violations |= violation.bit();
+    }
+
+    fn send(s: &mut State, e: usize, op: Op) {
+        s.engines[e].call = Some(Call {
+            op,
+            age: 0,
+            answer: None,
+        });
+    }
+
+    /// The engine takes its next request: a replay from its cache, or a claim.
+    fn start(s: &mut State, e: usize, fingerprint: u8) {
+        let hit = s.engines[e].cache.filter(|c| c.fingerprint == fingerprint);
+        if let Some(cached) = hit {
+            let same = matches!(
+                s.record,
+                Some(r) if r.ttl_left > 0 && r.fingerprint == fingerprint && r.response == Some(cached.response)
+            );
+            if !same && s.history.forgotten.is_none() {
+                Self::violate(s, Violation::StaleReplay);
+            }
+            return;
+        }
+        let token = s.next_token;
+        s.next_token += 1;
+        s.engines[e].work = Work::Claiming {
+            fingerprint,
+            cache_moved: 0,
+        };
+        Self::send(s, e, Op::Claim { fingerprint, token });
+    }
+
+    /// The store's answer to the request's call reaches the engine.
+    fn deliver_request(&self, s: &mut State, e: usize, call: Call, answer: Answer) {
+        match (s.engines[e].work, call.op, answer) {
+            (Work::Claiming { fingerprint, .. }, Op::Claim { token, .. }, Answer::Claimed) => {
+                if self.rules.late_claim_check && !self.licence_holds(call.age) {
+                    s.engines[e].work = Work::Releasing;
+                    Self::send(s, e, Op::Release { token });
+                    return;
+                }
+                s.engines[e].work = Work::Holding(Held {
+                    fingerprint,
+                    token,
+                    claim_age: call.age,
+                    grant_age: call.age,
+                    raised: false,
+                    heartbeat_ended: false,
+                    fresh: true,
+                    effect: false,
+                    finished_age: None,
+                });
+            }
+            (
+                Work::Claiming {
+                    fingerprint,
+                    cache_moved,
+                },
+                _,
+                Answer::Replay { response, life },
+            ) => {
+                let left = (life - cache_moved).min(self.cache_max_age);
+                s.engines[e].cache = (left > 0).then_some(Cached {
+                    fingerprint,
+                    response,
+                    left,
+                });
+                s.engines[e].work = Work::Idle;
+            }
+            (Work::Holding(held), Op::Complete { token }, Answer::Done(recorded)) => {
+                // A database store's engine also keeps its own completions, for as long
+                // as the record lives at least: its TTL from the claim's send.
+                if recorded && self.store == StoreKind::Server {
+                    let left = (self.ttl - held.claim_age).min(self.cache_max_age);
+                    s.engines[e].cache = (left > 0).then_some(Cached {
+                        fingerprint: held.fingerprint,
+                        response: token,
+                        left,
+                    });
+                }
+                Self::settle(s, e);
+            }
+            _ => Self::settle(s, e),
+        }
+    }
+
+    /// The heartbeat's renewal answer reaches the engine.
+    fn deliver_renewal(s: &mut State, e: usize, call: Call, answer: Answer) {
+        if let Work::Holding(held) = &mut s.engines[e].work {
+            match answer {
+                Answer::Done(true) => held.grant_age = held.grant_age.min(call.age),
+                _ => {
+                    held.raised = true;
+                    held.heartbeat_ended = true;
+                }
+            }
+        }
+    }
+
+    fn held(s: &State, e: usize) -> Option<Held> {
+        match s.engines[e].work {
+            Work::Holding(held) => Some(held),
+            _ => None,
+        }
+    }
+
+    fn slot(s: &State, e: usize, slot: Slot) -> Option<Call> {
+        match slot {
+            Slot::Request => s.engines[e].call,
+            Slot::Renewal => s.engines[e].renewal,
+        }
+    }
+
+    fn slot_mut(s: &mut State, e: usize, slot: Slot) -> &mut Option<Call> {
+        match slot {
+            Slot::Request => &mut s.engines[e].call,
+            Slot::Renewal => &mut s.engines[e].renewal,
+        }
+    }
+
+    /// Whether the engine may stop recording now (by the rule in force), and whether
+    /// doing so abandons an answer while the engine holds the key.
+    fn stop_recording(&self, held: &Held, finished_age: Tick) -> (bool, bool) {
+        let past_window = finished_age > self.retry_window;
+        let past_ttl = held.claim_age > self.ttl;
+        let lost = self.lease_lost(held);
+        let may = if self.rules.record_while_held {
+            may_stop_recording(past_window, past_ttl, lost)
+        } else {
+            past_window
+        };
+        (may, !lost && !past_ttl)
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let idle = Engine {
+            taken: 0,
+            work: Work::Idle,
+            call: None,
+            renewal: None,
+            cache: None,
+        };
+        vec![State {
+            record: None,
+            engines: [idle; ENGINES],
+            orphans: [None; ORPHANS],
+            next_token: 0,
+            crashes: 0,
+            forgets: 0,
+            steps: 0,
+            history: History::default(),
+        }]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        // A broken invariant ends the run: its trace is the counterexample.
+        if s.history.violations != 0 {
+            return;
+        }
+        actions.push(Action::Tick);
+        if usize::from(s.steps) < self.wall_steps.len().min(1) {
+            actions.extend(self.wall_steps.iter().map(|&d| Action::StepWall(d)));
+        }
+        if s.forgets < self.forgets
+            && matches!(s.record, Some(r) if r.response.is_some() || r.lease_left <= 0)
+        {
+            actions.push(Action::Forget);
+        }
+        for (i, orphan) in s.orphans.iter().enumerate() {
+            if orphan.is_some() {
+                actions.push(Action::ApplyOrphan(i));
+                actions.push(Action::LoseOrphan(i));
+            }
+        }
+        for e in 0..ENGINES {
+            let engine = &s.engines[e];
+            if engine.work == Work::Idle && usize::from(engine.taken) < self.requests[e].len() {
+                actions.push(Action::Start(e));
+            }
+            if engine.work != Work::Idle && s.crashes < self.crashes {
+                actions.push(Action::Crash(e));
+            }
+            for slot in [Slot::Request, Slot::Renewal] {
+                match Self::slot(s, e, slot).map(|call| call.answer) {
+                    Some(None) => actions.push(Action::Apply(e, slot)),
+                    // A timeout polls its call first: an answer there when the timer
+                    // fires still counts.
+                    Some(Some(_)) => actions.push(Action::Deliver(e, slot)),
+                    None => {}
+                }
+            }
+            let Some(held) = Self::held(s, e) else {
+                continue;
+            };
+            if held.finished_age.is_none() && !held.effect {
+                let lost = self.lease_lost(&held);
+                if held.fresh || !lost {
+                    actions.push(Action::Effect(e));
+                }
+                if lost {
+                    actions.push(Action::Fail(e));
+                }
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::Tick => self.tick(&mut s),
+            Action::StepWall(by) => {
+                self.step_wall(&mut s, by);
+                s.steps += 1;
+            }
+            Action::Forget => {
+                s.record = None;
+                s.forgets += 1;
+                s.history.forgotten = Some(0);
+                s.history.effects_under_lease = 0;
+                s.history.recorded = false;
+            }
+            Action::ApplyOrphan(i) => {
+                let op = s.orphans[i].take()?;
+                s.orphans.sort();
+                self.apply(&mut s, op);
+            }
+            Action::LoseOrphan(i) => {
+                s.orphans[i] = None;
+                s.orphans.sort();
+            }
+            Action::Start(e) => {
+                let fingerprint = self.requests[e][usize::from(s.engines[e].taken)];
+                s.engines[e].taken += 1;
+                Self::start(&mut s, e, fingerprint);
+            }
+            Action::Apply(e, slot) => {
+                let op = Self::slot(&s, e, slot)?.op;
+                let answer = self.apply(&mut s, op);
+                Self::slot_mut(&mut s, e, slot).as_mut()?.answer = Some(answer);
+            }
+            Action::Deliver(e, slot) => {
+                let call = Self::slot_mut(&mut s, e, slot).take()?;
+                let answer = call.answer?;
+                match slot {
+                    Slot::Request => self.deliver_request(&mut s, e, call, answer),
+                    Slot::Renewal => Self::deliver_renewal(&mut s, e, call, answer),
+                }
+            }
+            Action::Effect(e) => {
+                let held = Self::held(&s, e)?;
+                let under_lease = matches!(
+                    s.record,
+                    Some(r) if r.token == held.token && r.response.is_none() && r.lease_left > 0
+                );
+                if !under_lease {
+                    Self::violate(&mut s, Violation::EffectWithoutLease);
+                }
+                if s.history.effects_under_lease > 0 || s.history.recorded {
+                    Self::violate(&mut s, Violation::SecondEffect);
+                }
+                s.history.effects_under_lease += 1;
+                s.history.effects = (s.history.effects + 1).min(2);
+                if let Work::Holding(h) = &mut s.engines[e].work {
+                    h.effect = true;
+                    h.finished_age = Some(0);
+                }
+                Self::send(&mut s, e, Op::Complete { token: held.token });
+            }
+            Action::Fail(e) => {
+                let held = Self::held(&s, e)?;
+                Self::settle(&mut s, e);
+                s.engines[e].work = Work::Releasing;
+                Self::send(&mut s, e, Op::Release { token: held.token });
+            }
+            Action::Crash(e) => {
+                let engine = s.engines[e];
+                Self::orphan(&mut s, engine.call);
+                Self::orphan(&mut s, engine.renewal);
+                s.engines[e] = Engine {
+                    taken: engine.taken,
+                    work: Work::Idle,
+                    call: None,
+                    renewal: None,
+                    cache: None,
+                };
+                s.crashes += 1;
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            // (1) At most one side effect per record lifetime (between TTL expiry or a
+            // forget), except a retry's after a takeover of a lost lease (the owner
+            // crashed or no renewal of it reached the store for a lease), and none once
+            // a response was recorded.
+            Property::always(
+                "one side effect per lease of a record lifetime",
+                |_, s: &State| !s.history.broke(Violation::SecondEffect),
+            ),
+            // (2) A side effect happens only while its claim's token holds a live lease in
+            // the store.
+            Property::always("side effects only under a live lease", |_, s: &State| {
+                !s.history.broke(Violation::EffectWithoutLease)
+            }),
+            // (2') The store hands a key to another claim only once its holder's licence
+            // ended (or the holder crashed): the rule that makes (2) hold.
+            Property::always("no takeover from a live holder", |_, s: &State| {
+                !s.history.broke(Violation::TakenFromLiveHolder)
+            }),
+            // (3) A replay is the key's record, or a copy of one forgotten within the
+            // replay cache's maximum age.
+            Property::always("replays are the record", |_, s: &State| {
+                !s.history.broke(Violation::StaleReplay)
+            }),
+            // (4) An engine that finished a handler keeps trying to record its answer while
+            // it holds the key (its licence holds) and the record's TTL has not ended.
+            Property::always(
+                "answers are recorded while the key is held",
+                |_, s: &State| !s.history.broke(Violation::AnswerAbandoned),
+            ),
+            // (5) No key is wedged: a live lease ends within one lease, by the store's
+            // lease clock, whatever the wall clock did.
+            Property::always("leases always run out", |m: &Protocol, s: &State| {
+                match s.record {
+                    Some(r) if r.response.is_none() => r.lease_left <= m.lease,
+                    _ => true,
+                }
+            }),
+            // Coverage: the bounds reach what the invariants are about.
+            Property::sometimes("a side effect happens", |_, s: &State| {
+                s.history.effects > 0
+            }),
+            Property::sometimes(
+                "a lost lease is taken over and run again",
+                |_, s: &State| s.history.lease_taken_over && s.history.effects > 1,
+            ),
+            Property::sometimes("a replay is kept in a replay cache", |_, s: &State| {
+                s.engines.iter().any(|e| e.cache.is_some())
+            }),
+        ]
+    }
+}
+
+/// A counterexample as a timeline: each step, with the record and the engines' work
+/// after it.
+pub fn trace(path: stateright::Path<State, Action>) -> String {
+    let steps = path.into_vec();
+    let mut out = String::new();
+    let mut now = 0;
+    for pair in steps.windows(2) {
+        let ((_, Some(action)), (after, _)) = (&pair[0], &pair[1]) else {
+            continue;
+        };
+        if *action == Action::Tick {
+            now += 1;
+            continue;
+        }
+        let record = match after.record {
+            None => "none".to_owned(),
+            Some(r) => format!(
+                "fingerprint {} token {} {} lease left {} ttl left {}",
+                r.fingerprint,
+                r.token,
+                match r.response {
+                    Some(response) => format!("completed({response})"),
+                    None => "in_progress".to_owned(),
+                },
+                r.lease_left,
+                r.ttl_left
+            ),
+        };
+        let _ = writeln!(out, "t={now:<2} {action:?}");
+        let _ = writeln!(out, "      record: {record}");
+        for (i, engine) in after.engines.iter().enumerate() {
+            let _ = writeln!(out, "      engine {i}: {:?}", engine.work);
+        }
+    }
+    if let Some((last, _)) = steps.last() {
+        let broken: Vec<_> = [
+            Violation::SecondEffect,
+            Violation::EffectWithoutLease,
+            Violation::TakenFromLiveHolder,
+            Violation::StaleReplay,
+            Violation::AnswerAbandoned,
+        ]
+        .into_iter()
+        .filter(|&v| last.history.broke(v))
+        .collect();
+        let _ = writeln!(out, "broken: {broken:?}");
+    }
+    out
+}

@@ -1,0 +1,148 @@
+//! The protocol model, checked exhaustively: every invariant holds with the protocol as
+//! the code runs it, and with each fix of the protocol review turned off the checker
+//! finds the interleaving that fix closed (its trace is printed).
+//!
+//! The bounds are split so that each check stays within a minute on two cores; the
+//! union of them (and more) runs with `cargo run -p idempotent-model --release -- ...`
+//! (see `src/main.rs`).
+
+use idempotent_model::{Protocol, Rules, StoreKind, trace};
+use stateright::{Checker, HasDiscoveries, Model};
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// Checks `model` to the end and asserts every property (the invariants, and the
+/// coverage properties that show the bounds reach them).
+fn holds(model: Protocol) {
+    let checker = model.checker().threads(threads()).spawn_bfs().join();
+    println!(
+        "{} states ({} unique), depth {}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth()
+    );
+    for property in checker.model().properties() {
+        if let (stateright::Expectation::Always, Some(path)) =
+            (&property.expectation, checker.discovery(property.name))
+        {
+            panic!("\"{}\" broken:\n{}", property.name, trace(path));
+        }
+    }
+    checker.assert_properties();
+}
+
+/// Checks `model` until the `expected` invariant breaks (the shortest way, breadth
+/// first).
+fn finds(model: Protocol, expected: &'static str) {
+    let checker = model
+        .checker()
+        .threads(threads())
+        .finish_when(HasDiscoveries::AnyOf([expected].into()))
+        .spawn_bfs()
+        .join();
+    let Some(path) = checker.discovery(expected) else {
+        panic!(
+            "no counterexample for \"{expected}\" in {} states",
+            checker.unique_state_count()
+        );
+    };
+    println!("\"{expected}\" broken:\n{}", trace(path));
+}
+
+#[test]
+fn the_protocol_holds_on_a_database_store_for_a_request_and_two_retries() {
+    holds(Protocol {
+        crashes: 0,
+        forgets: 0,
+        ..Protocol::ci(StoreKind::Server)
+    });
+}
+
+#[test]
+fn the_protocol_holds_on_a_database_store_through_a_crash_and_a_forget() {
+    holds(Protocol {
+        requests: [&[0], &[0]],
+        ..Protocol::ci(StoreKind::Server)
+    });
+}
+
+#[test]
+fn the_protocol_holds_on_an_in_process_store_whose_wall_clock_steps() {
+    holds(Protocol {
+        requests: [&[0], &[0]],
+        crashes: 0,
+        forgets: 0,
+        ..Protocol::ci(StoreKind::InProcess)
+    });
+}
+
+#[test]
+fn without_the_late_claim_check_a_claim_answered_after_its_lease_runs_twice() {
+    finds(
+        Protocol {
+            requests: [&[0], &[0]],
+            crashes: 0,
+            forgets: 0,
+            rules: Rules {
+                late_claim_check: false,
+                ..Rules::FIXED
+            },
+            ..Protocol::ci(StoreKind::Server)
+        },
+        "one side effect per lease of a record lifetime",
+    );
+}
+
+#[test]
+fn without_monotonic_leases_a_wall_step_hands_a_live_key_to_a_retry() {
+    finds(
+        Protocol {
+            requests: [&[0], &[0]],
+            crashes: 0,
+            forgets: 0,
+            rules: Rules {
+                leases_on_monotonic: false,
+                ..Rules::FIXED
+            },
+            ..Protocol::ci(StoreKind::InProcess)
+        },
+        "no takeover from a live holder",
+    );
+}
+
+#[test]
+fn without_monotonic_leases_a_backward_wall_step_keeps_a_lease_beyond_its_length() {
+    finds(
+        Protocol {
+            requests: [&[0], &[]],
+            crashes: 0,
+            forgets: 0,
+            wall_steps: &[-4],
+            rules: Rules {
+                leases_on_monotonic: false,
+                ..Rules::FIXED
+            },
+            ..Protocol::ci(StoreKind::InProcess)
+        },
+        "leases always run out",
+    );
+}
+
+#[test]
+fn without_recording_while_held_an_engine_abandons_an_answer_it_could_record() {
+    finds(
+        Protocol {
+            requests: [&[0], &[]],
+            crashes: 0,
+            forgets: 0,
+            rules: Rules {
+                record_while_held: false,
+                ..Rules::FIXED
+            },
+            ..Protocol::ci(StoreKind::Server)
+        },
+        "answers are recorded while the key is held",
+    );
+}
