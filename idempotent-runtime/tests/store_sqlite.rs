@@ -4,6 +4,7 @@
 #![cfg(feature = "sqlite")]
 
 mod sqlite_group_commit;
+mod sqlite_leases;
 mod transaction;
 
 use std::sync::Arc;
@@ -103,6 +104,7 @@ fn main() {
     trials.extend(transaction::trials::<SqliteHarness, sqlx::Sqlite>());
     trials.extend(own);
     trials.extend(sqlite_group_commit::trials());
+    trials.extend(sqlite_leases::trials());
     idempotent_runtime::testing::run(trials)
 }
 
