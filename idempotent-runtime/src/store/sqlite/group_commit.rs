@@ -32,7 +32,16 @@
 //!   committed before it returns, as without group commit.
 //! - **Bounded.** [`MAX_BATCH`] writes per transaction, [`QUEUE`] waiting; a caller
 //!   finding the queue full waits for room (and for the engine's store timeout). A write
-//!   whose caller gave up before its batch began is not run.
+//!   whose caller gave up before its batch began is not run — except a renewal.
+//! - **Renewals are never dropped, and go first** (`renewals_first`). A write lock held
+//!   elsewhere (a transactional handler, another process) stalls the batch, and the
+//!   renewals queued behind it time out in their callers after a third of their lease.
+//!   Dropped, the lease would run out in the store under a live handler, and a retry's
+//!   takeover queued behind the same lock would commit the moment it frees. So a renewal
+//!   that reached the writer is applied, before the other writes of its batch: a
+//!   takeover is judged on the lease of the owner's last renewal sent before it. This
+//!   holds within one store; a store in another process sharing the file races its own
+//!   writes for the lock, see the module docs of `SqliteStore`.
 //!
 //! The writer is a task with a connection of its own (`dedicated.rs`): each batch runs
 //! in a single call on its C handle, on Tokio's blocking pool, with statements prepared
@@ -352,9 +361,7 @@ impl Batches for Writer {
     async fn prepare(&self, batch: &mut Vec<Pending>) {
         // A transactional handler about to take the lock goes first (see `writers.rs`).
         self.writes.let_transactions_begin().await;
-        // A caller that gave up (the engine's store timeout) gets no write it stopped
-        // waiting for.
-        batch.retain(|pending| !pending.reply.is_closed());
+        renewals_first(batch);
         if !batch.is_empty() {
             self.counters.count(batch);
             self.checkpointer.batch_begins();
@@ -367,6 +374,24 @@ impl Batches for Writer {
 
     fn fail(batch: &mut Vec<Pending>, error: sqlx::Error) {
         fail_all(batch, Vec::new(), error);
+    }
+}
+
+/// **The renewal rule**: a renewal that reached the writer is applied, and before the
+/// batch's other writes. A caller that gave up (the engine's store timeout) gets no other
+/// write it stopped waiting for, but a renewal whose caller timed out behind a held write
+/// lock is still the live owner's: dropping it, or running a retry's takeover before it,
+/// would let the retry take over a handler that is still running. Applying it late is
+/// safe, as its lease end was fixed when it was sent; moving it first within the batch is
+/// one of the orders in which its writes, all waiting at once, could have arrived.
+fn renewals_first(batch: &mut Vec<Pending>) {
+    batch.retain(|pending| {
+        !pending.reply.is_closed() || matches!(pending.write, Write::Renew { .. })
+    });
+    let after_renewals = |pending: &Pending| !matches!(pending.write, Write::Renew { .. });
+    // Stable: every other write keeps its arrival order. Most batches are in order already.
+    if !batch.is_sorted_by_key(after_renewals) {
+        batch.sort_by_key(after_renewals);
     }
 }
 

@@ -30,6 +30,15 @@
 //!   statement that fails (a constraint) fails only its own caller; a transaction that
 //!   fails as a whole fails every write in it, none is answered as done. Reads (every
 //!   replay, `409`, `422`) never queue behind the writer. See `group_commit.rs`.
+//! - **A held write lock does not cost a live owner its lease.** A transactional
+//!   handler (or another process) holding SQLite's write lock stalls the writer, and
+//!   renewals time out in the engine after a third of their lease. The writer still
+//!   applies every renewal that reached it, before the other writes of its batch
+//!   (`group_commit.rs`, the renewal rule), so a retry's takeover queued behind the same
+//!   lock is judged on the owner's latest renewal and finds the lease alive. This holds
+//!   for the requests of one store. A store in another process on the same file has its
+//!   own writer, which may win the lock first when it frees: keep transactions that
+//!   hold the lock well below the shortest lease of any process sharing the file.
 //! - **Group read.** The claims' reads are batched the same way by one reader task,
 //!   a batch in one read transaction (`group_read.rs`). The writer and the reader each run every batch on a connection
 //!   of their own, in one call on its C handle on Tokio's blocking pool, not statement
