@@ -6,6 +6,11 @@
 //!   renewals; a retry of a live handler must still get `409`.
 //! - Another connection holding the lock delays the answer of a claim past its lease; the
 //!   late claim must not run.
+//!
+//! And interleaving 3 on SQLite, on a [`ManualClock`]: leases are judged on the host's
+//! monotonic clock with its boot id, so a step of the wall clock neither expires a live
+//! lease nor keeps one alive, a lease written in another boot has run out, and TTLs stay
+//! on the wall clock.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +20,10 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use idempotent_runtime::store::SqliteStore;
 use idempotent_runtime::testing::{Trial, async_trial};
-use idempotent_runtime::{Fingerprint, HandlerConfig, Idempotency, Tx};
+use idempotent_runtime::{
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
+    Idempotency, ManualClock, Store, StoredResponse, Takeover, Tx,
+};
 use sqlx::{Connection, SqliteConnection};
 use tempfile::TempDir;
 
@@ -32,6 +40,26 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "leases::a_claim_answered_late_behind_another_connections_lock_does_not_run",
             a_claim_answered_late_behind_another_connections_lock_does_not_run,
+        ),
+        async_trial(
+            "leases::a_forward_wall_step_does_not_expire_a_live_lease",
+            a_forward_wall_step_does_not_expire_a_live_lease,
+        ),
+        async_trial(
+            "leases::a_backward_wall_step_does_not_keep_a_lease_alive",
+            a_backward_wall_step_does_not_keep_a_lease_alive,
+        ),
+        async_trial(
+            "leases::a_lease_written_in_another_boot_has_run_out",
+            a_lease_written_in_another_boot_has_run_out,
+        ),
+        async_trial(
+            "leases::a_lease_written_without_a_boot_is_judged_on_the_wall_clock",
+            a_lease_written_without_a_boot_is_judged_on_the_wall_clock,
+        ),
+        async_trial(
+            "leases::ttls_stay_on_the_wall_clock",
+            ttls_stay_on_the_wall_clock,
         ),
     ]
 }
@@ -208,4 +236,175 @@ async fn a_claim_answered_late_behind_another_connections_lock_does_not_run() {
     let again = request(&b).await;
     assert_eq!(again.status(), StatusCode::CREATED);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+}
+
+const START: i64 = 1_700_000_000_000;
+const LEASE: Duration = Duration::from_secs(30);
+
+/// A store on a fresh file on `clock`.
+async fn store_on(dir: &TempDir, clock: &ManualClock) -> SqliteStore {
+    let path = dir.path().join("steps.db");
+    SqliteStore::open_with_clock(path.to_str().expect("utf-8 path"), Arc::new(clock.clone()))
+        .await
+        .expect("open sqlite store")
+}
+
+fn claim(token: FencingToken, ttl: Duration) -> ClaimRequest<'static> {
+    ClaimRequest {
+        scope: SCOPE,
+        key: "k",
+        fingerprint: &FINGERPRINT,
+        ttl,
+        lease: LEASE,
+        token,
+    }
+}
+
+/// Claims the key with a fresh token; the outcome.
+async fn claim_now(store: &SqliteStore) -> ClaimOutcome {
+    store
+        .try_claim(&claim(FencingToken::random(), Duration::from_secs(3600)))
+        .await
+        .expect("claim")
+}
+
+/// A store with the key claimed (lease [`LEASE`]) on a manual clock; the claim's token.
+async fn claimed(dir: &TempDir, clock: &ManualClock) -> (SqliteStore, FencingToken) {
+    let store = store_on(dir, clock).await;
+    let token = FencingToken::random();
+    let first = store
+        .try_claim(&claim(token, Duration::from_secs(3600)))
+        .await
+        .expect("claim");
+    assert!(matches!(first, ClaimOutcome::Claimed { .. }), "{first:?}");
+    (store, token)
+}
+
+/// A wall step forward larger than the lease (NTP, a VM resumed) leaves the lease as it
+/// was: a retry gets `InProgress`, `forget` refuses, the owner still renews.
+async fn a_forward_wall_step_does_not_expire_a_live_lease() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::at_millis(START);
+    let (store, token) = claimed(&dir, &clock).await;
+    clock.step_wall(60_000);
+    let retry = claim_now(&store).await;
+    assert!(
+        matches!(retry, ClaimOutcome::InProgress { .. }),
+        "a forward wall step took a live lease over: {retry:?}"
+    );
+    let forget = store.forget(SCOPE, "k", false).await.expect("forget");
+    assert!(
+        matches!(forget, ForgetOutcome::Refused { .. }),
+        "{forget:?}"
+    );
+    assert!(store.renew(SCOPE, "k", token, LEASE).await.expect("renew"));
+    // The lease runs out when a lease has passed on the monotonic clock, not before.
+    clock.advance(LEASE - Duration::from_millis(1));
+    assert!(matches!(
+        claim_now(&store).await,
+        ClaimOutcome::InProgress { .. }
+    ));
+    clock.advance(Duration::from_millis(1));
+    assert!(matches!(
+        claim_now(&store).await,
+        ClaimOutcome::Claimed {
+            takeover: Some(Takeover::LeaseLost),
+            ..
+        }
+    ));
+}
+
+/// A wall step backward does not stretch a crashed owner's lease: it runs out a lease
+/// after it was written.
+async fn a_backward_wall_step_does_not_keep_a_lease_alive() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::at_millis(START);
+    let (store, _token) = claimed(&dir, &clock).await;
+    clock.step_wall(-60_000);
+    clock.advance(LEASE);
+    let retry = claim_now(&store).await;
+    assert!(
+        matches!(
+            retry,
+            ClaimOutcome::Claimed {
+                takeover: Some(Takeover::LeaseLost),
+                ..
+            }
+        ),
+        "a backward wall step kept a lease alive: {retry:?}"
+    );
+}
+
+/// A record whose lease was written in another boot of the host: its lease has run out,
+/// whatever the new boot's clock reads (it starts again from zero).
+async fn a_lease_written_in_another_boot_has_run_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::at_millis(START);
+    let (store, _token) = claimed(&dir, &clock).await;
+    let inspected = store.inspect(SCOPE, "k").await.expect("inspect");
+    assert!(inspected.is_some());
+    clock.reboot();
+    let retry = claim_now(&store).await;
+    assert!(
+        matches!(
+            retry,
+            ClaimOutcome::Claimed {
+                takeover: Some(Takeover::LeaseLost),
+                ..
+            }
+        ),
+        "a lease from another boot was still alive: {retry:?}"
+    );
+}
+
+/// A lease stored without a boot (written before migration 0002, or by a clock that has
+/// none) is judged on its wall-clock end, as before.
+async fn a_lease_written_without_a_boot_is_judged_on_the_wall_clock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::at_millis(START);
+    let (store, _token) = claimed(&dir, &clock).await;
+    sqlx::query("UPDATE idempotency_records SET lease_boot_id = NULL, lease_ends_boot_ms = NULL")
+        .execute(store.pool())
+        .await
+        .expect("a lease as version 1 wrote it");
+    assert!(matches!(
+        claim_now(&store).await,
+        ClaimOutcome::InProgress { .. }
+    ));
+    clock.step_wall(i64::try_from(LEASE.as_millis()).expect("a short lease"));
+    assert!(matches!(
+        claim_now(&store).await,
+        ClaimOutcome::Claimed {
+            takeover: Some(Takeover::LeaseLost),
+            ..
+        }
+    ));
+}
+
+/// TTLs are calendar time: a completed record whose TTL passed by a wall step is
+/// expired, and purged.
+async fn ttls_stay_on_the_wall_clock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::at_millis(START);
+    let store = store_on(&dir, &clock).await;
+    let token = FencingToken::random();
+    let ttl = Duration::from_secs(120);
+    assert!(matches!(
+        store.try_claim(&claim(token, ttl)).await.expect("claim"),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let response = StoredResponse {
+        status: 201,
+        headers: Vec::new(),
+        body: Some(bytes::Bytes::from_static(b"done")),
+    };
+    assert!(
+        store
+            .complete(SCOPE, "k", token, &response)
+            .await
+            .expect("complete")
+    );
+    clock.step_wall(121_000);
+    assert_eq!(store.purge_expired(10).await.expect("purge"), 1);
+    assert!(store.inspect(SCOPE, "k").await.expect("inspect").is_none());
 }

@@ -59,9 +59,10 @@ use tokio::sync::mpsc;
 
 use super::checkpoint::{self, Checkpointer, Checkpoints};
 use super::dedicated::{self, BatchEnd, Batches, Reply};
+use super::lease_time::{Now, statement};
 use super::raw_connection::{Param, RawConnection};
 use super::writers::StoreWrites;
-use super::{COMPLETE, PURGE, RELEASE, RENEW};
+use super::{COMPLETE, RELEASE};
 use crate::store::sql::CompletionColumns;
 use crate::store::{FencingToken, StoreError, StoredResponse};
 
@@ -86,15 +87,20 @@ pub(super) enum Write {
         fingerprint: [u8; 32],
         fingerprint_version: i64,
         token: FencingToken,
+        /// The lease's end, and now, on the wall clock.
         lease_expires_at: i64,
-        now: i64,
+        now: Now,
         expires_at: i64,
+        /// The lease's end on the boot's clock (`None`: no boot, see `lease_time.rs`).
+        lease_ends_boot: Option<i64>,
     },
     Renew {
         scope: String,
         key: String,
         token: FencingToken,
         lease_expires_at: i64,
+        boot_id: Option<[u8; 16]>,
+        lease_ends_boot: Option<i64>,
     },
     Complete {
         scope: String,
@@ -108,7 +114,7 @@ pub(super) enum Write {
         token: FencingToken,
     },
     Purge {
-        now: i64,
+        now: Now,
         limit: i64,
     },
 }
@@ -137,6 +143,7 @@ impl Write {
                 lease_expires_at,
                 now,
                 expires_at,
+                lease_ends_boot,
                 ..
             } => db.execute(
                 statement,
@@ -147,8 +154,11 @@ impl Write {
                     Param::Int(*fingerprint_version),
                     Param::Int(token.0),
                     Param::Int(*lease_expires_at),
-                    Param::Int(*now),
+                    Param::Int(now.wall),
                     Param::Int(*expires_at),
+                    boot_param(now.boot_id.as_ref()),
+                    Param::Int(now.boot),
+                    lease_ends_boot.map_or(Param::Null, Param::Int),
                 ],
             ),
             Self::Renew {
@@ -156,13 +166,17 @@ impl Write {
                 key,
                 token,
                 lease_expires_at,
+                boot_id,
+                lease_ends_boot,
             } => db.execute(
-                RENEW,
+                statement!("sql/renew.sql"),
                 &[
                     Param::Text(scope),
                     Param::Text(key),
                     Param::Int(token.0),
                     Param::Int(*lease_expires_at),
+                    boot_param(boot_id.as_ref()),
+                    lease_ends_boot.map_or(Param::Null, Param::Int),
                 ],
             ),
             Self::Complete {
@@ -188,12 +202,23 @@ impl Write {
                 RELEASE,
                 &[Param::Text(scope), Param::Text(key), Param::Int(token.0)],
             ),
-            Self::Purge { now, limit } => {
-                db.execute(PURGE, &[Param::Int(*now), Param::Int(*limit)])
-            }
+            Self::Purge { now, limit } => db.execute(
+                statement!("sql/purge.sql"),
+                &[
+                    Param::Int(now.wall),
+                    Param::Int(*limit),
+                    boot_param(now.boot_id.as_ref()),
+                    Param::Int(now.boot),
+                ],
+            ),
         };
         rows.map_err(|failure| StoreError::Database(failure.into_sqlx()))
     }
+}
+
+/// A boot id as a statement parameter; NULL without one.
+pub(super) fn boot_param(boot_id: Option<&[u8; 16]>) -> Param<'_> {
+    boot_id.map_or(Param::Null, |id| Param::Blob(id))
 }
 
 /// What a write does, for [`GroupCommitStats`].

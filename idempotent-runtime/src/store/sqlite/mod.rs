@@ -13,7 +13,12 @@
 //!   with an app's own `sqlx` migrations in the same database.
 //! - Times are INTEGER milliseconds from the store's [`Clock`] (the system clock unless
 //!   one is injected), never SQLite's `now`, so every decision of one store uses one
-//!   clock.
+//!   clock. **TTLs are wall-clock time** (users read them as calendar time; a wall step
+//!   moves them). **Leases are judged on the host's monotonic clock**, which a wall step
+//!   cannot move and every process sharing the file reads alike: on Linux
+//!   `CLOCK_BOOTTIME`, stored with the kernel's boot id, and a lease written in another
+//!   boot has run out. A clock with no boot id (other systems) leaves leases on the wall
+//!   clock, exposed to its steps. See `lease_time.rs`.
 //! - A claim reads first: a replay, `409` or `422` is answered from that plain read and
 //!   never takes SQLite's one write lock. Every write is a single statement that decides
 //!   atomically: a new key is one `INSERT … ON CONFLICT DO NOTHING`; a record the
@@ -64,7 +69,7 @@ use super::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
     StoredResponse, TxSupport,
 };
-use crate::clock::{Clock, SystemClock, millis};
+use crate::clock::{Clock, SystemClock};
 use group_commit::Write;
 
 mod checkpoint;
@@ -72,6 +77,7 @@ mod claim;
 mod dedicated;
 mod group_commit;
 mod group_read;
+mod lease_time;
 mod operator;
 mod raw_connection;
 mod transaction;
@@ -81,11 +87,18 @@ mod writers;
 pub use group_commit::{GroupCommitStats, WriteKind};
 
 /// The embedded migrations, in order; the files live in `migrations/sqlite/`.
-const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
-    version: 1,
-    description: "create idempotency records",
-    sql: include_str!("../../../migrations/sqlite/0001_create_idempotency_records.sql"),
-}];
+const MIGRATIONS: &[EmbeddedMigration] = &[
+    EmbeddedMigration {
+        version: 1,
+        description: "create idempotency records",
+        sql: include_str!("../../../migrations/sqlite/0001_create_idempotency_records.sql"),
+    },
+    EmbeddedMigration {
+        version: 2,
+        description: "lease on the boot clock",
+        sql: include_str!("../../../migrations/sqlite/0002_lease_on_the_boot_clock.sql"),
+    },
+];
 
 /// How often opening tries to apply the migrations. Two processes (or pools) opening one
 /// fresh file at the same moment both try; the loser fails (its bookkeeping insert is a
@@ -96,10 +109,8 @@ const MIGRATION_ATTEMPTS: u32 = 10;
 /// [`SqliteStore::open_with_clock`]).
 const OPEN_ATTEMPTS: u32 = 10;
 
-const RENEW: &str = include_str!("sql/renew.sql");
 const COMPLETE: &str = include_str!("sql/complete.sql");
 const RELEASE: &str = include_str!("sql/release.sql");
-const PURGE: &str = include_str!("sql/purge.sql");
 
 /// A [`Store`] in an SQLite database file: the single-host embedded default (see the
 /// module docs).
@@ -158,7 +169,10 @@ impl SqliteStore {
     }
 
     /// Like [`open`](Self::open), with every expiry and lease decision taken on
-    /// `clock` (tests pass a [`ManualClock`](crate::clock::ManualClock)).
+    /// `clock` (tests pass a [`ManualClock`](crate::clock::ManualClock)): TTLs on its
+    /// wall time, leases on its monotonic time when it has a
+    /// [`boot_id`](Clock::boot_id), else on its wall time. Every process sharing the
+    /// file must judge leases on the same clock.
     ///
     /// # Errors
     ///
@@ -349,14 +363,16 @@ impl Store for SqliteStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let _write = self.writes.enter();
-        let lease_expires_at = self.clock.now_millis().saturating_add(millis(lease));
+        let now = lease_time::Now::of(self.clock.as_ref());
         let renewed = self
             .writer
             .write(Write::Renew {
                 scope: scope.to_owned(),
                 key: key.to_owned(),
                 token,
-                lease_expires_at,
+                lease_expires_at: now.lease_expires_at(lease),
+                boot_id: now.boot_id,
+                lease_ends_boot: now.lease_ends_boot(lease),
             })
             .await?;
         Ok(renewed > 0)
@@ -403,7 +419,7 @@ impl Store for SqliteStore {
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         self.writer
             .write(Write::Purge {
-                now: self.clock.now_millis(),
+                now: lease_time::Now::of(self.clock.as_ref()),
                 limit: i64::from(limit),
             })
             .await
