@@ -38,6 +38,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             without_a_transaction_a_retry_of_a_live_handler_gets_409,
         ),
         async_trial(
+            "leases::a_transaction_holds_the_write_lock_no_longer_than_the_store_allows",
+            a_transaction_holds_the_write_lock_no_longer_than_the_store_allows,
+        ),
+        async_trial(
             "leases::a_claim_answered_late_behind_another_connections_lock_does_not_run",
             a_claim_answered_late_behind_another_connections_lock_does_not_run,
         ),
@@ -179,6 +183,60 @@ async fn interleaving_two(with_transaction: bool) {
         "the original's answer"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A transactional handler that would hold the write lock longer than the store's
+/// maximum hold is dropped at it: its writes roll back, it answers `500`, and the lock
+/// is free for the other requests' renewals.
+async fn a_transaction_holds_the_write_lock_no_longer_than_the_store_allows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, path) = open(&dir).await;
+    let store = store.with_max_transaction_hold(Duration::from_millis(500));
+    sqlx::query("CREATE TABLE ledger (account TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("create the ledger");
+    let engine = engine(store);
+    let started = std::time::Instant::now();
+    let answer = engine
+        .run_in_transaction::<sqlx::Sqlite, _, _, _, _>(
+            &LEDGER,
+            SCOPE,
+            "t",
+            FINGERPRINT,
+            |_key, mut tx: Tx<sqlx::Sqlite>| async move {
+                let written = sqlx::query("INSERT INTO ledger (account) VALUES ('a')")
+                    .execute(tx.conn())
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string());
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                (written.map(|()| StatusCode::CREATED), tx)
+            },
+        )
+        .await;
+    assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let mut other = SqliteConnection::connect(&format!("sqlite://{path}"))
+        .await
+        .expect("another connection");
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ledger")
+        .fetch_one(&mut other)
+        .await
+        .expect("count");
+    assert_eq!(rows, 0, "the writes rolled back");
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .expect("the write lock is free");
+    sqlx::query("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("rollback");
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "held {:?}",
+        started.elapsed()
+    );
 }
 
 /// Interleaving 1 on a real lock: two stores (two engines) on one file, a third

@@ -42,8 +42,12 @@
 //!   (`group_commit.rs`, the renewal rule), so a retry's takeover queued behind the same
 //!   lock is judged on the owner's latest renewal and finds the lease alive. This holds
 //!   for the requests of one store. A store in another process on the same file has its
-//!   own writer, which may win the lock first when it frees: keep transactions that
-//!   hold the lock well below the shortest lease of any process sharing the file.
+//!   own writer, which may win the lock first when it frees; for that case a
+//!   transactional handler holds the lock at most
+//!   [`DEFAULT_MAX_TRANSACTION_HOLD`](SqliteStore::DEFAULT_MAX_TRANSACTION_HOLD) (5 s;
+//!   [`with_max_transaction_hold`](SqliteStore::with_max_transaction_hold)), and every
+//!   lease of every process sharing the file must be at least three times that hold: a
+//!   lease renewed just before the lock was taken then outlives the hold.
 //! - **Group read.** The claims' reads are batched the same way by one reader task,
 //!   a batch in one read transaction (`group_read.rs`). The writer and the reader each run every batch on a connection
 //!   of their own, in one call on its C handle on Tokio's blocking pool, not statement
@@ -256,7 +260,11 @@ impl SqliteStore {
 
     fn with_parts(pool: SqlitePool, clock: Arc<dyn Clock>) -> Self {
         let writes = Arc::new(writers::StoreWrites::default());
-        let transactions = transaction::support(pool.clone(), writes.clone());
+        let transactions = transaction::support(
+            pool.clone(),
+            writes.clone(),
+            Self::DEFAULT_MAX_TRANSACTION_HOLD,
+        );
         let writer = group_commit::GroupCommit::start(pool.clone(), writes.clone());
         let reader = group_read::GroupRead::start(pool.clone());
         Self {
@@ -267,6 +275,26 @@ impl SqliteStore {
             writer,
             reader,
         }
+    }
+
+    /// How long a transactional handler (`Tx<Sqlite>`) may hold its transaction — and
+    /// with it SQLite's one write lock — at most, unless set otherwise
+    /// ([`with_max_transaction_hold`](Self::with_max_transaction_hold)): as long as
+    /// other writers wait for the lock ([`DEFAULT_BUSY_TIMEOUT`](Self::DEFAULT_BUSY_TIMEOUT)).
+    pub const DEFAULT_MAX_TRANSACTION_HOLD: Duration = Duration::from_secs(5);
+
+    /// Bounds how long a transactional handler may hold its transaction, from its
+    /// `BEGIN IMMEDIATE` to the end of its work; past it the handler is dropped, its
+    /// writes roll back, its claim is released and it answers `500` as at its maximum
+    /// duration. While a transaction holds the write lock no renewal of any process on
+    /// the file commits: keep every lease of every process sharing the file at least
+    /// three times this hold, so that a lease renewed just before the lock was taken
+    /// outlives it. Set it before cloning the store (clones made before keep the hold
+    /// they had).
+    #[must_use]
+    pub fn with_max_transaction_hold(mut self, hold: Duration) -> Self {
+        self.transactions = transaction::support(self.pool.clone(), self.writes.clone(), hold);
+        self
     }
 
     /// The group-commit writer's counters so far (tests and diagnostics; not a stable
