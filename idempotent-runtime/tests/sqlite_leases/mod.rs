@@ -19,16 +19,23 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use idempotent_runtime::store::SqliteStore;
-use idempotent_runtime::testing::{Trial, async_trial};
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
-    Idempotency, ManualClock, Store, StoredResponse, Takeover, Tx,
+    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
+    Idempotency, ManualClock, Store, StoredResponse, SystemClock, Takeover, Tx,
 };
 use sqlx::{Connection, SqliteConnection};
 use tempfile::TempDir;
 
 pub(crate) fn trials() -> Vec<Trial> {
-    vec![
+    let faketime = ignored_if(
+        faketime_missing(),
+        vec![async_trial(
+            "leases::a_real_wall_step_of_another_process_does_not_expire_a_live_lease",
+            a_real_wall_step_of_another_process_does_not_expire_a_live_lease,
+        )],
+    );
+    let mut trials = vec![
         async_trial(
             "leases::a_transaction_holding_the_write_lock_does_not_hand_a_live_key_to_a_retry",
             a_transaction_holding_the_write_lock_does_not_hand_a_live_key_to_a_retry,
@@ -65,7 +72,9 @@ pub(crate) fn trials() -> Vec<Trial> {
             "leases::ttls_stay_on_the_wall_clock",
             ttls_stay_on_the_wall_clock,
         ),
-    ]
+    ];
+    trials.extend(faketime);
+    trials
 }
 
 const SCOPE: &str = "acct_alice";
@@ -465,4 +474,81 @@ async fn ttls_stay_on_the_wall_clock() {
     clock.step_wall(121_000);
     assert_eq!(store.purge_expired(10).await.expect("purge"), 1);
     assert!(store.inspect(SCOPE, "k").await.expect("inspect").is_none());
+}
+
+/// The variable that makes the test binary a child process claiming the key once in the
+/// SQLite file it names (see [`child_claim`]).
+pub(crate) const CHILD_CLAIM: &str = "IDEMPOTENT_TEST_SQLITE_CHILD_CLAIM";
+
+/// Why the real-process clock test cannot run, if it cannot: it needs `faketime`
+/// (Debian package `faketime`; `.ci/run` installs it).
+fn faketime_missing() -> Option<String> {
+    let found = std::process::Command::new("faketime")
+        .arg("--version")
+        .output()
+        .is_ok_and(|out| out.status.success());
+    (!found).then(|| "faketime is not installed (apt-get install faketime)".to_owned())
+}
+
+/// The child's part: opens the store at `path` on the system clock, claims the key once
+/// with [`LEASE`], and prints its wall clock and the outcome (`claimed`, `taken_over`,
+/// `in_progress`, or the other outcome's debug form).
+pub(crate) fn child_claim(path: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let store = SqliteStore::open(path).await.expect("open sqlite store");
+        let outcome = claim_now(&store).await;
+        let said = match outcome {
+            ClaimOutcome::Claimed { takeover: None, .. } => "claimed".to_owned(),
+            ClaimOutcome::Claimed {
+                takeover: Some(_), ..
+            } => "taken_over".to_owned(),
+            ClaimOutcome::InProgress { .. } => "in_progress".to_owned(),
+            other => format!("{other:?}"),
+        };
+        println!("{} {said}", SystemClock.now_millis());
+    });
+}
+
+/// Interleaving 3 with a real clock step: this process claims the key (30 s lease) on
+/// the system clock; another process on the same file, its wall clock stepped 60 s
+/// forward by libfaketime (monotonic and boot time untouched, as after an NTP step),
+/// retries: it must find the lease alive.
+async fn a_real_wall_step_of_another_process_does_not_expire_a_live_lease() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, path) = open(&dir).await;
+    assert!(matches!(
+        claim_now(&store).await,
+        ClaimOutcome::Claimed { .. }
+    ));
+    let child = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("faketime")
+            .args(["-f", "+60s"])
+            .arg(std::env::current_exe().expect("the test binary"))
+            .env(CHILD_CLAIM, &path)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .output()
+    })
+    .await
+    .expect("the child's runner")
+    .expect("run the child under faketime");
+    let said = String::from_utf8_lossy(&child.stdout);
+    assert!(
+        child.status.success(),
+        "the child failed: {said} {}",
+        String::from_utf8_lossy(&child.stderr)
+    );
+    let (wall, outcome) = said.trim().split_once(' ').expect("the child's answer");
+    let stepped = wall.parse::<i64>().expect("its wall clock") - SystemClock.now_millis();
+    assert!(
+        stepped > 55_000,
+        "the child's wall clock was not stepped: {stepped} ms"
+    );
+    assert_eq!(
+        outcome, "in_progress",
+        "a process whose wall clock stepped 60 s forward"
+    );
 }
