@@ -87,8 +87,9 @@ pub(super) enum Write {
         fingerprint: [u8; 32],
         fingerprint_version: i64,
         token: FencingToken,
-        /// The lease's end, and now, on the wall clock.
+        /// The lease's end on the wall clock.
         lease_expires_at: i64,
+        /// The claim's instant, taken before its read.
         now: Now,
         expires_at: i64,
         /// The lease's end on the boot's clock (`None`: no boot, see `lease_time.rs`).
