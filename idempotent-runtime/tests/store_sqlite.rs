@@ -4,6 +4,7 @@
 #![cfg(feature = "sqlite")]
 
 mod sqlite_group_commit;
+mod sqlite_leases;
 mod transaction;
 
 use std::sync::Arc;
@@ -57,6 +58,10 @@ impl Harness for SqliteHarness {
 }
 
 fn main() {
+    // The real-process clock test runs this binary again as the process that retries.
+    if let Ok(path) = std::env::var(sqlite_leases::CHILD_CLAIM) {
+        return sqlite_leases::child_claim(&path);
+    }
     let own: Vec<Trial> = vec![
         async_trial(
             "open_in_a_missing_directory_is_an_open_error_naming_the_path",
@@ -103,6 +108,7 @@ fn main() {
     trials.extend(transaction::trials::<SqliteHarness, sqlx::Sqlite>());
     trials.extend(own);
     trials.extend(sqlite_group_commit::trials());
+    trials.extend(sqlite_leases::trials());
     idempotent_runtime::testing::run(trials)
 }
 

@@ -262,15 +262,21 @@ impl Execution {
                 return self.give_up(why, store_unavailable()).await;
             }
         };
-        // A panic drops the handler's transaction, which rolls it back.
-        let deadline = self.deadline();
+        // A panic drops the handler's transaction, which rolls it back. The store may hold
+        // it to less than the maximum duration (SQLite's write lock, see `max_hold`).
+        let (deadline, max_duration) = match tx_store.max_hold() {
+            Some(hold) if tokio::time::Instant::now() + hold < self.deadline() => {
+                (tokio::time::Instant::now() + hold, hold)
+            }
+            _ => (self.deadline(), self.max_duration()),
+        };
         let started = std::time::Instant::now();
         let finished = AssertUnwindSafe(async {
             let running = handler(idempotency_key, Tx::new(transaction));
             // Past the maximum duration the handler is dropped with its transaction, which
             // rolls back: nothing was written, so a retry may run it again.
             let Ok((result, tx)) = tokio::time::timeout_at(deadline, running).await else {
-                return Err(self.max_duration());
+                return Err(max_duration);
             };
             // Into a response at once: `T`/`E` need not be `Send` across the awaits below.
             let result = result

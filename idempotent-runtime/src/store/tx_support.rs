@@ -106,4 +106,14 @@ pub trait TxStore<DB: TxDatabase>: Send + Sync + std::fmt::Debug {
     fn concurrency(&self) -> Option<Arc<tokio::sync::Semaphore>> {
         None
     }
+
+    /// How long a handler may hold its transaction at most, from
+    /// [`begin`](Self::begin) to the end of its work, if the store must bound it (SQLite:
+    /// the transaction holds the one write lock, under which no other request's renewal
+    /// commits). Past it the engine drops the handler, which rolls the transaction back,
+    /// as at the handler's maximum duration. `None` (the default): only the maximum
+    /// duration bounds it.
+    fn max_hold(&self) -> Option<std::time::Duration> {
+        None
+    }
 }

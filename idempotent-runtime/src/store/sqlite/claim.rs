@@ -20,13 +20,12 @@
 use super::SqliteStore;
 use super::group_commit::{Write, WriteKind};
 use super::group_read::ClaimRead;
+use super::lease_time::{Now, statement};
 use crate::clock::millis;
 use crate::store::sql::{self, Classified};
 use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
 
 const CLAIM_NEW: &str = include_str!("sql/claim_new.sql");
-const TAKE_OVER_EXPIRED: &str = include_str!("sql/take_over_expired.sql");
-const TAKE_OVER_LEASE_LOST: &str = include_str!("sql/take_over_lease_lost.sql");
 
 impl SqliteStore {
     /// One claim attempt at one instant of the store's clock; `None`: the record changed
@@ -35,7 +34,7 @@ impl SqliteStore {
         &self,
         claim: &ClaimRequest<'_>,
     ) -> Result<Option<sql::Answer>, StoreError> {
-        let now = self.clock.now_millis();
+        let now = Now::of(self.clock.as_ref());
         let read = ClaimRead {
             scope: claim.scope.to_owned(),
             key: claim.key.to_owned(),
@@ -61,8 +60,8 @@ impl SqliteStore {
             Classified::Claimable(reason) => reason,
         };
         let statement = match reason {
-            Takeover::Expired => TAKE_OVER_EXPIRED,
-            Takeover::LeaseLost => TAKE_OVER_LEASE_LOST,
+            Takeover::Expired => statement!("sql/take_over_expired.sql"),
+            Takeover::LeaseLost => statement!("sql/take_over_lease_lost.sql"),
         };
         let taken = self
             .claim_write(statement, WriteKind::TakeOver, claim, now)
@@ -83,7 +82,7 @@ impl SqliteStore {
         statement: &'static str,
         kind: WriteKind,
         claim: &ClaimRequest<'_>,
-        now: i64,
+        now: Now,
     ) -> Result<u64, StoreError> {
         self.writer
             .write(Write::Claim {
@@ -94,9 +93,10 @@ impl SqliteStore {
                 fingerprint: claim.fingerprint.digest,
                 fingerprint_version: i64::from(claim.fingerprint.version),
                 token: claim.token,
-                lease_expires_at: now.saturating_add(millis(claim.lease)),
+                lease_expires_at: now.lease_expires_at(claim.lease),
                 now,
-                expires_at: now.saturating_add(millis(claim.ttl)),
+                expires_at: now.wall.saturating_add(millis(claim.ttl)),
+                lease_ends_boot: now.lease_ends_boot(claim.lease),
             })
             .await
     }

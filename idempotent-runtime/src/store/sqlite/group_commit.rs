@@ -32,7 +32,16 @@
 //!   committed before it returns, as without group commit.
 //! - **Bounded.** [`MAX_BATCH`] writes per transaction, [`QUEUE`] waiting; a caller
 //!   finding the queue full waits for room (and for the engine's store timeout). A write
-//!   whose caller gave up before its batch began is not run.
+//!   whose caller gave up before its batch began is not run — except a renewal.
+//! - **Renewals are never dropped, and go first** (`renewals_first`). A write lock held
+//!   elsewhere (a transactional handler, another process) stalls the batch, and the
+//!   renewals queued behind it time out in their callers after a third of their lease.
+//!   Dropped, the lease would run out in the store under a live handler, and a retry's
+//!   takeover queued behind the same lock would commit the moment it frees. So a renewal
+//!   that reached the writer is applied, before the other writes of its batch: a
+//!   takeover is judged on the lease of the owner's last renewal sent before it. This
+//!   holds within one store; a store in another process sharing the file races its own
+//!   writes for the lock, see the module docs of `SqliteStore`.
 //!
 //! The writer is a task with a connection of its own (`dedicated.rs`): each batch runs
 //! in a single call on its C handle, on Tokio's blocking pool, with statements prepared
@@ -50,9 +59,10 @@ use tokio::sync::mpsc;
 
 use super::checkpoint::{self, Checkpointer, Checkpoints};
 use super::dedicated::{self, BatchEnd, Batches, Reply};
+use super::lease_time::{Now, statement};
 use super::raw_connection::{Param, RawConnection};
 use super::writers::StoreWrites;
-use super::{COMPLETE, PURGE, RELEASE, RENEW};
+use super::{COMPLETE, RELEASE};
 use crate::store::sql::CompletionColumns;
 use crate::store::{FencingToken, StoreError, StoredResponse};
 
@@ -77,15 +87,21 @@ pub(super) enum Write {
         fingerprint: [u8; 32],
         fingerprint_version: i64,
         token: FencingToken,
+        /// The lease's end on the wall clock.
         lease_expires_at: i64,
-        now: i64,
+        /// The claim's instant, taken before its read.
+        now: Now,
         expires_at: i64,
+        /// The lease's end on the boot's clock (`None`: no boot, see `lease_time.rs`).
+        lease_ends_boot: Option<i64>,
     },
     Renew {
         scope: String,
         key: String,
         token: FencingToken,
         lease_expires_at: i64,
+        boot_id: Option<[u8; 16]>,
+        lease_ends_boot: Option<i64>,
     },
     Complete {
         scope: String,
@@ -99,7 +115,7 @@ pub(super) enum Write {
         token: FencingToken,
     },
     Purge {
-        now: i64,
+        now: Now,
         limit: i64,
     },
 }
@@ -128,6 +144,7 @@ impl Write {
                 lease_expires_at,
                 now,
                 expires_at,
+                lease_ends_boot,
                 ..
             } => db.execute(
                 statement,
@@ -138,8 +155,11 @@ impl Write {
                     Param::Int(*fingerprint_version),
                     Param::Int(token.0),
                     Param::Int(*lease_expires_at),
-                    Param::Int(*now),
+                    Param::Int(now.wall),
                     Param::Int(*expires_at),
+                    boot_param(now.boot_id.as_ref()),
+                    Param::Int(now.boot),
+                    lease_ends_boot.map_or(Param::Null, Param::Int),
                 ],
             ),
             Self::Renew {
@@ -147,13 +167,17 @@ impl Write {
                 key,
                 token,
                 lease_expires_at,
+                boot_id,
+                lease_ends_boot,
             } => db.execute(
-                RENEW,
+                statement!("sql/renew.sql"),
                 &[
                     Param::Text(scope),
                     Param::Text(key),
                     Param::Int(token.0),
                     Param::Int(*lease_expires_at),
+                    boot_param(boot_id.as_ref()),
+                    lease_ends_boot.map_or(Param::Null, Param::Int),
                 ],
             ),
             Self::Complete {
@@ -179,12 +203,23 @@ impl Write {
                 RELEASE,
                 &[Param::Text(scope), Param::Text(key), Param::Int(token.0)],
             ),
-            Self::Purge { now, limit } => {
-                db.execute(PURGE, &[Param::Int(*now), Param::Int(*limit)])
-            }
+            Self::Purge { now, limit } => db.execute(
+                statement!("sql/purge.sql"),
+                &[
+                    Param::Int(now.wall),
+                    Param::Int(*limit),
+                    boot_param(now.boot_id.as_ref()),
+                    Param::Int(now.boot),
+                ],
+            ),
         };
         rows.map_err(|failure| StoreError::Database(failure.into_sqlx()))
     }
+}
+
+/// A boot id as a statement parameter; NULL without one.
+pub(super) fn boot_param(boot_id: Option<&[u8; 16]>) -> Param<'_> {
+    boot_id.map_or(Param::Null, |id| Param::Blob(id))
 }
 
 /// What a write does, for [`GroupCommitStats`].
@@ -352,9 +387,7 @@ impl Batches for Writer {
     async fn prepare(&self, batch: &mut Vec<Pending>) {
         // A transactional handler about to take the lock goes first (see `writers.rs`).
         self.writes.let_transactions_begin().await;
-        // A caller that gave up (the engine's store timeout) gets no write it stopped
-        // waiting for.
-        batch.retain(|pending| !pending.reply.is_closed());
+        renewals_first(batch);
         if !batch.is_empty() {
             self.counters.count(batch);
             self.checkpointer.batch_begins();
@@ -367,6 +400,24 @@ impl Batches for Writer {
 
     fn fail(batch: &mut Vec<Pending>, error: sqlx::Error) {
         fail_all(batch, Vec::new(), error);
+    }
+}
+
+/// **The renewal rule**: a renewal that reached the writer is applied, and before the
+/// batch's other writes. A caller that gave up (the engine's store timeout) gets no other
+/// write it stopped waiting for, but a renewal whose caller timed out behind a held write
+/// lock is still the live owner's: dropping it, or running a retry's takeover before it,
+/// would let the retry take over a handler that is still running. Applying it late is
+/// safe, as its lease end was fixed when it was sent; moving it first within the batch is
+/// one of the orders in which its writes, all waiting at once, could have arrived.
+fn renewals_first(batch: &mut Vec<Pending>) {
+    batch.retain(|pending| {
+        !pending.reply.is_closed() || matches!(pending.write, Write::Renew { .. })
+    });
+    let after_renewals = |pending: &Pending| !matches!(pending.write, Write::Renew { .. });
+    // Stable: every other write keeps its arrival order. Most batches are in order already.
+    if !batch.is_sorted_by_key(after_renewals) {
+        batch.sort_by_key(after_renewals);
     }
 }
 

@@ -15,11 +15,11 @@ use sqlx::SqlitePool;
 use tokio::sync::mpsc;
 
 use super::dedicated::{self, BatchEnd, Batches, Reply};
+use super::group_commit::boot_param;
+use super::lease_time::{Now, statement};
 use super::raw_connection::{Param, RawConnection, Row};
 use crate::store::StoreError;
 use crate::store::sql::FoundRow;
-
-const CLAIM_READ: &str = include_str!("sql/claim_read.sql");
 
 /// Reads per batch at most.
 const MAX_BATCH: usize = 64;
@@ -33,7 +33,7 @@ const QUEUE: usize = 1024;
 pub(super) struct ClaimRead {
     pub(super) scope: String,
     pub(super) key: String,
-    pub(super) now: i64,
+    pub(super) now: Now,
     pub(super) fingerprint: [u8; 32],
     pub(super) fingerprint_version: i64,
 }
@@ -99,11 +99,13 @@ impl Batches for Reader {
             let params = [
                 Param::Text(&read.scope),
                 Param::Text(&read.key),
-                Param::Int(read.now),
+                Param::Int(read.now.wall),
                 Param::Blob(&read.fingerprint),
                 Param::Int(read.fingerprint_version),
+                boot_param(read.now.boot_id.as_ref()),
+                Param::Int(read.now.boot),
             ];
-            let found = match db.query_row(CLAIM_READ, &params, found_row) {
+            let found = match db.query_row(statement!("sql/claim_read.sql"), &params, found_row) {
                 Ok(found) => found.transpose(),
                 Err(failure) => Err(StoreError::Database(failure.into_sqlx())),
             };

@@ -13,7 +13,12 @@
 //!   with an app's own `sqlx` migrations in the same database.
 //! - Times are INTEGER milliseconds from the store's [`Clock`] (the system clock unless
 //!   one is injected), never SQLite's `now`, so every decision of one store uses one
-//!   clock.
+//!   clock. **TTLs are wall-clock time** (users read them as calendar time; a wall step
+//!   moves them). **Leases are judged on the host's monotonic clock**, which a wall step
+//!   cannot move and every process sharing the file reads alike: on Linux
+//!   `CLOCK_BOOTTIME`, stored with the kernel's boot id, and a lease written in another
+//!   boot has run out. A clock with no boot id (other systems) leaves leases on the wall
+//!   clock, exposed to its steps. See `lease_time.rs`.
 //! - A claim reads first: a replay, `409` or `422` is answered from that plain read and
 //!   never takes SQLite's one write lock. Every write is a single statement that decides
 //!   atomically: a new key is one `INSERT … ON CONFLICT DO NOTHING`; a record the
@@ -30,6 +35,19 @@
 //!   statement that fails (a constraint) fails only its own caller; a transaction that
 //!   fails as a whole fails every write in it, none is answered as done. Reads (every
 //!   replay, `409`, `422`) never queue behind the writer. See `group_commit.rs`.
+//! - **A held write lock does not cost a live owner its lease.** A transactional
+//!   handler (or another process) holding SQLite's write lock stalls the writer, and
+//!   renewals time out in the engine after a third of their lease. The writer still
+//!   applies every renewal that reached it, before the other writes of its batch
+//!   (`group_commit.rs`, the renewal rule), so a retry's takeover queued behind the same
+//!   lock is judged on the owner's latest renewal and finds the lease alive. This holds
+//!   for the requests of one store. A store in another process on the same file has its
+//!   own writer, which may win the lock first when it frees; for that case a
+//!   transactional handler holds the lock at most
+//!   [`DEFAULT_MAX_TRANSACTION_HOLD`](SqliteStore::DEFAULT_MAX_TRANSACTION_HOLD) (5 s;
+//!   [`with_max_transaction_hold`](SqliteStore::with_max_transaction_hold)), and every
+//!   lease of every process sharing the file must be at least three times that hold: a
+//!   lease renewed just before the lock was taken then outlives the hold.
 //! - **Group read.** The claims' reads are batched the same way by one reader task,
 //!   a batch in one read transaction (`group_read.rs`). The writer and the reader each run every batch on a connection
 //!   of their own, in one call on its C handle on Tokio's blocking pool, not statement
@@ -55,7 +73,7 @@ use super::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
     StoredResponse, TxSupport,
 };
-use crate::clock::{Clock, SystemClock, millis};
+use crate::clock::{Clock, SystemClock};
 use group_commit::Write;
 
 mod checkpoint;
@@ -63,6 +81,7 @@ mod claim;
 mod dedicated;
 mod group_commit;
 mod group_read;
+mod lease_time;
 mod operator;
 mod raw_connection;
 mod transaction;
@@ -72,11 +91,18 @@ mod writers;
 pub use group_commit::{GroupCommitStats, WriteKind};
 
 /// The embedded migrations, in order; the files live in `migrations/sqlite/`.
-const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
-    version: 1,
-    description: "create idempotency records",
-    sql: include_str!("../../../migrations/sqlite/0001_create_idempotency_records.sql"),
-}];
+const MIGRATIONS: &[EmbeddedMigration] = &[
+    EmbeddedMigration {
+        version: 1,
+        description: "create idempotency records",
+        sql: include_str!("../../../migrations/sqlite/0001_create_idempotency_records.sql"),
+    },
+    EmbeddedMigration {
+        version: 2,
+        description: "lease on the boot clock",
+        sql: include_str!("../../../migrations/sqlite/0002_lease_on_the_boot_clock.sql"),
+    },
+];
 
 /// How often opening tries to apply the migrations. Two processes (or pools) opening one
 /// fresh file at the same moment both try; the loser fails (its bookkeeping insert is a
@@ -87,10 +113,8 @@ const MIGRATION_ATTEMPTS: u32 = 10;
 /// [`SqliteStore::open_with_clock`]).
 const OPEN_ATTEMPTS: u32 = 10;
 
-const RENEW: &str = include_str!("sql/renew.sql");
 const COMPLETE: &str = include_str!("sql/complete.sql");
 const RELEASE: &str = include_str!("sql/release.sql");
-const PURGE: &str = include_str!("sql/purge.sql");
 
 /// A [`Store`] in an SQLite database file: the single-host embedded default (see the
 /// module docs).
@@ -149,7 +173,10 @@ impl SqliteStore {
     }
 
     /// Like [`open`](Self::open), with every expiry and lease decision taken on
-    /// `clock` (tests pass a [`ManualClock`](crate::clock::ManualClock)).
+    /// `clock` (tests pass a [`ManualClock`](crate::clock::ManualClock)): TTLs on its
+    /// wall time, leases on its monotonic time when it has a
+    /// [`boot_id`](Clock::boot_id), else on its wall time. Every process sharing the
+    /// file must judge leases on the same clock.
     ///
     /// # Errors
     ///
@@ -233,7 +260,11 @@ impl SqliteStore {
 
     fn with_parts(pool: SqlitePool, clock: Arc<dyn Clock>) -> Self {
         let writes = Arc::new(writers::StoreWrites::default());
-        let transactions = transaction::support(pool.clone(), writes.clone());
+        let transactions = transaction::support(
+            pool.clone(),
+            writes.clone(),
+            Self::DEFAULT_MAX_TRANSACTION_HOLD,
+        );
         let writer = group_commit::GroupCommit::start(pool.clone(), writes.clone());
         let reader = group_read::GroupRead::start(pool.clone());
         Self {
@@ -244,6 +275,26 @@ impl SqliteStore {
             writer,
             reader,
         }
+    }
+
+    /// How long a transactional handler (`Tx<Sqlite>`) may hold its transaction — and
+    /// with it SQLite's one write lock — at most, unless set otherwise
+    /// ([`with_max_transaction_hold`](Self::with_max_transaction_hold)): as long as
+    /// other writers wait for the lock ([`DEFAULT_BUSY_TIMEOUT`](Self::DEFAULT_BUSY_TIMEOUT)).
+    pub const DEFAULT_MAX_TRANSACTION_HOLD: Duration = Duration::from_secs(5);
+
+    /// Bounds how long a transactional handler may hold its transaction, from its
+    /// `BEGIN IMMEDIATE` to the end of its work; past it the handler is dropped, its
+    /// writes roll back, its claim is released and it answers `500` as at its maximum
+    /// duration. While a transaction holds the write lock no renewal of any process on
+    /// the file commits: keep every lease of every process sharing the file at least
+    /// three times this hold, so that a lease renewed just before the lock was taken
+    /// outlives it. Set it before cloning the store (clones made before keep the hold
+    /// they had).
+    #[must_use]
+    pub fn with_max_transaction_hold(mut self, hold: Duration) -> Self {
+        self.transactions = transaction::support(self.pool.clone(), self.writes.clone(), hold);
+        self
     }
 
     /// The group-commit writer's counters so far (tests and diagnostics; not a stable
@@ -340,14 +391,16 @@ impl Store for SqliteStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let _write = self.writes.enter();
-        let lease_expires_at = self.clock.now_millis().saturating_add(millis(lease));
+        let now = lease_time::Now::of(self.clock.as_ref());
         let renewed = self
             .writer
             .write(Write::Renew {
                 scope: scope.to_owned(),
                 key: key.to_owned(),
                 token,
-                lease_expires_at,
+                lease_expires_at: now.lease_expires_at(lease),
+                boot_id: now.boot_id,
+                lease_ends_boot: now.lease_ends_boot(lease),
             })
             .await?;
         Ok(renewed > 0)
@@ -394,7 +447,7 @@ impl Store for SqliteStore {
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         self.writer
             .write(Write::Purge {
-                now: self.clock.now_millis(),
+                now: lease_time::Now::of(self.clock.as_ref()),
                 limit: i64::from(limit),
             })
             .await

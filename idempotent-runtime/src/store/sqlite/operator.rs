@@ -6,11 +6,9 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
 use super::SqliteStore;
+use super::lease_time::{Now, statement};
 use crate::store::sql::{self, ForgetStep, InspectRow};
 use crate::store::{ForgetOutcome, RecordInfo, StoreError};
-
-const INSPECT: &str = include_str!("sql/inspect.sql");
-const FORGET: &str = include_str!("sql/forget.sql");
 
 impl SqliteStore {
     pub(super) async fn inspect_record(
@@ -19,7 +17,7 @@ impl SqliteStore {
         key: &str,
     ) -> Result<Option<RecordInfo>, StoreError> {
         sql::inspected(
-            self.read_record(scope, key, self.clock.now_millis())
+            self.read_record(scope, key, Now::of(self.clock.as_ref()))
                 .await?,
         )
     }
@@ -40,7 +38,7 @@ impl SqliteStore {
         key: &str,
         force: bool,
     ) -> Result<Option<ForgetOutcome>, StoreError> {
-        let now = self.clock.now_millis();
+        let now = Now::of(self.clock.as_ref());
         let row = self.read_record(scope, key, now).await?;
         let (token, state, outcome) = match sql::forget_step(row, force)? {
             ForgetStep::Answer(outcome) => return Ok(Some(outcome)),
@@ -50,13 +48,15 @@ impl SqliteStore {
                 outcome,
             } => (token, state, outcome),
         };
-        let deleted = sqlx::query(FORGET)
+        let deleted = sqlx::query(statement!("sql/forget.sql"))
             .bind(scope)
             .bind(key)
             .bind(token)
             .bind(state)
             .bind(force)
-            .bind(now)
+            .bind(now.wall)
+            .bind(now.boot_id.map(Vec::from))
+            .bind(now.boot)
             .execute(&self.pool)
             .await?;
         Ok((deleted.rows_affected() == 1).then_some(outcome))
@@ -66,12 +66,14 @@ impl SqliteStore {
         &self,
         scope: &str,
         key: &str,
-        now: i64,
+        now: Now,
     ) -> Result<Option<InspectRow>, StoreError> {
-        let row = sqlx::query(INSPECT)
+        let row = sqlx::query(statement!("sql/inspect.sql"))
             .bind(scope)
             .bind(key)
-            .bind(now)
+            .bind(now.wall)
+            .bind(now.boot_id.map(Vec::from))
+            .bind(now.boot)
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(inspect_row).transpose()

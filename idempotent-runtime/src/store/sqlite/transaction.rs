@@ -2,6 +2,7 @@
 //! completion share one `BEGIN IMMEDIATE` transaction on the store's pool.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
@@ -14,11 +15,12 @@ use crate::store::sql::bind_completion;
 use crate::store::{FencingToken, StoreError, StoredResponse, TxSupport};
 
 /// The [`TxSupport`] a [`SqliteStore`](super::SqliteStore) offers.
-pub(super) fn support(pool: SqlitePool, writes: Arc<StoreWrites>) -> TxSupport {
+pub(super) fn support(pool: SqlitePool, writes: Arc<StoreWrites>, max_hold: Duration) -> TxSupport {
     TxSupport::new::<Sqlite>(Arc::new(SqliteTxStore {
         pool,
         one_at_a_time: Arc::new(Semaphore::new(1)),
         writes,
+        max_hold,
     }))
 }
 
@@ -36,6 +38,9 @@ struct SqliteTxStore {
     /// The store's own writes in flight: a transaction lets them take the write lock
     /// first (see [`StoreWrites`]).
     writes: Arc<StoreWrites>,
+    /// How long a transaction may hold the write lock
+    /// ([`SqliteStore::with_max_transaction_hold`](super::SqliteStore::with_max_transaction_hold)).
+    max_hold: Duration,
 }
 
 #[async_trait]
@@ -53,6 +58,10 @@ impl TxStore<Sqlite> for SqliteTxStore {
 
     fn concurrency(&self) -> Option<Arc<Semaphore>> {
         Some(self.one_at_a_time.clone())
+    }
+
+    fn max_hold(&self) -> Option<Duration> {
+        Some(self.max_hold)
     }
 
     async fn complete_in(

@@ -1,11 +1,13 @@
 -- The record of ?1 scope, ?2 key as an operator sees it, judged at ?3 (now, milliseconds
--- from the store's clock): `inspect`, and the read `forget` decides on.
+-- on the wall clock; ?4 boot id, ?5 now on its clock): `inspect`, and the read `forget`
+-- decides on. The lease's end is shown on today's wall clock: now plus what it has left.
 SELECT state, token, fingerprint, fingerprint_version, status,
        created_at * 1000 AS created_at_us,
        expires_at * 1000 AS expires_at_us,
-       lease_expires_at * 1000 AS lease_expires_at_us,
-       (expires_at > ?3 OR (state = 'in_progress' AND lease_expires_at > ?3)) AS live,
-       lease_expires_at > ?3 AS lease_alive,
-       lease_expires_at - ?3 AS lease_left_ms
+       (?3 + lease_left_ms(?3, ?4, ?5)) * 1000 AS lease_expires_at_us,
+       (expires_at > ?3 OR (state = 'in_progress' AND lease_left_ms(?3, ?4, ?5) > 0))
+           AS live,
+       lease_left_ms(?3, ?4, ?5) > 0 AS lease_alive,
+       lease_left_ms(?3, ?4, ?5) AS lease_left_ms
 FROM idempotency_records
 WHERE scope = ?1 AND key = ?2

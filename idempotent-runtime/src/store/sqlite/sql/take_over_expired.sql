@@ -5,7 +5,7 @@
 UPDATE idempotency_records
 SET fingerprint = ?3, fingerprint_version = ?4, state = 'in_progress', token = ?5,
     lease_expires_at = ?6, status = NULL, headers = NULL, body = NULL,
-    created_at = ?7, expires_at = ?8
+    created_at = ?7, expires_at = ?8, lease_boot_id = ?9, lease_ends_boot_ms = ?11
 WHERE scope = ?1 AND key = ?2
   AND expires_at <= ?7
-  AND (state = 'completed' OR lease_expires_at <= ?7)
+  AND (state = 'completed' OR lease_left_ms(?7, ?9, ?10) <= 0)

@@ -3,9 +3,9 @@
 -- take_over_expired.sql.
 UPDATE idempotency_records
 SET state = 'in_progress', token = ?5, lease_expires_at = ?6, created_at = ?7,
-    expires_at = ?8
+    expires_at = ?8, lease_boot_id = ?9, lease_ends_boot_ms = ?11
 WHERE scope = ?1 AND key = ?2
   AND state = 'in_progress'
-  AND lease_expires_at <= ?7
+  AND lease_left_ms(?7, ?9, ?10) <= 0
   AND expires_at > ?7
   AND fingerprint = ?3 AND fingerprint_version = ?4
