@@ -33,6 +33,17 @@ fn holds(model: Protocol) {
     checker.assert_properties();
 }
 
+/// One request and one retry on `store`, with no crash or forget, under `rules`.
+fn request_and_retry(store: StoreKind, rules: Rules) -> Protocol {
+    Protocol {
+        requests: [&[0], &[0]],
+        crashes: 0,
+        forgets: 0,
+        rules,
+        ..Protocol::ci(store)
+    }
+}
+
 /// Checks `model` until the `expected` invariant breaks (the shortest way, breadth
 /// first).
 fn finds(model: Protocol, expected: &'static str) {
@@ -70,27 +81,19 @@ fn the_protocol_holds_on_a_database_store_through_a_crash_and_a_forget() {
 
 #[test]
 fn the_protocol_holds_on_an_in_process_store_whose_wall_clock_steps() {
-    holds(Protocol {
-        requests: [&[0], &[0]],
-        crashes: 0,
-        forgets: 0,
-        ..Protocol::ci(StoreKind::InProcess)
-    });
+    holds(request_and_retry(StoreKind::InProcess, Rules::FIXED));
 }
 
 #[test]
 fn without_the_late_claim_check_a_claim_answered_after_its_lease_runs_twice() {
     finds(
-        Protocol {
-            requests: [&[0], &[0]],
-            crashes: 0,
-            forgets: 0,
-            rules: Rules {
+        request_and_retry(
+            StoreKind::Server,
+            Rules {
                 late_claim_check: false,
                 ..Rules::FIXED
             },
-            ..Protocol::ci(StoreKind::Server)
-        },
+        ),
         "one side effect per lease of a record lifetime",
     );
 }
@@ -98,16 +101,13 @@ fn without_the_late_claim_check_a_claim_answered_after_its_lease_runs_twice() {
 #[test]
 fn without_monotonic_leases_a_wall_step_hands_a_live_key_to_a_retry() {
     finds(
-        Protocol {
-            requests: [&[0], &[0]],
-            crashes: 0,
-            forgets: 0,
-            rules: Rules {
+        request_and_retry(
+            StoreKind::InProcess,
+            Rules {
                 leases_on_monotonic: false,
                 ..Rules::FIXED
             },
-            ..Protocol::ci(StoreKind::InProcess)
-        },
+        ),
         "no takeover from a live holder",
     );
 }
@@ -117,14 +117,14 @@ fn without_monotonic_leases_a_backward_wall_step_keeps_a_lease_beyond_its_length
     finds(
         Protocol {
             requests: [&[0], &[]],
-            crashes: 0,
-            forgets: 0,
             wall_steps: &[-4],
-            rules: Rules {
-                leases_on_monotonic: false,
-                ..Rules::FIXED
-            },
-            ..Protocol::ci(StoreKind::InProcess)
+            ..request_and_retry(
+                StoreKind::InProcess,
+                Rules {
+                    leases_on_monotonic: false,
+                    ..Rules::FIXED
+                },
+            )
         },
         "leases always run out",
     );
@@ -135,13 +135,13 @@ fn without_recording_while_held_an_engine_abandons_an_answer_it_could_record() {
     finds(
         Protocol {
             requests: [&[0], &[]],
-            crashes: 0,
-            forgets: 0,
-            rules: Rules {
-                record_while_held: false,
-                ..Rules::FIXED
-            },
-            ..Protocol::ci(StoreKind::Server)
+            ..request_and_retry(
+                StoreKind::Server,
+                Rules {
+                    record_while_held: false,
+                    ..Rules::FIXED
+                },
+            )
         },
         "answers are recorded while the key is held",
     );

@@ -148,6 +148,17 @@ impl IdempotencyBuilder {
 
     /// Lease for handlers that set none (default 30s).
     ///
+    /// **Leases are the only licence to run.** The engine counts a lease from when it sent
+    /// the claim or renewal that granted it, on its own monotonic clock, and treats it as
+    /// ending a tenth early: a claim answered after that is released and answered `503`,
+    /// and [`IdempotencyKey::lease_lost`](crate::IdempotencyKey::lease_lost) turns true
+    /// then. Keep every lease at least three times the [store
+    /// timeout](Self::store_timeout), and on SQLite at least three times the longest a
+    /// transactional handler may hold the write lock (`SqliteStore::with_max_transaction_hold`,
+    /// 5 s by default). A wall-clock step cannot expire a live lease on the memory store,
+    /// nor on SQLite on Linux (leases there count on the host's boot clock); database
+    /// servers judge leases on their own clock.
+    ///
     /// # Panics
     ///
     /// On a zero lease: every claim could be taken over at once.

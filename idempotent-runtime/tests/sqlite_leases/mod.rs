@@ -372,13 +372,21 @@ async fn a_forward_wall_step_does_not_expire_a_live_lease() {
         ClaimOutcome::InProgress { .. }
     ));
     clock.advance(Duration::from_millis(1));
-    assert!(matches!(
-        claim_now(&store).await,
-        ClaimOutcome::Claimed {
-            takeover: Some(Takeover::LeaseLost),
-            ..
-        }
-    ));
+    assert_taken_over(&claim_now(&store).await, "the lease outlived its end");
+}
+
+/// Asserts that a retry's claim took the key over from a lease that ran out.
+fn assert_taken_over(retry: &ClaimOutcome, otherwise: &str) {
+    assert!(
+        matches!(
+            retry,
+            ClaimOutcome::Claimed {
+                takeover: Some(Takeover::LeaseLost),
+                ..
+            }
+        ),
+        "{otherwise}: {retry:?}"
+    );
 }
 
 /// A wall step backward does not stretch a crashed owner's lease: it runs out a lease
@@ -390,16 +398,7 @@ async fn a_backward_wall_step_does_not_keep_a_lease_alive() {
     clock.step_wall(-60_000);
     clock.advance(LEASE);
     let retry = claim_now(&store).await;
-    assert!(
-        matches!(
-            retry,
-            ClaimOutcome::Claimed {
-                takeover: Some(Takeover::LeaseLost),
-                ..
-            }
-        ),
-        "a backward wall step kept a lease alive: {retry:?}"
-    );
+    assert_taken_over(&retry, "a backward wall step kept a lease alive");
 }
 
 /// A record whose lease was written in another boot of the host: its lease has run out,
@@ -412,16 +411,7 @@ async fn a_lease_written_in_another_boot_has_run_out() {
     assert!(inspected.is_some());
     clock.reboot();
     let retry = claim_now(&store).await;
-    assert!(
-        matches!(
-            retry,
-            ClaimOutcome::Claimed {
-                takeover: Some(Takeover::LeaseLost),
-                ..
-            }
-        ),
-        "a lease from another boot was still alive: {retry:?}"
-    );
+    assert_taken_over(&retry, "a lease from another boot was still alive");
 }
 
 /// A lease stored without a boot (written before migration 0002, or by a clock that has
@@ -439,13 +429,7 @@ async fn a_lease_written_without_a_boot_is_judged_on_the_wall_clock() {
         ClaimOutcome::InProgress { .. }
     ));
     clock.step_wall(i64::try_from(LEASE.as_millis()).expect("a short lease"));
-    assert!(matches!(
-        claim_now(&store).await,
-        ClaimOutcome::Claimed {
-            takeover: Some(Takeover::LeaseLost),
-            ..
-        }
-    ));
+    assert_taken_over(&claim_now(&store).await, "the lease outlived its end");
 }
 
 /// TTLs are calendar time: a completed record whose TTL passed by a wall step is
