@@ -69,6 +69,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             a_lease_written_without_a_boot_is_judged_on_the_wall_clock,
         ),
         async_trial(
+            "leases::a_process_without_a_boot_judges_a_boot_lease_on_the_wall_clock",
+            a_process_without_a_boot_judges_a_boot_lease_on_the_wall_clock,
+        ),
+        async_trial(
             "leases::ttls_stay_on_the_wall_clock",
             ttls_stay_on_the_wall_clock,
         ),
@@ -430,6 +434,37 @@ async fn a_lease_written_without_a_boot_is_judged_on_the_wall_clock() {
     ));
     clock.step_wall(i64::try_from(LEASE.as_millis()).expect("a short lease"));
     assert_taken_over(&claim_now(&store).await, "the lease outlived its end");
+}
+
+/// A process whose clock names no boot (it cannot read the host's) shares the file with
+/// one that wrote its lease on the boot clock: it judges that lease on the wall clock,
+/// never as run out.
+async fn a_process_without_a_boot_judges_a_boot_lease_on_the_wall_clock() {
+    /// `clock`'s wall time, with no boot.
+    #[derive(Debug)]
+    struct NoBoot(ManualClock);
+    impl Clock for NoBoot {
+        fn now_millis(&self) -> i64 {
+            self.0.now_millis()
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::at_millis(START);
+    let (_owner, _token) = claimed(&dir, &clock).await;
+    let path = dir.path().join("steps.db");
+    let other = SqliteStore::open_with_clock(
+        path.to_str().expect("utf-8 path"),
+        Arc::new(NoBoot(clock.clone())),
+    )
+    .await
+    .expect("a second store on the file");
+    let retry = claim_now(&other).await;
+    assert!(
+        matches!(retry, ClaimOutcome::InProgress { .. }),
+        "a process without a boot took a live lease for run out: {retry:?}"
+    );
+    clock.advance(LEASE);
+    assert_taken_over(&claim_now(&other).await, "the lease outlived its end");
 }
 
 /// TTLs are calendar time: a completed record whose TTL passed by a wall step is

@@ -75,12 +75,14 @@ impl Now {
 /// NULL) and `boot` (now on that boot's clock), each a parameter such as `?3`. `<= 0`:
 /// the lease ran out. NULL: no lease (a completed record).
 ///
-/// - written without a boot: on the wall clock, `lease_expires_at - wall`;
+/// - written or judged without a boot: on the wall clock, `lease_expires_at - wall` (a
+///   process that cannot read the boot falls back to the wall clock rather than take a
+///   lease written with one for run out);
 /// - written in this boot: on its monotonic clock, `lease_ends_boot_ms - boot`;
-/// - written in another boot (or with a boot, judged without one): ran out, `0`.
+/// - written in another boot: ran out, `0`.
 pub(super) fn lease_left_ms(wall: &str, boot_id: &str, boot: &str) -> String {
     format!(
-        "(CASE WHEN lease_boot_id IS NULL THEN lease_expires_at - {wall} \
+        "(CASE WHEN lease_boot_id IS NULL OR {boot_id} IS NULL THEN lease_expires_at - {wall} \
          WHEN lease_boot_id = {boot_id} THEN lease_ends_boot_ms - {boot} \
          ELSE 0 END)"
     )
@@ -134,7 +136,7 @@ mod tests {
     fn expands_every_call_with_its_own_parameters() {
         let sql = expand("SELECT lease_left_ms(?3, ?6, ?7) <= 0, lease_left_ms(?1,?2,?4)");
         assert!(!sql.contains("lease_left_ms("));
-        assert!(sql.contains("lease_expires_at - ?3"));
+        assert!(sql.contains("lease_boot_id IS NULL OR ?6 IS NULL THEN lease_expires_at - ?3"));
         assert!(sql.contains("lease_boot_id = ?6 THEN lease_ends_boot_ms - ?7"));
         assert!(sql.contains("lease_boot_id = ?2 THEN lease_ends_boot_ms - ?4"));
         assert!(sql.ends_with("END)"));
