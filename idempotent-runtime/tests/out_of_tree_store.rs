@@ -117,6 +117,11 @@ impl Harness for CountingHarness {
     async fn advance(&self, by: Duration) {
         self.clock.advance(by);
     }
+
+    async fn step_wall(&self, by_millis: i64) -> bool {
+        self.clock.step_wall(by_millis);
+        true
+    }
 }
 
 fn main() {

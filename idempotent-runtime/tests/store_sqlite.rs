@@ -55,6 +55,11 @@ impl Harness for SqliteHarness {
     async fn advance(&self, d: Duration) {
         self.clock.advance(d);
     }
+
+    async fn step_wall(&self, by_millis: i64) -> bool {
+        self.clock.step_wall(by_millis);
+        true
+    }
 }
 
 fn main() {

@@ -83,9 +83,10 @@ use crate::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse, Takeover,
 };
 pub use faults::{
+    check_fault_backward_wall_step_keeps_no_lease_alive,
     check_fault_claim_answered_late_does_not_run, check_fault_claim_applied_but_failed_runs_once,
     check_fault_completion_applied_but_failed_is_kept,
-    check_fault_refused_completions_keep_the_key,
+    check_fault_forward_wall_step_keeps_a_live_lease, check_fault_refused_completions_keep_the_key,
 };
 pub use operator::{
     check_concurrent_forgets_delete_once, check_forced_forget_fences_the_owner,
@@ -114,6 +115,17 @@ pub trait Harness: Send + Sync + Sized + 'static {
     /// Moves the store's notion of "now" forward by `by` (e.g. advance a
     /// [`ManualClock`](crate::ManualClock), or shift a database's stored timestamps back).
     async fn advance(&self, by: Duration);
+
+    /// Steps the wall clock the store keeps in this process by `by_millis` (negative:
+    /// backwards) with no time passing, as NTP or a resumed VM does (e.g.
+    /// [`ManualClock::step_wall`](crate::ManualClock::step_wall)), and returns `true`.
+    /// `false` (the default): the store keeps no clock in this process (a database
+    /// server judges leases and TTLs on its own clock, which a step moves alike), and
+    /// the clock-step checks have nothing to step.
+    async fn step_wall(&self, by_millis: i64) -> bool {
+        let _ = by_millis;
+        false
+    }
 }
 
 type Check = fn() -> Pin<Box<dyn Future<Output = ()>>>;
@@ -171,6 +183,8 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_fault_claim_applied_but_failed_runs_once,
         check_fault_completion_applied_but_failed_is_kept,
         check_fault_refused_completions_keep_the_key,
+        check_fault_forward_wall_step_keeps_a_live_lease,
+        check_fault_backward_wall_step_keeps_no_lease_alive,
     ];
     let trials = checks
         .into_iter()

@@ -12,7 +12,10 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
-use super::{Harness, KEY, SCOPE, fp, setup};
+use super::{
+    Harness, KEY, SCOPE, Takeover, assert_in_progress, claim, complete, fp, must_claim,
+    must_take_over, renew, response, setup,
+};
 use crate::testing::faults::{Fault, Faulty, Operation};
 use crate::{HandlerConfig, Idempotency, Store};
 
@@ -164,4 +167,39 @@ pub async fn check_fault_refused_completions_keep_the_key<H: Harness>() {
         tokio::time::sleep(LEASE / 8).await;
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Interleaving 3 of the protocol review, on a store that keeps time in this process: a
+/// forward step of the wall clock larger than the lease (NTP, a VM resumed) does not
+/// expire a live lease, so a retry gets `409` and the owner keeps renewing; it moves the
+/// TTL, which is calendar time. Nothing to step on a store whose clock is a server's.
+pub async fn check_fault_forward_wall_step_keeps_a_live_lease<H: Harness>() {
+    let (h, store) = setup::<H>().await;
+    let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    if !h.step_wall(60_000).await {
+        return;
+    }
+    let (retry, _) = claim(&*store, fp(1)).await;
+    assert_in_progress(&retry, super::LEASE);
+    assert!(
+        renew(&*store, token, super::LEASE).await,
+        "the owner lost its claim to a wall step"
+    );
+    assert!(complete(&*store, token, &response("owner")).await);
+    // The TTL is calendar time: a step past it expires the record.
+    let past_the_ttl = i64::try_from(super::TTL.as_millis()).expect("an hour in milliseconds");
+    assert!(h.step_wall(past_the_ttl).await);
+    must_take_over(&*store, fp(2), Takeover::Expired).await;
+}
+
+/// A backward step of the wall clock does not keep a crashed owner's lease alive: the
+/// lease still runs out one lease after it was granted.
+pub async fn check_fault_backward_wall_step_keeps_no_lease_alive<H: Harness>() {
+    let (h, store) = setup::<H>().await;
+    let _crashed = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    if !h.step_wall(-60_000).await {
+        return;
+    }
+    h.advance(super::LEASE).await;
+    must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
 }
