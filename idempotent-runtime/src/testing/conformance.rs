@@ -48,7 +48,9 @@
 //! The checks named `check_fault_…` drive two engines over the store, one through a
 //! [`Faulty`](super::faults::Faulty) decorator (late answers, lost answers, refused
 //! completions), and assert that the handler runs at most once per key and that no
-//! recorded answer is lost: the engine's lease rule holds on every store.
+//! recorded answer is lost: the engine's lease rule holds on every store. A store that
+//! keeps its clock in this process also implements [`Harness::step_wall`], and the
+//! clock-step checks assert that a step of the wall clock moves TTLs but never a lease.
 //!
 //! Semantics pinned here (the [`Store`] docs say the rest):
 //!
