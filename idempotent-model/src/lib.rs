@@ -67,6 +67,9 @@ pub struct Rules {
     /// An engine that holds the lease keeps trying to record its answer past the retry
     /// window (the completion case).
     pub record_while_held: bool,
+    /// A replay cache entry's maximum age counts from when the call that read the record
+    /// was sent, not from when its answer arrived (found by this model).
+    pub cache_age_from_read: bool,
 }
 
 impl Rules {
@@ -75,6 +78,7 @@ impl Rules {
         late_claim_check: true,
         leases_on_monotonic: true,
         record_while_held: true,
+        cache_age_from_read: true,
     };
 }
 
@@ -700,7 +704,7 @@ impl Protocol {
                 _,
                 Answer::Replay { response, life },
             ) => {
-                let left = (life - cache_moved).min(self.cache_max_age);
+                let left = (life - cache_moved).min(self.cache_age_left(cache_moved));
                 s.engines[e].cache = (left > 0).then_some(Cached {
                     fingerprint,
                     response,
@@ -712,7 +716,7 @@ impl Protocol {
                 // A database store's engine also keeps its own completions, for as long
                 // as the record lives at least: its TTL from the claim's send.
                 if recorded && self.store == StoreKind::Server {
-                    let left = (self.ttl - held.claim_age).min(self.cache_max_age);
+                    let left = (self.ttl - held.claim_age).min(self.cache_age_left(call.age));
                     s.engines[e].cache = (left > 0).then_some(Cached {
                         fingerprint: held.fingerprint,
                         response: token,
@@ -756,6 +760,16 @@ impl Protocol {
         match slot {
             Slot::Request => &mut s.engines[e].call,
             Slot::Renewal => &mut s.engines[e].renewal,
+        }
+    }
+
+    /// How long a cache entry may live by its maximum age, its record read by a call
+    /// whose send lies `since_send` back on the cache's clock.
+    fn cache_age_left(&self, since_send: Tick) -> Tick {
+        if self.rules.cache_age_from_read {
+            self.cache_max_age - since_send
+        } else {
+            self.cache_max_age
         }
     }
 

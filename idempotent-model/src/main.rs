@@ -6,7 +6,7 @@
 //! ```
 //!
 //! `--revert` turns one fix of the protocol review off (`late-claim-check`,
-//! `leases-on-monotonic`, `record-while-held`), to see the checker find what it closed.
+//! `leases-on-monotonic`, `record-while-held`, `cache-age-from-read`), to see the checker find what it closed.
 //!
 //! `--requests N` gives the second engine N retries of the first engine's request.
 
@@ -48,6 +48,7 @@ fn main() {
                 "late-claim-check" => rules.late_claim_check = false,
                 "leases-on-monotonic" => rules.leases_on_monotonic = false,
                 "record-while-held" => rules.record_while_held = false,
+                "cache-age-from-read" => rules.cache_age_from_read = false,
                 _ => usage(
                     "--revert takes late-claim-check, leases-on-monotonic or record-while-held",
                 ),

@@ -146,3 +146,21 @@ fn without_recording_while_held_an_engine_abandons_an_answer_it_could_record() {
         "answers are recorded while the key is held",
     );
 }
+
+#[test]
+fn without_counting_the_cache_age_from_the_read_a_forgotten_record_is_replayed_too_long() {
+    finds(
+        Protocol {
+            requests: [&[0], &[0, 0]],
+            forgets: 1,
+            ..request_and_retry(
+                StoreKind::Server,
+                Rules {
+                    cache_age_from_read: false,
+                    ..Rules::FIXED
+                },
+            )
+        },
+        "replays are the record",
+    );
+}

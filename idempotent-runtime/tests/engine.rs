@@ -1504,3 +1504,57 @@ async fn an_engine_that_holds_the_lease_keeps_trying_to_record() {
     assert!(replay.headers().contains_key("idempotent-replayed"));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// The replay cache's bound on a deleted record counts from when the store read the
+/// record, not from when its answer arrived: a replay answered late (here 3 s, within
+/// the store timeout) after the key was forgotten and run again elsewhere must not be
+/// replayed from the cache for another `max_age` from its arrival. Found by the protocol
+/// model (`idempotent-model`, "replays are the record", with a crash and a forget).
+#[tokio::test(start_paused = true)]
+async fn a_replay_answered_late_is_cached_no_longer_than_max_age_from_its_read() {
+    let store = TokioClock::store();
+    let faulty = Arc::new(Faulty::new(store.clone()));
+    let cached = Idempotency::builder_shared(faulty.clone())
+        .replay_cache(Some(
+            idempotent_runtime::engine::ReplayCacheConfig::new().max_age(Duration::from_secs(1)),
+        ))
+        .build();
+    let other = Idempotency::builder_shared(store.clone())
+        .replay_cache(None)
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    async fn run(engine: &Idempotency, runs: &Arc<AtomicUsize>) -> Vec<u8> {
+        let response = engine
+            .run(&CONFIG, "acct", "k", fingerprint(1), created(runs))
+            .await;
+        body_of(response).await.2
+    }
+    assert_eq!(run(&other, &runs).await, b"{\"run\":1}");
+    // The cached engine's claim reads run 1; its answer is 3 s on its way.
+    faulty.inject(Operation::Claim, Fault::DelayAnswer(Duration::from_secs(3)));
+    let late = tokio::spawn({
+        let cached = cached.clone();
+        let runs = runs.clone();
+        async move {
+            cached
+                .run(&CONFIG, "acct", "k", fingerprint(1), created(&runs))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    other.forget("acct", "k", false).await.expect("forget");
+    assert_eq!(run(&other, &runs).await, b"{\"run\":2}");
+    // Run 1 was the record when it was read: a fair answer to that request.
+    assert_eq!(
+        body_of(late.await.expect("the late replay")).await.2,
+        b"{\"run\":1}"
+    );
+    // 3.2 s after run 1 was read, 2.7 s after the forget: past max_age of both.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        run(&cached, &runs).await,
+        b"{\"run\":2}",
+        "the cache replayed a record forgotten more than max_age ago"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

@@ -75,8 +75,9 @@ struct Captured {
 
 /// How one attempt to record the response ended.
 enum Completion {
-    /// Recorded: replays answer it from now on.
-    Recorded,
+    /// Recorded: replays answer it from now on. With the replay cache's time before the
+    /// completion was sent, when this engine caches its own completions.
+    Recorded(Option<i64>),
     /// The claim was taken over meanwhile: nothing to record, nothing left to do.
     NotOurs,
     /// The store failed: try again.
@@ -319,6 +320,7 @@ impl Execution {
         mut tx: crate::transaction::Tx<DB>,
         captured: Captured,
     ) -> Response {
+        let read_at = self.cache_time();
         let completion = tx_store.complete_in(
             tx.conn(),
             self.name.scope(),
@@ -335,7 +337,7 @@ impl Execution {
                         status = captured.stored.status,
                         "writes and response committed together"
                     );
-                    self.remember(captured.stored);
+                    self.remember(captured.stored, read_at);
                     self.observe_duration(tokio::time::Instant::now());
                     return captured.answer;
                 }
@@ -518,14 +520,24 @@ impl Execution {
 
     /// Caches the record this request completed (the store confirmed it), when the
     /// cache takes completions.
-    fn remember(&self, stored: StoredResponse) {
-        let cache = self.engine.inner.replay_cache.as_ref();
-        if !cache.is_some_and(|cache| cache.remembers_completions()) {
+    fn remember(&self, stored: StoredResponse, read_at: Option<i64>) {
+        let Some(read_at) = read_at else {
             return;
-        }
-        let _ = self
-            .engine
-            .remember(&self.name, self.fingerprint, stored, self.lives_until);
+        };
+        let _ = self.engine.remember(
+            &self.name,
+            self.fingerprint,
+            stored,
+            self.lives_until,
+            read_at,
+        );
+    }
+
+    /// The replay cache's time now, when it keeps this engine's own completions: read
+    /// before a completion is sent, it is when the cached copy's maximum age starts.
+    fn cache_time(&self) -> Option<i64> {
+        let cache = self.engine.inner.replay_cache.as_ref()?;
+        cache.remembers_completions().then(|| cache.now())
     }
 
     /// Feeds how long this handler took, from its claim until `finished`, into the
@@ -638,6 +650,7 @@ impl Execution {
         sent_at: tokio::time::Instant,
     ) -> Completion {
         let store = &self.engine.inner.store;
+        let read_at = self.cache_time();
         let completion = store.complete(self.name.scope(), self.name.key(), self.token, stored);
         let timeout = self.engine.inner.store_timeout;
         match store_call(StoreOperation::Complete, sent_at, timeout, completion).await {
@@ -647,7 +660,7 @@ impl Execution {
                     status = stored.status,
                     "response recorded"
                 );
-                Completion::Recorded
+                Completion::Recorded(read_at)
             }
             Ok(false) => {
                 warn!(
@@ -666,8 +679,8 @@ impl Execution {
 
     /// After the last attempt to record `stored`: a recorded response is cached.
     fn settle(&self, completion: Completion, stored: StoredResponse) {
-        if let Completion::Recorded = completion {
-            self.remember(stored);
+        if let Completion::Recorded(read_at) = completion {
+            self.remember(stored, read_at);
         }
     }
 

@@ -321,17 +321,19 @@ impl Idempotency {
     }
 
     /// Caches a completed record: this process's own completion (bounded by its claim's
-    /// TTL) or a replay the store answered (bounded by the life it reported). Returns the
-    /// record ready to replay, or gives it back when there is no cache.
+    /// TTL) or a replay the store answered (bounded by the life it reported), read or
+    /// written by a store call sent at cache time `read_at`. Returns the record ready to
+    /// replay, or gives it back when there is no cache.
     fn remember(
         &self,
         name: &ScopedKey,
         fingerprint: Fingerprint,
         stored: crate::store::StoredResponse,
         lives_until: i64,
+        read_at: i64,
     ) -> Result<Arc<replay_cache::CachedReplay>, crate::store::StoredResponse> {
         match &self.inner.replay_cache {
-            Some(cache) => Ok(cache.insert(name, fingerprint, stored, lives_until)),
+            Some(cache) => Ok(cache.insert(name, fingerprint, stored, lives_until, read_at)),
             None => Err(stored),
         }
     }
@@ -600,7 +602,7 @@ impl Idempotency {
                 let answer = match expires_in {
                     Some(life) => {
                         let lives_until = cache_now.saturating_add(millis(life));
-                        match self.remember(name, *fingerprint, stored, lives_until) {
+                        match self.remember(name, *fingerprint, stored, lives_until, cache_now) {
                             Ok(cached) => cached.response(),
                             Err(stored) => replay(stored),
                         }

@@ -35,8 +35,9 @@
 //! (it is immutable), only about whether it was deleted. [`Idempotency::forget_cached`]
 //! drops one key from this process's cache (the engine's own deletion calls it); other
 //! instances may still replay a deleted record for at most the **maximum entry age**
-//! ([`ReplayCacheConfig::max_age`], default 10 s), after which every entry goes back to
-//! the store.
+//! ([`ReplayCacheConfig::max_age`], default 10 s) after its deletion, after which every
+//! entry goes back to the store. An entry's age counts from before the store call that
+//! read or wrote its record was sent, so a slow answer cannot stretch that bound.
 //!
 //! # Replays answered without hashing
 //!
@@ -401,15 +402,18 @@ impl ReplayCache {
     }
 
     /// Keeps the completed record of `id` until `lives_until` (cache time; see the module
-    /// docs for how callers bound it), and no longer than the maximum age. Returns the
-    /// record ready to replay, whether the cache kept it or not (too large, or already
-    /// past its life).
+    /// docs for how callers bound it), and no longer than the maximum age counted from
+    /// `read_at`: the cache time before the store call that read or wrote the record was
+    /// sent. Counted from the answer instead, a late answer would stretch how long a
+    /// deleted record is replayed by the time the answer took. Returns the record ready
+    /// to replay, whether the cache kept it or not (too large, or already past its life).
     pub(super) fn insert(
         &self,
         id: &ScopedKey,
         fingerprint: Fingerprint,
         stored: StoredResponse,
         lives_until: i64,
+        read_at: i64,
     ) -> Arc<CachedReplay> {
         let (scope, key) = (id.scope(), id.key());
         let size = ENTRY_OVERHEAD
@@ -423,7 +427,7 @@ impl ReplayCache {
                 .sum::<usize>();
         let replay = Arc::new(CachedReplay::new(&stored));
         let now = self.now();
-        let expires_at = lives_until.min(now.saturating_add(self.max_age));
+        let expires_at = lives_until.min(read_at.min(now).saturating_add(self.max_age));
         if expires_at <= now || size > self.shard_bytes || self.shard_entries == 0 {
             return replay;
         }
@@ -539,6 +543,7 @@ mod tests {
             fingerprint(1),
             stored("a"),
             until,
+            cache.now(),
         );
         match cache.get("s", "k", &fingerprint(1).into()) {
             Cached::Hit(replay) => {
@@ -578,17 +583,20 @@ mod tests {
             fingerprint(1),
             stored("a"),
             now + 2_000,
+            now,
         );
         cache.insert(
             &ScopedKey::new("s", "long"),
             fingerprint(1),
             stored("a"),
             now + 3_600_000,
+            now,
         );
         cache.insert(
             &ScopedKey::new("s", "gone"),
             fingerprint(1),
             stored("a"),
+            now,
             now,
         );
         assert!(matches!(
@@ -625,6 +633,7 @@ mod tests {
             original.get(),
             stored("a"),
             cache.now() + 60_000,
+            cache.now(),
         );
         let entry_is = |scope: &str, key: &str, learned: bool| {
             let (hash, shard) = cache.locate("ab", "c");
@@ -662,7 +671,7 @@ mod tests {
         let until = cache.now() + 60_000;
         for i in 0..SHARDS * 8 {
             let id = ScopedKey::new("s", &format!("k{i}"));
-            cache.insert(&id, fingerprint(1), stored("a"), until);
+            cache.insert(&id, fingerprint(1), stored("a"), until, cache.now());
         }
         // 8 entries a shard on average: nowhere near a table for 4,096.
         let largest = cache
@@ -683,6 +692,7 @@ mod tests {
                 fingerprint(1),
                 stored("a"),
                 until,
+                cache.now(),
             );
             // Replacing and invalidating leave stale queue pairs behind.
             cache.insert(
@@ -690,6 +700,7 @@ mod tests {
                 fingerprint(1),
                 stored("b"),
                 until,
+                cache.now(),
             );
             if i % 3 == 0 {
                 cache.invalidate("s", &format!("k{i}"));
@@ -720,6 +731,7 @@ mod tests {
             fingerprint(1),
             stored(&big),
             until,
+            small.now(),
         );
         assert!(matches!(
             small.get("s", "big", &fingerprint(1).into()),
@@ -731,6 +743,7 @@ mod tests {
                 fingerprint(1),
                 stored("a"),
                 until,
+                small.now(),
             );
         }
         for shard in small.shards.iter() {
@@ -752,7 +765,13 @@ mod tests {
         let (cache, _) = new_cache(ReplayCacheConfig::new());
         let original = order(r#"{"amount": 1}"#);
         let id = ScopedKey::new("s", "k");
-        cache.insert(&id, original.get(), stored("a"), cache.now() + 60_000);
+        cache.insert(
+            &id,
+            original.get(),
+            stored("a"),
+            cache.now() + 60_000,
+            cache.now(),
+        );
         let entry_bytes = |cache: &ReplayCache| {
             let (hash, shard) = cache.locate("s", "k");
             (shard.entries[&hash].size, shard.bytes)
@@ -816,7 +835,13 @@ mod tests {
         let (cache, _) = new_cache(ReplayCacheConfig::new());
         let body = format!(r#"{{"note": "{}"}}"#, "x".repeat(MAX_REQUEST_COPY));
         let id = ScopedKey::new("s", "k");
-        cache.insert(&id, order(&body).get(), stored("a"), cache.now() + 60_000);
+        cache.insert(
+            &id,
+            order(&body).get(),
+            stored("a"),
+            cache.now() + 60_000,
+            cache.now(),
+        );
         for _ in 0..2 {
             let replay = order(&body);
             assert!(matches!(cache.get("s", "k", &replay), Cached::Hit(_)));
@@ -831,7 +856,13 @@ mod tests {
         let (cache, _) = new_cache(config);
         let body = format!(r#"{{"note": "{}"}}"#, "x".repeat(4096));
         let id = ScopedKey::new("s", "k");
-        cache.insert(&id, order(&body).get(), stored("a"), cache.now() + 60_000);
+        cache.insert(
+            &id,
+            order(&body).get(),
+            stored("a"),
+            cache.now() + 60_000,
+            cache.now(),
+        );
         for _ in 0..3 {
             let replay = order(&body);
             assert!(matches!(cache.get("s", "k", &replay), Cached::Hit(_)));
@@ -853,6 +884,7 @@ mod tests {
             fingerprint(1),
             stored("a"),
             cache.now() + 60_000,
+            cache.now(),
         );
         assert!(matches!(
             cache.get("s", "k", &fingerprint(1).into()),
