@@ -17,10 +17,25 @@
 //! sequencing around them, written after `engine/mod.rs` (claim), `engine/execution.rs`
 //! (run, heartbeat, completion retries) and the stores' single-record operations.
 //!
+//! The invariants ([`Protocol::properties`]; a violation of a history-dependent one is
+//! noted in [`History::violations`] at the step that breaks it):
+//!
+//! 1. at most one side effect per record lifetime (between TTL expiry or `forget`),
+//!    except a retry's after a takeover of a lost lease (the owner crashed, or none of its
+//!    renewals reached the store for a lease), and none once a response was recorded;
+//! 2. a side effect happens only while its claim's token holds a live lease in the
+//!    store, and the store hands a key to another claim only once its holder's licence
+//!    ended;
+//! 3. a replay is the key's record, or a copy of one forgotten within the replay cache's
+//!    maximum age;
+//! 4. an engine stops trying to record a finished handler's answer only once its lease
+//!    is lost or the record's TTL ended;
+//! 5. a live lease ends within one lease, by the store's lease clock, whatever the wall
+//!    clock did.
+//!
 //! [`Rules`] turns each fix of the protocol review off, to show that the checker finds
-//! the interleaving it closed. The invariants are [`Protocol::properties`]; a violation
-//! of a history-dependent one is noted in [`History::violations`] at the step that breaks
-//! it.
+//! the interleaving it closed (`tests/check.rs`). Larger bounds than CI's run from
+//! `src/main.rs`.
 //!
 //! Not modelled: the store's internal queues (a store that drops a renewal that reached
 //! it is, to the model, a lost renewal, which the contract treats like a crashed owner),

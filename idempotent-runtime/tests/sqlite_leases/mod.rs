@@ -118,6 +118,18 @@ async fn plain(engine: &Idempotency, runs: &Arc<AtomicUsize>, works: Duration) -
         .await
 }
 
+/// Returns once the handler counted its first run (its side effect); bounded.
+async fn ran_once(runs: &AtomicUsize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while runs.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the original never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// Interleaving 2: a `Tx<Sqlite>` handler holds the write lock for twice the plain
 /// handler's lease while that handler is still working; a retry of it must get `409`.
 async fn a_transaction_holding_the_write_lock_does_not_hand_a_live_key_to_a_retry() {
@@ -142,7 +154,7 @@ async fn interleaving_two(with_transaction: bool) {
         let (engine, runs) = (engine.clone(), runs.clone());
         async move { plain(&engine, &runs, Duration::from_millis(3600)).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    ran_once(&runs).await;
     let ledger = with_transaction.then(|| {
         let engine = engine.clone();
         tokio::spawn(async move {
