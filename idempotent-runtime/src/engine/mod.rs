@@ -1,5 +1,5 @@
 //! [`Idempotency`]: the engine every idempotent request runs through. The request's
-//! path, top to bottom, is in [`protocol`]; the other modules are the pieces it calls.
+//! path, top to bottom, is in `protocol`; the other modules are the pieces it calls.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -243,7 +243,7 @@ impl Idempotency {
 
     /// The live record of `(scope, key)` as the store sees it now (state, fingerprint,
     /// recorded status, created/expiry times, lease and whether its holder is alive), or
-    /// `None` when there is none; see [`Store::inspect`](crate::store::Store::inspect).
+    /// `None` when there is none; see [`Store::inspect`].
     ///
     /// # Errors
     ///
@@ -254,7 +254,7 @@ impl Idempotency {
 
     /// Deletes the record of `(scope, key)` so the next request with the key runs as new;
     /// refuses ([`ForgetOutcome::Refused`]) while a request runs under it with a live
-    /// lease, unless `force`. See [`Store::forget`](crate::store::Store::forget) for the exact
+    /// lease, unless `force`. See [`Store::forget`] for the exact
     /// rules. A forced forget lets a retry run the handler while the original may still
     /// be running: use it only when the holder is known to be gone (its process died, and
     /// its lease has not run out yet). If it is still running after all, its next

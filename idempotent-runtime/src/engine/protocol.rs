@@ -206,7 +206,7 @@ where
             // The handler's future is built inside the match and awaited after it:
             // awaited inside, the claim's result and the execution moved out of it
             // would each keep their bytes in this future beside the one awaited.
-            let run = match claim(&engine, &config, &name, &fingerprint).await {
+            let run = match claim_key(&engine, &config, &name, &fingerprint).await {
                 Claim::Won(execution) => {
                     let lease = execution.lease_signal.clone();
                     let key = IdempotencyKey::claimed(name, fingerprint, lease);
@@ -237,7 +237,7 @@ where
 }
 
 /// Step 4: claims the key and decides what the store's answer means for this request.
-async fn claim(
+async fn claim_key(
     inner: &Arc<Inner>,
     config: &HandlerConfig,
     name: &ScopedKey,
