@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 
-use super::REPLAYED_HEADER;
+use super::policy::REPLAYED_HEADER;
 use crate::problem::{Problem, codes};
 use crate::store::StoredResponse;
 
@@ -188,7 +188,7 @@ pub(super) fn key_reused() -> Response {
     .into_response()
 }
 
-pub(crate) fn store_unavailable() -> Response {
+pub(super) fn store_unavailable() -> Response {
     Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,
         codes::STORE_UNAVAILABLE,
@@ -197,6 +197,11 @@ pub(crate) fn store_unavailable() -> Response {
     )
     .with_retry_after(1)
     .into_response()
+}
+
+/// The answer to a handler that panicked.
+pub(super) fn handler_panicked() -> Response {
+    internal_error("The handler failed; it is safe to retry with the same key.")
 }
 
 pub(super) fn internal_error(detail: &str) -> Response {

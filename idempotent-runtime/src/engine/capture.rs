@@ -8,12 +8,18 @@
 //! producer) is treated the same way, so it cannot hold its claim forever. A body that
 //! fails while it is read comes after the handler answered — its side effect happened —
 //! so it is recorded too (without bytes), never released for a retry to run again.
+//!
+//! The headers recorded are the response's own, less those that describe one response
+//! rather than the operation ([`NEVER_REPLAYED`]) and the handler's exclusions.
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use tokio::time::Instant;
+
+use super::deadline::ByDeadline;
+use super::policy::NEVER_REPLAYED;
 
 /// What reading a response body up to the store cap found.
 pub(super) enum BodyRead {
@@ -53,7 +59,7 @@ impl PartialReason {
 pub(super) async fn read_capped(mut body: Body, cap: usize, deadline: Instant) -> BodyRead {
     let mut buffered = BytesMut::new();
     loop {
-        let frame = match super::ByDeadline::new(deadline, body.frame()).await {
+        let frame = match ByDeadline::new(deadline, body.frame()).await {
             None => return partial(PartialReason::TimedOut, buffered, body),
             Some(None) => return BodyRead::Whole(buffered.freeze()),
             Some(Some(Err(err))) => return BodyRead::Failed(err.to_string()),
@@ -73,6 +79,31 @@ fn partial(reason: PartialReason, read: BytesMut, rest: Body) -> BodyRead {
     let prefix = futures_util::stream::once(std::future::ready(Ok(read.freeze())));
     let answer = Body::from_stream(prefix.chain(rest.into_data_stream()));
     BodyRead::Partial { reason, answer }
+}
+
+/// The response headers to store, in order: every one but those never replayed, those
+/// a `Connection` field names, and the handler's exclusions.
+pub(super) fn replayable_headers(
+    headers: &http::HeaderMap,
+    excluded: &[&str],
+) -> Vec<(String, Vec<u8>)> {
+    let connection_scoped: Vec<String> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .collect();
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            let name = name.as_str();
+            !NEVER_REPLAYED.contains(&name)
+                && !connection_scoped.iter().any(|scoped| scoped == name)
+                && !excluded.iter().any(|e| e.eq_ignore_ascii_case(name))
+        })
+        .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+        .collect()
 }
 
 #[cfg(test)]

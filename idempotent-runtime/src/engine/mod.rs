@@ -1,72 +1,43 @@
-//! [`Idempotency`]: the claim → execute → record loop every idempotent request runs.
+//! [`Idempotency`]: the engine every idempotent request runs through. The request's
+//! path, top to bottom, is in `protocol`; the other modules are the pieces it calls.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
-use futures_util::FutureExt;
 use http::HeaderName;
-use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::clock::millis;
 use crate::config::HandlerConfig;
 use crate::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::key::{IdempotencyKey, ScopedKey};
-use crate::metrics::{self, Outcome, StoreOperation};
-use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
+use crate::store::{ForgetOutcome, RecordInfo, Store, StoreError, StoredResponse};
 
 mod answers;
+mod builder;
 mod capture;
+mod claim;
 mod deadline;
 mod execution;
+mod heartbeat;
 mod inline;
 mod operator;
+mod policy;
+mod protocol;
+mod record;
 mod replay_cache;
 mod retry_after;
+mod run;
+mod store_call;
+mod sweeper;
 mod waiting;
 
-pub(crate) use answers::store_unavailable;
-#[cfg(feature = "sql")]
-use answers::transaction_unsupported;
-use answers::{in_progress, internal_error, key_reused, replay, scope_empty};
-use deadline::ByDeadline;
-use execution::Execution;
-use inline::Uncancellable;
-pub use replay_cache::ReplayCacheConfig;
-use replay_cache::{Cached, ReplayCache};
-use waiting::{Attempt, Settled};
-
-/// The header marking a replayed response.
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-
-/// Response headers never stored or replayed: they describe one response or one
-/// connection, not the operation (`Date`, `Set-Cookie`, hop-by-hop headers; any header a
-/// `Connection` field names is hop-by-hop too). `Content-Length` is recomputed for the
-/// replayed body. Every other header is replayed as the handler sent it, unless the
-/// handler excludes it ([`HandlerConfig::exclude_headers`]).
-pub const NEVER_REPLAYED: [&str; 12] = [
-    "date",
-    "set-cookie",
-    "content-length",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+pub use builder::IdempotencyBuilder;
+pub use policy::{
+    DEFAULT_LEASE, DEFAULT_MAX_DURATION, DEFAULT_MAX_STORED_BODY, DEFAULT_TTL, NEVER_REPLAYED,
     REPLAYED_HEADER,
-];
-
-/// Default TTL: Stripe's 24 hours.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-/// Default lease: 30 seconds, renewed every third of it while the handler runs.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// Default maximum duration of a handler and its response body: 5 minutes.
-pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(5 * 60);
-/// Default cap on a stored response body: 1 MiB.
-pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
+};
+pub use replay_cache::ReplayCacheConfig;
+use replay_cache::{CachedReplay, ReplayCache};
 
 /// The idempotency engine: one per application, cheap to clone (an `Arc` inside).
 ///
@@ -110,6 +81,8 @@ pub struct Idempotency {
     inner: Arc<Inner>,
 }
 
+/// What every request and every piece of the engine shares: the store, the configured
+/// policy and the process-wide state.
 #[derive(Debug)]
 struct Inner {
     store: Arc<dyn Store>,
@@ -132,141 +105,6 @@ struct Inner {
     replay_cache: Option<ReplayCache>,
 }
 
-/// Configures an [`Idempotency`] engine.
-#[derive(Debug)]
-pub struct IdempotencyBuilder {
-    inner: Inner,
-    replay_cache: Option<ReplayCacheConfig>,
-}
-
-impl IdempotencyBuilder {
-    /// TTL for handlers that set none (default 24h).
-    pub fn default_ttl(mut self, ttl: Duration) -> Self {
-        self.inner.default_ttl = ttl;
-        self
-    }
-
-    /// Lease for handlers that set none (default 30s).
-    ///
-    /// **Leases are the only licence to run.** The engine counts a lease from when it sent
-    /// the claim or renewal that granted it, on its own monotonic clock, and treats it as
-    /// ending a tenth early: a claim answered after that is released and answered `503`,
-    /// and [`IdempotencyKey::lease_lost`](crate::IdempotencyKey::lease_lost) turns true
-    /// then. Keep every lease at least three times the [store
-    /// timeout](Self::store_timeout), and on SQLite at least three times the longest a
-    /// transactional handler may hold the write lock (`SqliteStore::with_max_transaction_hold`,
-    /// 5 s by default). A wall-clock step cannot expire a live lease on the memory store,
-    /// nor on SQLite on Linux (leases there count on the host's boot clock); database
-    /// servers judge leases on their own clock.
-    ///
-    /// # Panics
-    ///
-    /// On a zero lease: every claim could be taken over at once.
-    pub fn default_lease(mut self, lease: Duration) -> Self {
-        assert!(!lease.is_zero(), "the default lease must be positive");
-        self.inner.default_lease = lease;
-        self
-    }
-
-    /// Largest response body stored for replay (default 1 MiB). A larger response is
-    /// answered in full the first time; its status and headers are stored, and a replay
-    /// says in a problem body that the original body was not kept. The handler never
-    /// runs twice because of it.
-    pub fn max_stored_body(mut self, bytes: usize) -> Self {
-        self.inner.max_stored_body = bytes;
-        self
-    }
-
-    /// How long a handler that sets none may run, its response body included (default
-    /// 5 minutes). Past it a plain handler is interrupted and recorded as such (`500`
-    /// `request_interrupted`, replayed: it may have taken effect, so it never runs again
-    /// under the key); a response body still streaming is sent on but recorded without
-    /// its bytes; a transactional handler is rolled back and its claim released.
-    ///
-    /// # Panics
-    ///
-    /// On a zero duration.
-    pub fn default_max_duration(mut self, max: Duration) -> Self {
-        assert!(!max.is_zero(), "the maximum duration must be positive");
-        self.inner.default_max_duration = max;
-        self
-    }
-
-    /// The request header carrying the key (default `Idempotency-Key`).
-    pub fn header_name(mut self, name: HeaderName) -> Self {
-        self.inner.header_name = name;
-        self
-    }
-
-    /// How long a finished request keeps trying to record its outcome while the store
-    /// is unreachable (default 30 s). The client gets its answer after the first
-    /// attempts; the rest continues in the background, and [`Idempotency::drain`] waits
-    /// for it: drain with at least this long at shutdown, or a response that was sent
-    /// may go unrecorded (its claim then frees when the lease runs out, and a retry runs
-    /// the handler again). Past the window the attempts go on for as long as the lease
-    /// is still renewed (the store applies renewals but not the completion), up to the
-    /// record's TTL, logged as an error and counted `completion_overdue` once: giving
-    /// the key up while holding it would let a retry run the handler again.
-    pub fn completion_retry_window(mut self, window: Duration) -> Self {
-        self.inner.completion_retry_window = window;
-        self
-    }
-
-    /// How long one store operation (claim, renew, complete, release) may take before it
-    /// counts as failed (default 5s): a database that stopped answering gives `503`
-    /// instead of a request that hangs.
-    ///
-    /// Keep leases at least three times the store timeout, so that one stalled renewal
-    /// still leaves time for the next: for a handler whose lease is shorter, a renewal's
-    /// timeout is cut to a third of its lease. A claim whose answer comes back later than
-    /// nine tenths of its lease after it was sent is never run, whatever this timeout
-    /// allows: the engine releases it and answers `503` (see [`crate::IdempotencyKey::lease_lost`]
-    /// for the same rule while the handler runs).
-    pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.inner.store_timeout = timeout;
-        self
-    }
-
-    /// How long a duplicate that finds the original still running waits for its outcome,
-    /// for handlers that set no `wait` (default: off, the duplicate gets `409` at once;
-    /// a zero wait also means off). See [`HandlerConfig::wait`].
-    pub fn default_wait(mut self, wait: Duration) -> Self {
-        self.inner.default_wait = Some(wait).filter(|wait| !wait.is_zero());
-        self
-    }
-
-    /// The replay cache's bounds (default: on, [`ReplayCacheConfig::new`]), or `None` to
-    /// turn it off.
-    ///
-    /// With it, a replay of a completed record the store replayed to this process
-    /// recently is answered from memory: no store round trip, nothing spawned; a request
-    /// reusing its key with another body gets its `422` the same way. So a key's first
-    /// replay asks the store, and its later ones do not (or its first one too, with
-    /// [`remember_completions`](ReplayCacheConfig::remember_completions), for the keys
-    /// this process completed). An entry never outlives its record's TTL, and is served
-    /// at most [`max_age`](ReplayCacheConfig::max_age) before the store is asked again:
-    /// how long another instance may still replay a record deleted on this one.
-    /// In-progress and released claims are never cached. See [`ReplayCacheConfig`] for
-    /// the bounds.
-    pub fn replay_cache(mut self, config: Option<ReplayCacheConfig>) -> Self {
-        self.replay_cache = config;
-        self
-    }
-
-    /// Builds the engine (and [describes](crate::metrics::describe) its metrics to the
-    /// recorder installed by then, if any).
-    pub fn build(mut self) -> Idempotency {
-        metrics::describe();
-        self.inner.replay_cache = self.replay_cache.map(|config| {
-            let store = &self.inner.store;
-            ReplayCache::new(config, store.clock(), store.in_process())
-        });
-        Idempotency {
-            inner: Arc::new(self.inner),
-        }
-    }
-}
-
 impl Idempotency {
     /// An engine with the default policy over `store`.
     pub fn new(store: impl Store) -> Self {
@@ -280,24 +118,7 @@ impl Idempotency {
 
     /// A builder over a store that is already shared.
     pub fn builder_shared(store: Arc<dyn Store>) -> IdempotencyBuilder {
-        IdempotencyBuilder {
-            inner: Inner {
-                store,
-                default_ttl: DEFAULT_TTL,
-                default_lease: DEFAULT_LEASE,
-                max_stored_body: DEFAULT_MAX_STORED_BODY,
-                default_max_duration: DEFAULT_MAX_DURATION,
-                header_name: HeaderName::from_static("idempotency-key"),
-                completion_retry_window: Duration::from_secs(30),
-                store_timeout: Duration::from_secs(5),
-                default_wait: None,
-                running: Arc::default(),
-                durations: retry_after::DurationEstimates::default(),
-                tracker: tokio_util::task::TaskTracker::new(),
-                replay_cache: None,
-            },
-            replay_cache: Some(ReplayCacheConfig::new()),
-        }
+        IdempotencyBuilder::new(store)
     }
 
     /// The store.
@@ -315,44 +136,7 @@ impl Idempotency {
     /// deleting records from the store by other means. Other instances' caches may still
     /// replay the record for up to their [`ReplayCacheConfig::max_age`].
     pub fn forget_cached(&self, scope: &str, key: &str) {
-        if let Some(cache) = &self.inner.replay_cache {
-            cache.invalidate(scope, key);
-        }
-    }
-
-    /// Caches a completed record: this process's own completion (bounded by its claim's
-    /// TTL) or a replay the store answered (bounded by the life it reported), read or
-    /// written by a store call sent at cache time `read_at`. Returns the record ready to
-    /// replay, or gives it back when there is no cache.
-    fn remember(
-        &self,
-        name: &ScopedKey,
-        fingerprint: Fingerprint,
-        stored: crate::store::StoredResponse,
-        lives_until: i64,
-        read_at: i64,
-    ) -> Result<Arc<replay_cache::CachedReplay>, crate::store::StoredResponse> {
-        match &self.inner.replay_cache {
-            Some(cache) => Ok(cache.insert(name, fingerprint, stored, lives_until, read_at)),
-            None => Err(stored),
-        }
-    }
-
-    /// The TTL a handler with `config` uses.
-    pub(crate) fn ttl_for(&self, config: &HandlerConfig) -> Duration {
-        config.ttl.unwrap_or(self.inner.default_ttl)
-    }
-
-    /// The maximum duration a handler with `config` has.
-    pub(crate) fn max_duration_for(&self, config: &HandlerConfig) -> Duration {
-        config
-            .max_duration
-            .unwrap_or(self.inner.default_max_duration)
-    }
-
-    /// The lease a handler with `config` uses.
-    pub(crate) fn lease_for(&self, config: &HandlerConfig) -> Duration {
-        config.lease.unwrap_or(self.inner.default_lease)
+        self.inner.forget_cached(scope, key);
     }
 
     /// Runs `handler` at most once for `(scope, key)` and `fingerprint`:
@@ -390,14 +174,7 @@ impl Idempotency {
         Fut: Future<Output = R> + Send + 'static,
         R: IntoResponse + 'static,
     {
-        let span = info_span!("idempotent", scope = %scope, key = %key);
-        self.claim_and_execute(config, scope, key, fingerprint.into(), |execution, key| {
-            // Boxed: the engine's layers around it then move a pointer, not the handler's
-            // whole future (the request's work measured 4,064 -> 3,256 bytes).
-            execution.execute(Box::pin(async move { handler(key).await.into_response() }))
-        })
-        .instrument(span)
-        .await
+        protocol::run(&self.inner, config, scope, key, fingerprint.into(), handler).await
     }
 
     /// Runs `handler` without idempotency protection: what `key = optional` (and
@@ -413,271 +190,7 @@ impl Idempotency {
         Fut: Future<Output = R>,
         R: IntoResponse,
     {
-        // Every unprotected run passes here: the place to count them.
-        metrics::count(config.name, Outcome::Unprotected);
-        debug!(
-            event = "unprotected",
-            handler = config.name.unwrap_or("unnamed"),
-            "no idempotency key; running the handler unprotected (key = optional)"
-        );
-        handler.await.into_response()
-    }
-
-    /// Answers from the replay cache when it can; otherwise claims the key and, when
-    /// claimed, runs `execute` — both [`Uncancellable`]: a client that hangs up can
-    /// cancel neither the claim halfway (leaving a claim that nothing runs) nor the
-    /// handler.
-    async fn claim_and_execute<X, Fut>(
-        &self,
-        config: &HandlerConfig,
-        scope: &str,
-        key: &str,
-        request: RequestFingerprint,
-        execute: X,
-    ) -> Response
-    where
-        X: FnOnce(Execution, IdempotencyKey) -> Fut + Send + 'static,
-        Fut: Future<Output = Response> + Send + 'static,
-    {
-        if scope.trim().is_empty() {
-            // One key space for every caller whose scope came out empty (say, from
-            // optional authentication) would replay one caller's answer to another.
-            error!(
-                event = "scope_empty",
-                "the scope argument yielded an empty scope; refusing to run unscoped"
-            );
-            return scope_empty();
-        }
-        if let Some(cache) = &self.inner.replay_cache {
-            match cache.get(scope, key, &request) {
-                Cached::Hit(cached) => {
-                    metrics::count(config.name, Outcome::Replayed);
-                    info!(
-                        event = "replayed",
-                        status = cached.status(),
-                        cached = true,
-                        "replaying stored response"
-                    );
-                    return cached.response();
-                }
-                Cached::Mismatch => {
-                    metrics::count(config.name, Outcome::Mismatch);
-                    info!(
-                        event = "mismatch",
-                        cached = true,
-                        "key reused with a different request"
-                    );
-                    return key_reused();
-                }
-                Cached::Miss => {}
-            }
-        }
-        // This hold on the request's bytes ends before the claim (a round trip, for most
-        // stores); the handler may hold its own.
-        let fingerprint = request.get();
-        drop(request);
-        // One claim attempt (and the handler, when it wins), uncancellable: run in this
-        // task, moved to a tracked task of its own if the client hangs up. The handler
-        // comes back when the key is in progress, for a request that waits.
-        let name = ScopedKey::new(scope, key);
-        let attempt = |execute: X| {
-            let (engine, config, name) = (self.clone(), *config, name.clone());
-            let work = async move {
-                // The handler's future is built inside the match and awaited after it:
-                // awaited inside, the claim's result and the execution moved out of it
-                // would each keep their bytes in this future beside the one awaited.
-                let run = match engine.claim(&config, &name, &fingerprint).await {
-                    Ok(execution) => {
-                        let lease = execution.lease_signal.clone();
-                        let key = IdempotencyKey::claimed(name, fingerprint, lease);
-                        execute(execution, key)
-                    }
-                    Err(Refused::Answer(settled, answer)) => {
-                        return Attempt::Done(settled, answer);
-                    }
-                    Err(Refused::InProgress(retry_after)) => {
-                        return Attempt::InProgress(retry_after, execute);
-                    }
-                };
-                Attempt::Done(Settled::Ran, run.await)
-            };
-            Uncancellable::new(work, &self.inner.tracker, interrupted)
-        };
-        match self.wait_for(config) {
-            None => match attempt(execute).await {
-                Attempt::Done(_, answer) => answer,
-                Attempt::InProgress(retry_after, _) => self.in_progress(config, retry_after),
-            },
-            // Boxed: only handlers whose duplicates wait pay for its state in their
-            // request's future.
-            Some(wait) => {
-                Box::pin(self.claim_waiting(config, scope, key, wait, execute, attempt)).await
-            }
-        }
-    }
-
-    /// The `409` + `Retry-After` for a duplicate that finds the key still in progress
-    /// (the store's `retry_after`: until the holder's lease runs out).
-    fn in_progress(&self, config: &HandlerConfig, retry_after: Duration) -> Response {
-        metrics::count(config.name, Outcome::InProgress);
-        let retry_after = self.inner.durations.retry_after(config.name, retry_after);
-        info!(
-            event = "in_progress",
-            retry_after_secs = retry_after.as_secs(),
-            "original request still running"
-        );
-        in_progress(retry_after)
-    }
-
-    /// Spawns `task` so that [`drain`](Self::drain) waits for it.
-    fn spawn_tracked<T: Send + 'static>(
-        &self,
-        task: impl Future<Output = T> + Send + 'static,
-    ) -> tokio::task::JoinHandle<T> {
-        self.inner.tracker.spawn(task)
-    }
-
-    /// Waits until every request the engine is running, and every outcome it is still
-    /// recording, has finished — or `timeout` passed; `true` when all finished. Call it
-    /// after the server stopped accepting connections and before the runtime shuts down,
-    /// so that no handler is cut off between its side effect and its record.
-    pub async fn drain(&self, timeout: Duration) -> bool {
-        self.inner.tracker.close();
-        let finished = tokio::time::timeout(timeout, self.inner.tracker.wait())
-            .await
-            .is_ok();
-        self.inner.tracker.reopen();
-        finished
-    }
-
-    /// Claims the key; `Err` says why the handler must not run (replay, `422`, `503`, or
-    /// the key in progress).
-    async fn claim(
-        &self,
-        config: &HandlerConfig,
-        name: &ScopedKey,
-        fingerprint: &Fingerprint,
-    ) -> Result<Execution, Refused> {
-        let (scope, key) = (name.scope(), name.key());
-        let lease = self.lease_for(config);
-        let claim = ClaimRequest {
-            scope,
-            key,
-            fingerprint,
-            ttl: self.ttl_for(config),
-            lease,
-            token: FencingToken::random(),
-        };
-        // Before the claim is sent: the store's lease ends no earlier than this + lease,
-        // and a record it reports ends no earlier than the cache's time now + its life.
-        let sent_at = tokio::time::Instant::now();
-        let cache_now = self.inner.replay_cache.as_ref().map_or(0, ReplayCache::now);
-        let claimed = timed_store_call(
-            StoreOperation::Claim,
-            sent_at,
-            self.inner.store_timeout,
-            self.inner.store.claim_with_expiry(&claim),
-        );
-        let (claimed, answered_at) = claimed.await;
-        let (outcome, expires_in) = match claimed {
-            Ok(outcome) => outcome,
-            Err(err) => {
-                error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
-                metrics::count(config.name, Outcome::StoreError);
-                return Err(Refused::Answer(Settled::Failed, store_unavailable()));
-            }
-        };
-        // A `409` counts once, where it is answered: a waiting duplicate may find the key
-        // in progress several times before it settles.
-        if let Some(counted) = claim_metric(&outcome) {
-            metrics::count(config.name, counted);
-        }
-        match outcome {
-            ClaimOutcome::Replay(stored) => {
-                info!(
-                    event = "replayed",
-                    status = stored.status,
-                    "replaying stored response"
-                );
-                let answer = match expires_in {
-                    Some(life) => {
-                        let lives_until = cache_now.saturating_add(millis(life));
-                        match self.remember(name, *fingerprint, stored, lives_until, cache_now) {
-                            Ok(cached) => cached.response(),
-                            Err(stored) => replay(stored),
-                        }
-                    }
-                    None => replay(stored),
-                };
-                Err(Refused::Answer(Settled::Replayed, answer))
-            }
-            ClaimOutcome::InProgress { retry_after } => Err(Refused::InProgress(retry_after)),
-            ClaimOutcome::Mismatch => {
-                info!(event = "mismatch", "key reused with a different request");
-                Err(Refused::Answer(Settled::Mismatch, key_reused()))
-            }
-            ClaimOutcome::Claimed { token, takeover } => {
-                if !crate::lease::licence_holds(answered_at - sent_at, lease) {
-                    // The store may already have handed the key to a retry: running now
-                    // could run the operation twice. Give the claim back and say retry.
-                    warn!(
-                        event = "claim_late",
-                        waited_ms =
-                            u64::try_from((answered_at - sent_at).as_millis()).unwrap_or(u64::MAX),
-                        lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-                        "the claim was answered too late in its lease to run; releasing it"
-                    );
-                    metrics::count(config.name, Outcome::ClaimLate);
-                    self.release_late_claim(name, token).await;
-                    return Err(Refused::Answer(Settled::Failed, store_unavailable()));
-                }
-                match takeover {
-                    None => info!(event = "claimed", "running handler"),
-                    Some(reason) => info!(
-                        event = "taken_over",
-                        reason = reason.as_str(),
-                        "took over an earlier record of this key; running handler"
-                    ),
-                }
-                // Only handlers whose duplicates wait are tracked: nobody else listens.
-                let registration = self
-                    .wait_for(config)
-                    .map(|_| self.inner.running.register(scope, key, token));
-                Ok(Execution {
-                    engine: self.clone(),
-                    _registration: registration,
-                    config: *config,
-                    name: name.clone(),
-                    fingerprint: *fingerprint,
-                    lives_until: cache_now.saturating_add(millis(claim.ttl)),
-                    token,
-                    lease,
-                    claimed_at: sent_at,
-                    claim_answered_at: answered_at,
-                    lease_signal: Arc::new(crate::lease::LeaseSignal::new(sent_at, lease)),
-                })
-            }
-        }
-    }
-
-    /// Releases a claim that came back too late to run (its token fences it: a retry
-    /// that took the key over meanwhile keeps it).
-    async fn release_late_claim(&self, name: &ScopedKey, token: FencingToken) {
-        let release = self.inner.store.release(name.scope(), name.key(), token);
-        let now = tokio::time::Instant::now();
-        match store_call(
-            StoreOperation::Release,
-            now,
-            self.inner.store_timeout,
-            release,
-        )
-        .await
-        {
-            Ok(_) => {}
-            Err(err) => {
-                warn!(event = "store_error", error = %err, "releasing a late claim failed; it frees when its lease runs out")
-            }
-        }
+        protocol::run_unprotected(config, handler).await
     }
 
     /// Like [`run`](Self::run), for a handler whose writes go to the store's own
@@ -705,54 +218,73 @@ impl Idempotency {
         T: IntoResponse + 'static,
         E: IntoResponse + 'static,
     {
-        let span = info_span!("idempotent", scope = %scope, key = %key, transactional = true);
-        async move {
-            // Resolved once: the same handle begins the transaction and records in it.
-            let Some(tx_store) = self.tx_store::<DB>() else {
-                error!(
-                    event = "store_error",
-                    database = DB::DATABASE_NAME,
-                    "transactional handler on an engine whose store is not of its database"
-                );
-                return transaction_unsupported(DB::DATABASE_NAME);
-            };
-            self.claim_and_execute(config, scope, key, fingerprint.into(), |execution, key| {
-                execution.execute_in_transaction(tx_store, key, handler)
-            })
-            .await
-        }
-        .instrument(span)
-        .await
+        let fingerprint = fingerprint.into();
+        protocol::run_in_transaction(&self.inner, config, scope, key, fingerprint, handler).await
     }
 
     /// Whether transactional handlers on database `DB` can run on this engine's store.
     #[cfg(feature = "sql")]
     pub fn supports_transactions<DB: crate::transaction::TxDatabase>(&self) -> bool {
-        self.tx_store::<DB>().is_some()
+        protocol::tx_store::<DB>(self.inner.store.as_ref()).is_some()
     }
 
-    #[cfg(feature = "sql")]
-    fn tx_store<DB: crate::transaction::TxDatabase>(
+    /// Waits until every request the engine is running, and every outcome it is still
+    /// recording, has finished — or `timeout` passed; `true` when all finished. Call it
+    /// after the server stopped accepting connections and before the runtime shuts down,
+    /// so that no handler is cut off between its side effect and its record.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        self.inner.tracker.close();
+        let finished = tokio::time::timeout(timeout, self.inner.tracker.wait())
+            .await
+            .is_ok();
+        self.inner.tracker.reopen();
+        finished
+    }
+
+    /// The live record of `(scope, key)` as the store sees it now (state, fingerprint,
+    /// recorded status, created/expiry times, lease and whether its holder is alive), or
+    /// `None` when there is none; see [`Store::inspect`].
+    ///
+    /// # Errors
+    ///
+    /// The store's error, or [`StoreError::Timeout`] after the engine's store timeout.
+    pub async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        operator::inspect(&self.inner, scope, key).await
+    }
+
+    /// Deletes the record of `(scope, key)` so the next request with the key runs as new;
+    /// refuses ([`ForgetOutcome::Refused`]) while a request runs under it with a live
+    /// lease, unless `force`. See [`Store::forget`] for the exact
+    /// rules. A forced forget lets a retry run the handler while the original may still
+    /// be running: use it only when the holder is known to be gone (its process died, and
+    /// its lease has not run out yet). If it is still running after all, its next
+    /// heartbeat finds the claim gone and raises
+    /// [`IdempotencyKey::lease_lost`](crate::key::IdempotencyKey::lease_lost), a transactional
+    /// handler's writes roll back, and its response is not recorded (fencing).
+    ///
+    /// This engine's [replay cache](IdempotencyBuilder::replay_cache) drops the
+    /// key at once; other instances' caches may still replay a completed record for up to
+    /// their [`max_age`](ReplayCacheConfig::max_age) (default 10 s).
+    ///
+    /// Every call is logged (`event = "forgotten"`, or `"forget_refused"`).
+    ///
+    /// # Errors
+    ///
+    /// The store's error, or [`StoreError::Timeout`] after the engine's store timeout
+    /// (the record may or may not have been deleted then: inspect or forget again).
+    pub async fn forget(
         &self,
-    ) -> Option<Arc<dyn crate::transaction::TxStore<DB>>> {
-        self.inner.store.transactions()?.for_database::<DB>()
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError> {
+        operator::forget(&self.inner, scope, key, force).await
     }
 
     /// Purges expired records in batches of `batch` until fewer than a batch remain;
     /// returns how many were deleted.
-    pub async fn purge_expired(&self, batch: u32) -> Result<u64, crate::StoreError> {
-        if batch == 0 {
-            return Ok(0);
-        }
-        let mut total = 0;
-        loop {
-            let purged = self.inner.store.purge_expired(batch);
-            let deleted = metrics::timed(StoreOperation::Purge, purged).await?;
-            total += deleted;
-            if deleted < u64::from(batch) {
-                return Ok(total);
-            }
-        }
+    pub async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        sweeper::purge_expired(self.inner.store.as_ref(), batch).await
     }
 
     /// Spawns a background task that purges expired records every `interval`, in
@@ -762,102 +294,80 @@ impl Idempotency {
     ///
     /// On a zero `interval`.
     pub fn spawn_sweeper(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
-        assert!(!interval.is_zero(), "the sweeper interval must be positive");
-        let engine = self.clone();
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticker.tick().await;
-                match engine.purge_expired(1000).await {
-                    Ok(0) => {}
-                    Ok(n) => debug!(
-                        event = "purged",
-                        records = n,
-                        "purged expired idempotency records"
-                    ),
-                    Err(err) => {
-                        warn!(event = "store_error", error = %err, "purging expired records failed")
-                    }
-                }
-            }
-        })
+        sweeper::spawn_sweeper(self.inner.store.clone(), interval)
     }
 }
 
-/// The `outcome` a claim's answer counts under; `None` for a key in progress, counted
-/// by [`Idempotency::in_progress`] when the `409` is answered.
-fn claim_metric(outcome: &ClaimOutcome) -> Option<Outcome> {
-    match outcome {
-        ClaimOutcome::Replay(_) => Some(Outcome::Replayed),
-        ClaimOutcome::InProgress { .. } => None,
-        ClaimOutcome::Mismatch => Some(Outcome::Mismatch),
-        ClaimOutcome::Claimed { .. } => Some(Outcome::Claimed),
+/// The policy each handler gets, for the OpenAPI description of its routes.
+#[cfg(feature = "utoipa")]
+impl Idempotency {
+    /// The TTL a handler with `config` uses.
+    pub(crate) fn ttl_for(&self, config: &HandlerConfig) -> Duration {
+        self.inner.ttl_for(config)
+    }
+
+    /// The maximum duration a handler with `config` has.
+    pub(crate) fn max_duration_for(&self, config: &HandlerConfig) -> Duration {
+        self.inner.max_duration_for(config)
+    }
+
+    /// The lease a handler with `config` uses.
+    pub(crate) fn lease_for(&self, config: &HandlerConfig) -> Duration {
+        self.inner.lease_for(config)
+    }
+
+    /// How long a duplicate of a handler with `config` waits (`None`: not at all).
+    pub(crate) fn wait_for(&self, config: &HandlerConfig) -> Option<Duration> {
+        self.inner.wait_for(config)
     }
 }
 
-/// Why a claim does not run the handler.
-enum Refused {
-    /// Answered at once: a replay, `422`, `503`.
-    Answer(Settled, Response),
-    /// Another request holds the key; the store's time until its lease runs out.
-    InProgress(Duration),
-}
+impl Inner {
+    /// The TTL a handler with `config` uses.
+    fn ttl_for(&self, config: &HandlerConfig) -> Duration {
+        config.ttl.unwrap_or(self.default_ttl)
+    }
 
-/// What a claim attempt answers when it panicked outside the handler (which has its
-/// own guard) or was cut off by the runtime shutting down.
-fn interrupted<X>() -> Attempt<X> {
-    Attempt::Done(
-        Settled::Failed,
-        internal_error("The request was interrupted; it is safe to retry with the same key."),
-    )
-}
+    /// The maximum duration a handler with `config` has.
+    fn max_duration_for(&self, config: &HandlerConfig) -> Duration {
+        config.max_duration.unwrap_or(self.default_max_duration)
+    }
 
-/// The store operation `call`, started at `started`: failed with [`StoreError::Timeout`]
-/// when it is not done `timeout` after `started`, and timed into the store-operation
-/// metrics (a call dropped before it finished records nothing). A call done at its
-/// first poll arms no timer ([`ByDeadline`]).
-///
-/// [`StoreError::Timeout`]: crate::StoreError::Timeout
-fn store_call<T>(
-    operation: StoreOperation,
-    started: tokio::time::Instant,
-    timeout: Duration,
-    call: impl Future<Output = Result<T, crate::StoreError>>,
-) -> impl Future<Output = Result<T, crate::StoreError>> {
-    timed_store_call(operation, started, timeout, call).map(|(result, _)| result)
-}
+    /// The lease a handler with `config` uses.
+    fn lease_for(&self, config: &HandlerConfig) -> Duration {
+        config.lease.unwrap_or(self.default_lease)
+    }
 
-/// [`store_call`], and when the store answered: the clock read that times the call,
-/// for a caller that needs the time next (the claim's answer starts the handler's run).
-fn timed_store_call<T>(
-    operation: StoreOperation,
-    started: tokio::time::Instant,
-    timeout: Duration,
-    call: impl Future<Output = Result<T, crate::StoreError>>,
-) -> impl Future<Output = (Result<T, crate::StoreError>, tokio::time::Instant)> {
-    bounded_from(started, timeout, call).map(move |result| {
-        let answered = tokio::time::Instant::now();
-        metrics::store_operation(operation, result.is_ok(), answered - started);
-        (result, answered)
-    })
-}
+    /// How long a duplicate of a handler with `config` waits (`None`: not at all).
+    fn wait_for(&self, config: &HandlerConfig) -> Option<Duration> {
+        config
+            .wait
+            .or(self.default_wait)
+            .filter(|wait| !wait.is_zero())
+    }
 
-/// `operation`, failed with [`StoreError::Timeout`](crate::StoreError::Timeout) when it takes longer than `timeout`.
-fn bounded<T>(
-    timeout: Duration,
-    operation: impl Future<Output = Result<T, crate::StoreError>>,
-) -> impl Future<Output = Result<T, crate::StoreError>> {
-    bounded_from(tokio::time::Instant::now(), timeout, operation)
-}
+    /// Drops `(scope, key)` from this process's replay cache, if there is one.
+    fn forget_cached(&self, scope: &str, key: &str) {
+        if let Some(cache) = &self.replay_cache {
+            cache.invalidate(scope, key);
+        }
+    }
 
-/// `operation`, failed with [`StoreError::Timeout`](crate::StoreError::Timeout) when it is not done `timeout` after
-/// `started`.
-fn bounded_from<T>(
-    started: tokio::time::Instant,
-    timeout: Duration,
-    operation: impl Future<Output = Result<T, crate::StoreError>>,
-) -> impl Future<Output = Result<T, crate::StoreError>> {
-    ByDeadline::new(started + timeout, operation)
-        .map(move |output| output.unwrap_or(Err(crate::StoreError::Timeout(timeout))))
+    /// Caches a completed record: this process's own completion (bounded by its claim's
+    /// TTL) or a replay the store answered (bounded by the life it reported), read or
+    /// written by a store call sent at cache time `read_at`. Returns the record ready to
+    /// replay, or gives it back when there is no cache.
+    fn remember(
+        &self,
+        name: &ScopedKey,
+        fingerprint: Fingerprint,
+        stored: StoredResponse,
+        lives_until: i64,
+        read_at: i64,
+    ) -> Result<Arc<CachedReplay>, StoredResponse> {
+        match &self.replay_cache {
+            Some(cache) => Ok(cache.insert(name, fingerprint, stored, lives_until, read_at)),
+            None => Err(stored),
+        }
+    }
 }

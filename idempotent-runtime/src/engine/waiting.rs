@@ -29,8 +29,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::Idempotency;
+use super::Inner;
 use crate::config::HandlerConfig;
+use crate::metrics;
 use crate::store::FencingToken;
 
 /// The first poll step on a store without change notifications, doubled up to
@@ -39,7 +40,8 @@ const FIRST_POLL: Duration = Duration::from_millis(20);
 /// The longest poll step.
 const MAX_POLL: Duration = Duration::from_millis(500);
 
-/// How one claim attempt ended, for a request that may wait.
+/// How one uncancellable claim attempt ended: answered, or the key still in progress
+/// (with the handler handed back, for a request that waits and claims again).
 pub(super) enum Attempt<X> {
     /// Answered (replay, run, `422`, `503`, …): how, and the response.
     Done(Settled, Response),
@@ -80,86 +82,77 @@ enum WaitOutcome {
     TimedOut,
 }
 
-impl Idempotency {
-    /// How long a duplicate of a handler with `config` waits (`None`: not at all).
-    pub(crate) fn wait_for(&self, config: &HandlerConfig) -> Option<Duration> {
-        config
-            .wait
-            .or(self.inner.default_wait)
-            .filter(|wait| !wait.is_zero())
-    }
-
-    /// Claims, and while the key is in progress, waits for a wake-up and claims again,
-    /// until `wait` has passed. `attempt` runs one claim (and the handler, if it wins)
-    /// uncancellably, handing the handler back when the key is in progress.
-    pub(super) async fn claim_waiting<X, A, Fut>(
-        &self,
-        config: &HandlerConfig,
-        scope: &str,
-        key: &str,
-        wait: Duration,
-        mut execute: X,
-        attempt: A,
-    ) -> Response
-    where
-        A: Fn(X) -> Fut,
-        Fut: Future<Output = Attempt<X>>,
-    {
-        let started = Instant::now();
-        let deadline = started + wait;
-        let mut poll = FIRST_POLL;
-        let mut waited = false;
-        loop {
-            // Before the claim, so that an end between the claim and the wait wakes it.
-            let store_watch = self.inner.store.watch_claim(scope, key, poll);
-            let (retry_after, handler) = match attempt(execute).await {
-                Attempt::Done(settled, response) => {
-                    if waited {
-                        self.waited(config, started, WaitOutcome::Settled(settled));
-                    }
-                    return response;
+/// Claims, and while the key is in progress, waits for a wake-up and claims again,
+/// until `wait` has passed. `attempt` runs one claim (and the handler, if it wins)
+/// uncancellably, handing the handler back when the key is in progress; so does this
+/// when the key is still in progress at the end of the wait.
+pub(super) async fn claim_waiting<X, A, Fut>(
+    inner: &Inner,
+    config: &HandlerConfig,
+    scope: &str,
+    key: &str,
+    wait: Duration,
+    mut execute: X,
+    attempt: A,
+) -> Attempt<X>
+where
+    A: Fn(X) -> Fut,
+    Fut: Future<Output = Attempt<X>>,
+{
+    let started = Instant::now();
+    let deadline = started + wait;
+    let mut poll = FIRST_POLL;
+    let mut waited = false;
+    loop {
+        // Before the claim, so that an end between the claim and the wait wakes it.
+        let store_watch = inner.store.watch_claim(scope, key, poll);
+        let (retry_after, handler) = match attempt(execute).await {
+            Attempt::Done(settled, response) => {
+                if waited {
+                    report(config, started, WaitOutcome::Settled(settled));
                 }
-                Attempt::InProgress(retry_after, handler) => (retry_after, handler),
-            };
-            execute = handler;
-            if Instant::now() >= deadline {
-                self.waited(config, started, WaitOutcome::TimedOut);
-                return self.in_progress(config, retry_after);
+                return Attempt::Done(settled, response);
             }
-            waited = true;
-            match self.inner.running.subscribe(scope, key) {
-                // The original runs here: its end is a notification.
-                Some(mut local) => {
-                    drop(store_watch);
-                    let _ = tokio::time::timeout_at(deadline, local.changed()).await;
-                }
-                None => {
-                    let _ = tokio::time::timeout_at(deadline, store_watch).await;
-                    poll = (poll * 2).min(MAX_POLL);
-                }
-            }
-        }
-    }
-
-    /// The one place a wait's outcome is decided and reported.
-    fn waited(&self, config: &HandlerConfig, started: Instant, outcome: WaitOutcome) {
-        let waited = started.elapsed();
-        let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
-        let result = match outcome {
-            WaitOutcome::Settled(settled) => settled.as_str(),
-            WaitOutcome::TimedOut => "in_progress",
+            Attempt::InProgress(retry_after, handler) => (retry_after, handler),
         };
-        crate::metrics::waited(config.name, result, waited);
-        match outcome {
-            WaitOutcome::Settled(_) => info!(
-                event = "waited",
-                result, waited_ms, "waited for the original request"
-            ),
-            WaitOutcome::TimedOut => info!(
-                event = "waited",
-                result, waited_ms, "the original request was still running at the end of the wait"
-            ),
+        if Instant::now() >= deadline {
+            report(config, started, WaitOutcome::TimedOut);
+            return Attempt::InProgress(retry_after, handler);
         }
+        execute = handler;
+        waited = true;
+        match inner.running.subscribe(scope, key) {
+            // The original runs here: its end is a notification.
+            Some(mut local) => {
+                drop(store_watch);
+                let _ = tokio::time::timeout_at(deadline, local.changed()).await;
+            }
+            None => {
+                let _ = tokio::time::timeout_at(deadline, store_watch).await;
+                poll = (poll * 2).min(MAX_POLL);
+            }
+        }
+    }
+}
+
+/// The one place a wait's outcome is decided and reported.
+fn report(config: &HandlerConfig, started: Instant, outcome: WaitOutcome) {
+    let waited = started.elapsed();
+    let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+    let result = match outcome {
+        WaitOutcome::Settled(settled) => settled.as_str(),
+        WaitOutcome::TimedOut => "in_progress",
+    };
+    metrics::waited(config.name, result, waited);
+    match outcome {
+        WaitOutcome::Settled(_) => info!(
+            event = "waited",
+            result, waited_ms, "waited for the original request"
+        ),
+        WaitOutcome::TimedOut => info!(
+            event = "waited",
+            result, waited_ms, "the original request was still running at the end of the wait"
+        ),
     }
 }
 

@@ -1,0 +1,439 @@
+//! The protocol: the whole sequence an idempotent request goes through, top to bottom.
+//!
+//! 1. **Scope**: an empty scope is refused (`500`), never run unscoped.
+//! 2. **Replay cache**: a completed record this process saw recently is replayed (or a
+//!    reuse of its key with another request answered `422`) without a store round trip.
+//! 3. **Fingerprint**: the request's bytes are hashed, and let go of before the claim.
+//! 4. **Claim**: one atomic store call decides ([`Claim`]): replay, `422`, `503`, the
+//!    key in progress, or won. A claim answered too late in its lease is given back.
+//! 5. **Wait**: a duplicate whose handler (or engine) sets a wait claims again when the
+//!    original ends, until its wait is over; otherwise, or then, `409` + `Retry-After`.
+//! 6. **Run**: the won claim runs the handler, uncancellable and bounded by its maximum
+//!    duration, while the **heartbeat** renews the lease.
+//! 7. **Record or give up**: the handler's answer becomes a [`Verdict`]: recorded (with
+//!    retries, the lease still renewed), or the claim released (5xx, panic, rejection).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use super::Inner;
+#[cfg(feature = "sql")]
+use super::answers::transaction_unsupported;
+use super::answers::{
+    handler_panicked, in_progress as in_progress_answer, internal_error, key_reused, replay,
+    scope_empty, store_unavailable,
+};
+use super::claim;
+use super::deadline::ByDeadline;
+use super::execution::Execution;
+use super::heartbeat::with_heartbeat;
+use super::inline::Uncancellable;
+use super::record::{self, Captured, GiveUp, Verdict};
+use super::replay_cache::Cached;
+#[cfg(feature = "sql")]
+use super::run::transact;
+use super::run::{capture, interrupted_record};
+use super::waiting::{self, Attempt, Settled};
+use crate::clock::millis;
+use crate::config::{HandlerConfig, OnServerError};
+use crate::fingerprint::{Fingerprint, RequestFingerprint};
+use crate::key::{IdempotencyKey, ScopedKey};
+use crate::lease::{LeaseSignal, licence_holds};
+use crate::metrics::{self, Outcome};
+#[cfg(feature = "sql")]
+use crate::store::Store;
+use crate::store::{ClaimOutcome, ClaimRequest, FencingToken};
+#[cfg(feature = "sql")]
+use crate::transaction::{Tx, TxDatabase, TxStore};
+
+/// What the claim decided for this request: the state the protocol matches on.
+enum Claim {
+    /// This request owns the key: run the handler under this execution.
+    Won(Execution),
+    /// Answered without running the handler: a replay, `422`, or `503`.
+    Answered(Settled, Response),
+    /// Another request holds the key; the store's time until its lease runs out.
+    InProgress(Duration),
+}
+
+/// A plain handler's request (see [`Idempotency::run`](super::Idempotency::run)).
+pub(super) async fn run<F, Fut, R>(
+    inner: &Arc<Inner>,
+    config: &HandlerConfig,
+    scope: &str,
+    key: &str,
+    request: RequestFingerprint,
+    handler: F,
+) -> Response
+where
+    F: FnOnce(IdempotencyKey) -> Fut + Send + 'static,
+    Fut: Future<Output = R> + Send + 'static,
+    R: IntoResponse + 'static,
+{
+    let span = info_span!("idempotent", scope = %scope, key = %key);
+    handle(inner, config, scope, key, request, |execution, key| {
+        // Boxed: the engine's layers around it then move a pointer, not the handler's
+        // whole future.
+        execute(
+            execution,
+            Box::pin(async move { handler(key).await.into_response() }),
+        )
+    })
+    .instrument(span)
+    .await
+}
+
+/// A transactional handler's request (see
+/// [`Idempotency::run_in_transaction`](super::Idempotency::run_in_transaction)).
+#[cfg(feature = "sql")]
+pub(super) async fn run_in_transaction<DB, F, Fut, T, E>(
+    inner: &Arc<Inner>,
+    config: &HandlerConfig,
+    scope: &str,
+    key: &str,
+    request: RequestFingerprint,
+    handler: F,
+) -> Response
+where
+    DB: TxDatabase,
+    F: FnOnce(IdempotencyKey, Tx<DB>) -> Fut + Send + 'static,
+    Fut: Future<Output = (Result<T, E>, Tx<DB>)> + Send + 'static,
+    T: IntoResponse + 'static,
+    E: IntoResponse + 'static,
+{
+    let span = info_span!("idempotent", scope = %scope, key = %key, transactional = true);
+    async move {
+        // Resolved once: the same handle begins the transaction and records in it.
+        let Some(tx_store) = tx_store::<DB>(inner.store.as_ref()) else {
+            error!(
+                event = "store_error",
+                database = DB::DATABASE_NAME,
+                "transactional handler on an engine whose store is not of its database"
+            );
+            return transaction_unsupported(DB::DATABASE_NAME);
+        };
+        handle(inner, config, scope, key, request, |execution, key| {
+            execute_in_transaction(execution, tx_store, key, handler)
+        })
+        .await
+    }
+    .instrument(span)
+    .await
+}
+
+/// A request that carries no key to a handler whose key is optional: the handler runs
+/// in the request's own task, as an unprotected handler would.
+pub(super) async fn run_unprotected<Fut, R>(config: &HandlerConfig, handler: Fut) -> Response
+where
+    Fut: Future<Output = R>,
+    R: IntoResponse,
+{
+    // Every unprotected run passes here: the place to count them.
+    metrics::count(config.name, Outcome::Unprotected);
+    debug!(
+        event = "unprotected",
+        handler = config.name.unwrap_or("unnamed"),
+        "no idempotency key; running the handler unprotected (key = optional)"
+    );
+    handler.await.into_response()
+}
+
+/// Steps 1 to 5: answers from the replay cache when it can; otherwise claims the key
+/// (waiting, if the handler's duplicates wait) and, when claimed, runs `execute` — both
+/// [`Uncancellable`]: a client that hangs up can cancel neither the claim halfway
+/// (leaving a claim that nothing runs) nor the handler.
+async fn handle<X, Fut>(
+    inner: &Arc<Inner>,
+    config: &HandlerConfig,
+    scope: &str,
+    key: &str,
+    request: RequestFingerprint,
+    execute: X,
+) -> Response
+where
+    X: FnOnce(Execution, IdempotencyKey) -> Fut + Send + 'static,
+    Fut: Future<Output = Response> + Send + 'static,
+{
+    if scope.trim().is_empty() {
+        // One key space for every caller whose scope came out empty (say, from
+        // optional authentication) would replay one caller's answer to another.
+        error!(
+            event = "scope_empty",
+            "the scope argument yielded an empty scope; refusing to run unscoped"
+        );
+        return scope_empty();
+    }
+    if let Some(cache) = &inner.replay_cache {
+        match cache.get(scope, key, &request) {
+            Cached::Hit(cached) => {
+                metrics::count(config.name, Outcome::Replayed);
+                info!(
+                    event = "replayed",
+                    status = cached.status(),
+                    cached = true,
+                    "replaying stored response"
+                );
+                return cached.response();
+            }
+            Cached::Mismatch => {
+                metrics::count(config.name, Outcome::Mismatch);
+                info!(
+                    event = "mismatch",
+                    cached = true,
+                    "key reused with a different request"
+                );
+                return key_reused();
+            }
+            Cached::Miss => {}
+        }
+    }
+    // This hold on the request's bytes ends before the claim (a round trip, for most
+    // stores); the handler may hold its own.
+    let fingerprint = request.get();
+    drop(request);
+    // One claim attempt (and the handler, when it wins), uncancellable: run in this
+    // task, moved to a tracked task of its own if the client hangs up. The handler
+    // comes back when the key is in progress, for a request that waits.
+    let name = ScopedKey::new(scope, key);
+    let attempt = |execute: X| {
+        let (engine, config, name) = (inner.clone(), *config, name.clone());
+        let work = async move {
+            // The handler's future is built inside the match and awaited after it:
+            // awaited inside, the claim's result and the execution moved out of it
+            // would each keep their bytes in this future beside the one awaited.
+            let run = match claim_key(&engine, &config, &name, &fingerprint).await {
+                Claim::Won(execution) => {
+                    let lease = execution.lease_signal.clone();
+                    let key = IdempotencyKey::claimed(name, fingerprint, lease);
+                    execute(execution, key)
+                }
+                Claim::Answered(settled, answer) => return Attempt::Done(settled, answer),
+                Claim::InProgress(retry_after) => {
+                    return Attempt::InProgress(retry_after, execute);
+                }
+            };
+            Attempt::Done(Settled::Ran, run.await)
+        };
+        Uncancellable::new(work, &inner.tracker, attempt_interrupted)
+    };
+    let attempted = match inner.wait_for(config) {
+        None => attempt(execute).await,
+        // Boxed: only handlers whose duplicates wait pay for its state in their
+        // request's future.
+        Some(wait) => {
+            let waiting = waiting::claim_waiting(inner, config, scope, key, wait, execute, attempt);
+            Box::pin(waiting).await
+        }
+    };
+    match attempted {
+        Attempt::Done(_, answer) => answer,
+        Attempt::InProgress(retry_after, _) => in_progress(inner, config, retry_after),
+    }
+}
+
+/// Step 4: claims the key and decides what the store's answer means for this request.
+async fn claim_key(
+    inner: &Arc<Inner>,
+    config: &HandlerConfig,
+    name: &ScopedKey,
+    fingerprint: &Fingerprint,
+) -> Claim {
+    let (scope, key) = (name.scope(), name.key());
+    let lease = inner.lease_for(config);
+    let request = ClaimRequest {
+        scope,
+        key,
+        fingerprint,
+        ttl: inner.ttl_for(config),
+        lease,
+        token: FencingToken::random(),
+    };
+    let claimed = claim::send(inner, &request).await;
+    let (outcome, expires_in) = match claimed.answer {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
+            metrics::count(config.name, Outcome::StoreError);
+            return Claim::Answered(Settled::Failed, store_unavailable());
+        }
+    };
+    // A `409` counts once, where it is answered: a waiting duplicate may find the key
+    // in progress several times before it settles.
+    if let Some(counted) = claim_metric(&outcome) {
+        metrics::count(config.name, counted);
+    }
+    let cache_now = claimed.cache_now;
+    match outcome {
+        ClaimOutcome::Replay(stored) => {
+            info!(
+                event = "replayed",
+                status = stored.status,
+                "replaying stored response"
+            );
+            let answer = match expires_in {
+                Some(life) => {
+                    let lives_until = cache_now.saturating_add(millis(life));
+                    match inner.remember(name, *fingerprint, stored, lives_until, cache_now) {
+                        Ok(cached) => cached.response(),
+                        Err(stored) => replay(stored),
+                    }
+                }
+                None => replay(stored),
+            };
+            Claim::Answered(Settled::Replayed, answer)
+        }
+        ClaimOutcome::InProgress { retry_after } => Claim::InProgress(retry_after),
+        ClaimOutcome::Mismatch => {
+            info!(event = "mismatch", "key reused with a different request");
+            Claim::Answered(Settled::Mismatch, key_reused())
+        }
+        ClaimOutcome::Claimed { token, takeover } => {
+            let (sent_at, answered_at) = (claimed.sent_at, claimed.answered_at);
+            if !licence_holds(answered_at - sent_at, lease) {
+                // The store may already have handed the key to a retry: running now
+                // could run the operation twice. Give the claim back and say retry.
+                warn!(
+                    event = "claim_late",
+                    waited_ms =
+                        u64::try_from((answered_at - sent_at).as_millis()).unwrap_or(u64::MAX),
+                    lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                    "the claim was answered too late in its lease to run; releasing it"
+                );
+                metrics::count(config.name, Outcome::ClaimLate);
+                claim::release_late(inner, name, token).await;
+                return Claim::Answered(Settled::Failed, store_unavailable());
+            }
+            match takeover {
+                None => info!(event = "claimed", "running handler"),
+                Some(reason) => info!(
+                    event = "taken_over",
+                    reason = reason.as_str(),
+                    "took over an earlier record of this key; running handler"
+                ),
+            }
+            // Only handlers whose duplicates wait are tracked: nobody else listens.
+            let registration = inner
+                .wait_for(config)
+                .map(|_| inner.running.register(scope, key, token));
+            Claim::Won(Execution {
+                inner: inner.clone(),
+                _registration: registration,
+                config: *config,
+                name: name.clone(),
+                fingerprint: *fingerprint,
+                lives_until: cache_now.saturating_add(millis(request.ttl)),
+                token,
+                lease,
+                claimed_at: sent_at,
+                claim_answered_at: answered_at,
+                lease_signal: Arc::new(LeaseSignal::new(sent_at, lease)),
+            })
+        }
+    }
+}
+
+/// Steps 6 and 7 for a plain handler: runs it (its answer becomes the response) while
+/// the heartbeat renews the lease, then records the outcome or gives the claim up.
+// Not an `async fn`, on purpose (see the comment in the body).
+#[allow(clippy::manual_async_fn)]
+fn execute(
+    execution: Execution,
+    handler: impl Future<Output = Response> + Send,
+) -> impl Future<Output = Response> + Send {
+    // An `async` block, not an `async fn`: an `async fn` keeps its by-value arguments
+    // twice in its state (the argument and the local it is moved into), and this
+    // future is part of every request's.
+    async move {
+        let release_server_errors = execution.config.on_server_error == OnServerError::Release;
+        let started = execution.claim_answered_at;
+        let ran = AssertUnwindSafe(async {
+            match ByDeadline::new(execution.deadline(), handler).await {
+                Some(response) => capture(&execution, response, release_server_errors).await,
+                // The side effect may or may not have happened: record that, so that a
+                // retry cannot run it a second time.
+                None => Verdict::Record(interrupted_record(&execution)),
+            }
+        })
+        .catch_unwind();
+        let verdict = with_heartbeat(&execution, ran)
+            .await
+            .unwrap_or_else(|_panic| Verdict::GiveUp(GiveUp::Panic, handler_panicked()));
+        let finished = tokio::time::Instant::now();
+        metrics::handler_duration(execution.config.name, finished - started);
+        match verdict {
+            // The lease is renewed until the outcome is recorded: a store outage after
+            // the handler finished must not let it lapse while we retry.
+            Verdict::Record(Captured { stored, answer }) => {
+                execution.observe_duration(finished);
+                record::complete_with_retries(execution, stored, finished).await;
+                answer
+            }
+            Verdict::GiveUp(why, answer) => record::give_up(&execution, why, answer).await,
+        }
+    }
+}
+
+/// Steps 6 and 7 for a transactional handler: its writes and the recorded response
+/// commit together, or it rolls back and gives the claim up (see [`transact`]);
+/// the lease is renewed throughout.
+#[cfg(feature = "sql")]
+async fn execute_in_transaction<DB, F, Fut, T, E>(
+    execution: Execution,
+    tx_store: Arc<dyn TxStore<DB>>,
+    idempotency_key: IdempotencyKey,
+    handler: F,
+) -> Response
+where
+    DB: TxDatabase,
+    F: FnOnce(IdempotencyKey, Tx<DB>) -> Fut + Send + 'static,
+    Fut: Future<Output = (Result<T, E>, Tx<DB>)> + Send + 'static,
+    T: IntoResponse + 'static,
+    E: IntoResponse + 'static,
+{
+    let transacted = transact(&execution, tx_store, idempotency_key, handler);
+    with_heartbeat(&execution, transacted).await
+}
+
+/// The `409` + `Retry-After` for a duplicate that finds the key still in progress
+/// (the store's `retry_after`: until the holder's lease runs out).
+fn in_progress(inner: &Inner, config: &HandlerConfig, retry_after: Duration) -> Response {
+    metrics::count(config.name, Outcome::InProgress);
+    let retry_after = inner.durations.retry_after(config.name, retry_after);
+    info!(
+        event = "in_progress",
+        retry_after_secs = retry_after.as_secs(),
+        "original request still running"
+    );
+    in_progress_answer(retry_after)
+}
+
+/// The `outcome` a claim's answer counts under; `None` for a key in progress, counted
+/// by [`in_progress`] when the `409` is answered.
+fn claim_metric(outcome: &ClaimOutcome) -> Option<Outcome> {
+    match outcome {
+        ClaimOutcome::Replay(_) => Some(Outcome::Replayed),
+        ClaimOutcome::InProgress { .. } => None,
+        ClaimOutcome::Mismatch => Some(Outcome::Mismatch),
+        ClaimOutcome::Claimed { .. } => Some(Outcome::Claimed),
+    }
+}
+
+/// What a claim attempt answers when it panicked outside the handler (which has its
+/// own guard) or was cut off by the runtime shutting down.
+fn attempt_interrupted<X>() -> Attempt<X> {
+    Attempt::Done(
+        Settled::Failed,
+        internal_error("The request was interrupted; it is safe to retry with the same key."),
+    )
+}
+
+/// The store's transactions on database `DB`, if it has them.
+#[cfg(feature = "sql")]
+pub(super) fn tx_store<DB: TxDatabase>(store: &dyn Store) -> Option<Arc<dyn TxStore<DB>>> {
+    store.transactions()?.for_database::<DB>()
+}
