@@ -92,6 +92,7 @@ use sha2::{Digest, Sha256};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row};
 
+use super::sql::operator::OperatorStatements;
 use super::sql::{self, CompletionColumns, EmbeddedMigration};
 use super::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,

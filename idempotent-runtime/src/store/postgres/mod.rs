@@ -83,6 +83,7 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPool
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row};
 
+use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
 use super::{
     ClaimOutcome, ClaimRequest, ClaimWatch, FencingToken, ForgetOutcome, RecordInfo, Store,
@@ -319,8 +320,8 @@ impl PostgresStore {
         let transactions = transaction::support(pool.clone(), sql.clone());
         let notifier = Arc::new(notify::Notifier::new((*pool.connect_options()).clone()));
         let connections = Arc::new(StatementConnections::like(&pool));
-        let claims = Batcher::start(sql.claim.clone(), connections.clone());
-        let completions = Batcher::start(sql.complete_batch.clone(), connections.clone());
+        let claims = group_commit::start(sql.claim.clone(), connections.clone());
+        let completions = group_commit::start(sql.complete_batch.clone(), connections.clone());
         Self {
             pool,
             schema,

@@ -68,6 +68,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
 use super::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
