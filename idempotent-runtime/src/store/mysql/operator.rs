@@ -7,7 +7,7 @@ use sqlx::query::Query;
 use sqlx::{MySql, MySqlPool};
 
 use super::{MySqlStore, scope_key_sha256};
-use crate::store::sql::operator::OperatorStatements;
+use crate::store::sql::operator::{FencedDelete, OperatorStatements};
 
 const INSPECT: &str = include_str!("sql/inspect.sql");
 const FORGET: &str = include_str!("sql/forget.sql");
@@ -36,20 +36,16 @@ impl OperatorStatements for MySqlStore {
 
     fn forget_statement(
         &self,
-        scope: &str,
-        key: &str,
-        token: i64,
-        state: String,
-        force: bool,
+        delete: FencedDelete<'_>,
         (): (),
     ) -> Query<'static, MySql, MySqlArguments> {
         sqlx::query(FORGET)
-            .bind(scope_key_sha256(scope, key))
-            .bind(scope.to_owned())
-            .bind(key.to_owned())
-            .bind(token)
-            .bind(state)
-            .bind(force)
+            .bind(scope_key_sha256(delete.scope, delete.key))
+            .bind(delete.scope.to_owned())
+            .bind(delete.key.to_owned())
+            .bind(delete.token)
+            .bind(delete.state)
+            .bind(delete.force)
     }
 
     fn deleted(done: &MySqlQueryResult) -> bool {

@@ -39,8 +39,8 @@
 //!   statement may have committed, and the engine's own retry rules then apply (a claim
 //!   that committed with nobody to run it holds its key until its lease runs out).
 //! - **Bounded.** [`MAX_BATCH`] elements and [`MAX_BATCH_BYTES`] of responses per
-//!   statement; [`QUEUE`] callers waiting to be gathered, and at most two batches' worth
-//!   gathered but deferred (duplicates); a caller finding the queue full waits for room
+//!   statement; [`QUEUE`](batcher::QUEUE) callers waiting to be gathered, and at most
+//!   two batches' worth gathered but deferred (duplicates, or past the bytes); a caller finding the queue full waits for room
 //!   (and for the engine's store timeout). A caller that gave up before its statement
 //!   was sent is not run. One statement at a time per batcher, each bounded by
 //!   [`BATCH_TIMEOUT`].
@@ -59,8 +59,6 @@ use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{Row, SqlStr};
 
 use super::connections::{StatementConnection, StatementConnections};
-#[cfg(doc)]
-use crate::store::sql::batcher::QUEUE;
 use crate::store::sql::batcher::{self, MAX_BATCH, Waiting};
 
 /// Bytes of responses per completion statement at most (a first element is always

@@ -7,7 +7,7 @@ use sqlx::query::Query;
 use sqlx::{PgPool, Postgres};
 
 use super::PostgresStore;
-use crate::store::sql::operator::OperatorStatements;
+use crate::store::sql::operator::{FencedDelete, OperatorStatements};
 
 impl OperatorStatements for PostgresStore {
     type Database = Postgres;
@@ -32,19 +32,15 @@ impl OperatorStatements for PostgresStore {
 
     fn forget_statement(
         &self,
-        scope: &str,
-        key: &str,
-        token: i64,
-        state: String,
-        force: bool,
+        delete: FencedDelete<'_>,
         (): (),
     ) -> Query<'static, Postgres, PgArguments> {
         sqlx::query(self.sql.forget.clone())
-            .bind(scope.to_owned())
-            .bind(key.to_owned())
-            .bind(token)
-            .bind(state)
-            .bind(force)
+            .bind(delete.scope.to_owned())
+            .bind(delete.key.to_owned())
+            .bind(delete.token)
+            .bind(delete.state)
+            .bind(delete.force)
     }
 
     fn deleted(done: &PgQueryResult) -> bool {

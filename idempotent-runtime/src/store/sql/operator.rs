@@ -42,16 +42,10 @@ pub(crate) trait OperatorStatements: Sync {
         now: Self::Now,
     ) -> Query<'static, Self::Database, <Self::Database as Database>::Arguments>;
 
-    /// The dialect's `forget.sql`: deletes the record of (scope, key) only if it is still
-    /// the one the read saw (`token`, `state`) and, unless `force`, is completed or
-    /// its lease ran out at `now`.
+    /// The dialect's `forget.sql` for `delete`, judged at `now`.
     fn forget_statement(
         &self,
-        scope: &str,
-        key: &str,
-        token: i64,
-        state: String,
-        force: bool,
+        delete: FencedDelete<'_>,
         now: Self::Now,
     ) -> Query<'static, Self::Database, <Self::Database as Database>::Arguments>;
 
@@ -91,6 +85,18 @@ pub(crate) trait OperatorStatements: Sync {
     }
 }
 
+/// What `forget.sql` deletes: the record of (scope, key), only if it is still the one
+/// the read saw (`token`, `state`) and, unless `force`, is completed or its lease ran
+/// out at the attempt's "now".
+#[derive(Debug)]
+pub(crate) struct FencedDelete<'a> {
+    pub(crate) scope: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) token: i64,
+    pub(crate) state: String,
+    pub(crate) force: bool,
+}
+
 /// One `forget` attempt: `None` when the record changed between the read and the delete.
 async fn forget_once<S: OperatorStatements + ?Sized>(
     store: &S,
@@ -113,8 +119,15 @@ where
             outcome,
         } => (token, state, outcome),
     };
+    let delete = FencedDelete {
+        scope,
+        key,
+        token,
+        state,
+        force,
+    };
     let done = store
-        .forget_statement(scope, key, token, state, force, now)
+        .forget_statement(delete, now)
         .execute(store.pool())
         .await?;
     Ok(S::deleted(&done).then_some(outcome))

@@ -8,7 +8,7 @@ use sqlx::{Sqlite, SqlitePool};
 
 use super::SqliteStore;
 use super::lease_time::{Now, statement};
-use crate::store::sql::operator::OperatorStatements;
+use crate::store::sql::operator::{FencedDelete, OperatorStatements};
 
 impl OperatorStatements for SqliteStore {
     type Database = Sqlite;
@@ -38,19 +38,15 @@ impl OperatorStatements for SqliteStore {
 
     fn forget_statement(
         &self,
-        scope: &str,
-        key: &str,
-        token: i64,
-        state: String,
-        force: bool,
+        delete: FencedDelete<'_>,
         now: Now,
     ) -> Query<'static, Sqlite, SqliteArguments> {
         sqlx::query(statement!("sql/forget.sql"))
-            .bind(scope.to_owned())
-            .bind(key.to_owned())
-            .bind(token)
-            .bind(state)
-            .bind(force)
+            .bind(delete.scope.to_owned())
+            .bind(delete.key.to_owned())
+            .bind(delete.token)
+            .bind(delete.state)
+            .bind(delete.force)
             .bind(now.wall)
             .bind(now.boot_id.map(Vec::from))
             .bind(now.boot)
