@@ -40,10 +40,10 @@
 //!   that committed with nobody to run it holds its key until its lease runs out).
 //! - **Bounded.** [`MAX_BATCH`] elements and [`MAX_BATCH_BYTES`] of responses per
 //!   statement; [`QUEUE`](batcher::QUEUE) callers waiting to be gathered, and at most
-//!   two batches' worth gathered but deferred (duplicates, or past the bytes); a caller finding the queue full waits for room
-//!   (and for the engine's store timeout). A caller that gave up before its statement
-//!   was sent is not run. One statement at a time per batcher, each bounded by
-//!   [`BATCH_TIMEOUT`].
+//!   two batches' worth gathered but deferred (duplicates, or past the bytes); a caller
+//!   finding the queue full waits for room (and for the engine's store timeout). A
+//!   caller that gave up before its statement was sent is not run. One statement at a
+//!   time per batcher, each bounded by [`BATCH_TIMEOUT`].
 //!
 //! Each batcher is a task, spawned on the runtime the store was opened in, that borrows a
 //! statement connection (`connections.rs`) per batch and ends when the last clone of the

@@ -56,10 +56,10 @@
 //! the channel `idempotent_claim_ended` when a *marked* claim completes or is released,
 //! with a hash of scope and key as payload. Only marked records notify: `NOTIFY`
 //! serialises the commits of notifying transactions, so notifying on every completion
-//! would serialise every fresh key's completion. Each store keeps one listener connection
-//! for it, on a one-connection pool of its own (never one of the request pool's), started
-//! on the first wait and reconnected when lost; waiters poll while it is down (see
-//! `notify.rs`).
+//! would serialise every fresh key's completion. Each store keeps one listener
+//! connection for it, on a one-connection pool of its own (never one of the request
+//! pool's), started on the first wait and reconnected when lost; waiters poll while it is
+//! down (see `notify.rs`).
 //!
 //! # Migrations
 //!
