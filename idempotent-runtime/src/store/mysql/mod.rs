@@ -28,8 +28,9 @@
 //!    duplicate-key error means another claim inserted it since the read: read again.
 //! 3. Only if the rule allows a takeover: an `UPDATE … WHERE <that reason still holds>`
 //!    (`sql/take_over_*.sql`). InnoDB evaluates an `UPDATE`'s condition on the newest
-//!    committed row under its exclusive lock, so of 64 racing retries exactly one matches;
-//!    the others match nothing and claim again (and then find the winner's record).
+//!    committed row under its exclusive lock, so of any number of racing retries exactly
+//!    one matches; the others match nothing and claim again (and then find the winner's
+//!    record).
 //!
 //! Why not the alternatives: `INSERT … ON DUPLICATE KEY UPDATE` locks (and with a
 //! conditional `SET`, writes) the row even when it refuses the claim, so every replay and
@@ -92,6 +93,7 @@ use sha2::{Digest, Sha256};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row};
 
+use super::sql::operator::OperatorStatements;
 use super::sql::{self, CompletionColumns, EmbeddedMigration};
 use super::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,

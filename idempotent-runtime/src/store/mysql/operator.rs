@@ -1,85 +1,54 @@
-//! The operator tools on MySQL: `inspect` is one consistent read at the database's
-//! `UTC_TIMESTAMP(6)`; `forget` is that read, then a `DELETE` by primary key fenced by
-//! what it read (see `store/sql/operator.rs`).
+//! The operator tools' statements on MySQL: `inspect` is one consistent read at the
+//! database's `UTC_TIMESTAMP(6)`; `forget`'s `DELETE`, by primary key, is fenced by what
+//! that read saw (the tools themselves: `store/sql/operator.rs`).
 
-use sqlx::Row;
-use sqlx::mysql::MySqlRow;
+use sqlx::mysql::{MySqlArguments, MySqlQueryResult};
+use sqlx::query::Query;
+use sqlx::{MySql, MySqlPool};
 
 use super::{MySqlStore, scope_key_sha256};
-use crate::store::sql::{self, ForgetStep, InspectRow};
-use crate::store::{ForgetOutcome, RecordInfo, StoreError};
+use crate::store::sql::operator::{FencedDelete, OperatorStatements};
 
 const INSPECT: &str = include_str!("sql/inspect.sql");
 const FORGET: &str = include_str!("sql/forget.sql");
 
-impl MySqlStore {
-    pub(super) async fn inspect_record(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> Result<Option<RecordInfo>, StoreError> {
-        sql::inspected(self.read_record(scope, key).await?)
+impl OperatorStatements for MySqlStore {
+    type Database = MySql;
+    type Now = ();
+
+    fn now(&self) {}
+
+    fn pool(&self) -> &MySqlPool {
+        &self.pool
     }
 
-    pub(super) async fn forget_record(
+    fn inspect_statement(
         &self,
         scope: &str,
         key: &str,
-        force: bool,
-    ) -> Result<ForgetOutcome, StoreError> {
-        sql::forget_with_retries(|| self.forget_once(scope, key, force)).await
-    }
-
-    async fn forget_once(
-        &self,
-        scope: &str,
-        key: &str,
-        force: bool,
-    ) -> Result<Option<ForgetOutcome>, StoreError> {
-        let row = self.read_record(scope, key).await?;
-        let (token, state, outcome) = match sql::forget_step(row, force)? {
-            ForgetStep::Answer(outcome) => return Ok(Some(outcome)),
-            ForgetStep::Delete {
-                token,
-                state,
-                outcome,
-            } => (token, state, outcome),
-        };
-        let deleted = sqlx::query(FORGET)
+        (): (),
+    ) -> Query<'static, MySql, MySqlArguments> {
+        sqlx::query(INSPECT)
             .bind(scope_key_sha256(scope, key))
-            .bind(scope)
-            .bind(key)
-            .bind(token)
-            .bind(state)
-            .bind(force)
-            .execute(&self.pool)
-            .await?;
-        Ok((deleted.rows_affected() == 1).then_some(outcome))
+            .bind(scope.to_owned())
+            .bind(key.to_owned())
     }
 
-    async fn read_record(&self, scope: &str, key: &str) -> Result<Option<InspectRow>, StoreError> {
-        let row = sqlx::query(INSPECT)
-            .bind(scope_key_sha256(scope, key))
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(inspect_row).transpose()
+    fn forget_statement(
+        &self,
+        delete: FencedDelete<'_>,
+        (): (),
+    ) -> Query<'static, MySql, MySqlArguments> {
+        sqlx::query(FORGET)
+            .bind(scope_key_sha256(delete.scope, delete.key))
+            .bind(delete.scope.to_owned())
+            .bind(delete.key.to_owned())
+            .bind(delete.token)
+            .bind(delete.state)
+            .bind(delete.force)
     }
-}
 
-fn inspect_row(row: &MySqlRow) -> Result<InspectRow, StoreError> {
-    Ok(InspectRow {
-        state: row.try_get("state")?,
-        token: row.try_get("token")?,
-        fingerprint: row.try_get("fingerprint")?,
-        fingerprint_version: row.try_get("fingerprint_version")?,
-        status: row.try_get("status")?,
-        created_at_us: row.try_get("created_at_us")?,
-        expires_at_us: row.try_get("expires_at_us")?,
-        lease_expires_at_us: row.try_get("lease_expires_at_us")?,
-        live: row.try_get("live")?,
-        lease_alive: row.try_get("lease_alive")?,
-        lease_left_ms: row.try_get("lease_left_ms")?,
-    })
+    fn deleted(done: &MySqlQueryResult) -> bool {
+        done.rows_affected() == 1
+    }
 }

@@ -21,12 +21,12 @@
 //! when next looked at. A connection that died while idle (a server restart) fails the
 //! batch that finds it, and is then replaced.
 //!
-//! **Plans.** The group commit statements join arrays of up to 64 claims against the
+//! **Plans.** The group commit statements join arrays of a batch's claims against the
 //! table. Postgres plans a prepared statement for its parameters five times, then may
 //! switch to one generic plan for good; a generic plan chosen while the table was small
-//! (a new deployment, or the benchmark's empty store) scans the whole table with a hash
-//! join, and keeps doing so as it grows: on the benchmark, fresh keys fell to a third,
-//! the claim backend's CPU spent in heap scans. So each connection, once taken, sets
+//! (a new deployment, or an empty store) scans the whole table with a hash join, and
+//! keeps doing so as it grows, spending the claim backend's CPU in heap scans. So each
+//! connection, once taken, sets
 //! `plan_cache_mode = force_custom_plan` for its session (PostgreSQL 12 or later): each
 //! execution is planned for its own arrays and the table's size at the time (index
 //! lookups), while statements are still parsed once per connection. A server that

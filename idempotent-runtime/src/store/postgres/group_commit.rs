@@ -2,15 +2,16 @@
 //! into one statement — one round trip, one transaction, one WAL flush for the batch.
 //!
 //! Every Postgres commit waits for its WAL flush, and every statement costs the server a
-//! protocol exchange, a transaction and a wake-up of its backend. On a fresh key those
-//! fixed costs were most of the work (two statements, two commits): on a 2-core machine
-//! the server's CPU, not the disk, was the limit. Here a caller sends its claim (or
-//! completion) with a reply channel to the store's batcher for that statement; the
-//! batcher takes every claim waiting, up to [`MAX_BATCH`], runs them as one
-//! `sql/claim.sql` (arrays in, one row per claim out), and answers each caller once the
-//! statement, an autocommitted transaction, returned. While one batch runs, the next one
-//! gathers: batches grow with the load, with no added wait when there is none (a lone
-//! claim runs at once, as a batch of one).
+//! protocol exchange, a transaction and a wake-up of its backend; on a fresh key those
+//! fixed costs are most of the work, so the server's CPU, not its disk, is the limit.
+//! What batching buys: those costs paid once per batch instead of once per request. A
+//! caller sends its claim (or completion) with a reply channel to the store's batcher for
+//! that statement (the batcher skeleton, `store/sql/batcher.rs`); the batcher takes every
+//! claim waiting, up to [`MAX_BATCH`], runs them as one `sql/claim.sql` (arrays in, one
+//! row per claim out), and answers each caller once the statement, an autocommitted
+//! transaction, returned. While one batch runs, the next one gathers: batches grow with
+//! the load, with no added wait when there is none (a lone claim runs at once, as a batch
+//! of one).
 //!
 //! What every claim and completion keeps:
 //!
@@ -23,8 +24,8 @@
 //!   after another. A duplicate that came with the batch gets the answer it would have
 //!   had right after the first (a claim behind a claim that succeeded: in progress, or
 //!   mismatched; behind a refused one with the same fingerprint: the same refusal), and
-//!   otherwise runs in the next batch. So 50 concurrent duplicates cost one statement,
-//!   not 50 one after another.
+//!   otherwise runs in the next batch. So concurrent duplicates cost one statement, not
+//!   one each after another.
 //! - **One element the server refuses fails alone.** A statement the server refused (an
 //!   error it reported: a value it cannot store, a constraint) committed nothing; its
 //!   elements then run one statement each, so only the one at fault gets its error. A
@@ -38,11 +39,11 @@
 //!   statement may have committed, and the engine's own retry rules then apply (a claim
 //!   that committed with nobody to run it holds its key until its lease runs out).
 //! - **Bounded.** [`MAX_BATCH`] elements and [`MAX_BATCH_BYTES`] of responses per
-//!   statement; [`QUEUE`] callers waiting to be gathered, and at most two batches' worth
-//!   gathered but deferred (duplicates); a caller finding the queue full waits for room
-//!   (and for the engine's store timeout). A caller that gave up before its statement
-//!   was sent is not run. One statement at a time per batcher, each bounded by
-//!   [`BATCH_TIMEOUT`].
+//!   statement; [`QUEUE`](batcher::QUEUE) callers waiting to be gathered, and at most
+//!   two batches' worth gathered but deferred (duplicates, or past the bytes); a caller
+//!   finding the queue full waits for room (and for the engine's store timeout). A
+//!   caller that gave up before its statement was sent is not run. One statement at a
+//!   time per batcher, each bounded by [`BATCH_TIMEOUT`].
 //!
 //! Each batcher is a task, spawned on the runtime the store was opened in, that borrows a
 //! statement connection (`connections.rs`) per batch and ends when the last clone of the
@@ -56,21 +57,13 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{Row, SqlStr};
-use tokio::sync::{mpsc, oneshot};
 
 use super::connections::{StatementConnection, StatementConnections};
-use crate::store::StoreError;
-
-/// Claims (or completions) per statement at most: bounds the statement's size and the
-/// latency of the batch's first caller.
-pub(super) const MAX_BATCH: usize = 64;
+use crate::store::sql::batcher::{self, MAX_BATCH, Waiting};
 
 /// Bytes of responses per completion statement at most (a first element is always
 /// taken): far below Postgres's 1 GiB limit on one `bytea[]` value.
 pub(super) const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
-
-/// Callers waiting for a batcher at most; more wait for room.
-pub(super) const QUEUE: usize = 1024;
 
 /// How long one batch may take to get its connection and run its statement: a
 /// connection whose server stopped answering must not hold up every claim for as long
@@ -78,7 +71,14 @@ pub(super) const QUEUE: usize = 1024;
 pub(super) const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One caller's answer.
-type Answer<B> = Result<<B as Batch>::Reply, StoreError>;
+type Answer<B> = batcher::Answer<<B as Batch>::Reply>;
+
+/// One caller's item and where its answer goes.
+type Queued<B> = batcher::Queued<B, <B as Batch>::Reply>;
+
+/// The sending side of one batcher task; clones send to the same task, which ends when
+/// the last clone is dropped.
+pub(super) type Batcher<B> = batcher::Batcher<B, <B as Batch>::Reply>;
 
 /// What one batcher batches: claims or completions.
 pub(super) trait Batch: Send + Sync + Sized + 'static {
@@ -118,76 +118,43 @@ pub(super) fn element_of(row: &PgRow, batch_len: usize) -> Result<usize, sqlx::E
         .ok_or_else(|| sqlx::Error::Protocol(format!("a row for element {n} of {batch_len}")))
 }
 
-/// One caller's item and where its answer goes.
-struct Queued<B: Batch> {
-    item: B,
-    reply: oneshot::Sender<Answer<B>>,
-}
-
-/// The sending side of one batcher task; clones send to the same task, which ends when
-/// the last clone is dropped.
-pub(super) struct Batcher<B: Batch> {
-    queue: mpsc::Sender<Queued<B>>,
-}
-
-impl<B: Batch> Clone for Batcher<B> {
-    fn clone(&self) -> Self {
-        Self {
-            queue: self.queue.clone(),
-        }
-    }
-}
-
-impl<B: Batch> Batcher<B> {
-    /// Spawns the batcher for `statement` on the current runtime.
-    pub(super) fn start(statement: SqlStr, connections: Arc<StatementConnections>) -> Self {
-        let (queue, waiting) = mpsc::channel(QUEUE);
-        tokio::spawn(serve(statement, connections, waiting));
-        Self { queue }
-    }
-
-    /// Sends `item` to be run in the next batch and waits for its answer.
-    pub(super) async fn ask(&self, item: B) -> Answer<B> {
-        let (reply, answer) = oneshot::channel();
-        self.queue
-            .send(Queued { item, reply })
-            .await
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
-    }
-}
-
-fn stopped() -> StoreError {
-    StoreError::backend(std::io::Error::other(
-        "the Postgres store's group commit task is gone (its runtime shut down)",
-    ))
+/// Spawns the batcher for `statement` on the current runtime.
+pub(super) fn start<B: Batch>(
+    statement: SqlStr,
+    connections: Arc<StatementConnections>,
+) -> Batcher<B> {
+    let (batcher, waiting) =
+        Batcher::channel("the Postgres store's group commit task is gone (its runtime shut down)");
+    tokio::spawn(serve(statement, connections, waiting));
+    batcher
 }
 
 /// The batcher's loop: gathers a batch, runs it, answers it; until every sender is gone.
 async fn serve<B: Batch>(
     statement: SqlStr,
     connections: Arc<StatementConnections>,
-    mut waiting: mpsc::Receiver<Queued<B>>,
+    mut waiting: Waiting<B, B::Reply>,
 ) {
     // Items taken from the queue but left for a later batch (duplicates whose answer
-    // could not be derived): they go first next time.
+    // could not be derived, or past the statement's bytes): they go first next time.
     let mut deferred: VecDeque<Queued<B>> = VecDeque::new();
+    let mut arrived: Vec<Queued<B>> = Vec::with_capacity(MAX_BATCH);
     let mut batch: Vec<Queued<B>> = Vec::with_capacity(MAX_BATCH);
     loop {
         if deferred.is_empty() {
-            match waiting.recv().await {
-                Some(first) => deferred.push_back(first),
-                None => return,
+            if !waiting.recv(&mut arrived).await {
+                return;
             }
+            deferred.extend(arrived.drain(..));
         }
         // Duplicates of a record already in the batch, in arrival order.
         let mut duplicates = Vec::new();
         let mut bytes = 0;
         while batch.len() < MAX_BATCH && duplicates.len() < MAX_BATCH {
-            let Some(next) = deferred.pop_front().or_else(|| waiting.try_recv().ok()) else {
+            let Some(next) = deferred.pop_front().or_else(|| waiting.try_next()) else {
                 break;
             };
-            if next.reply.is_closed() {
+            if next.gave_up() {
                 // Its caller gave up (the engine's store timeout): nobody would act on it.
                 continue;
             }
@@ -227,7 +194,7 @@ async fn serve<B: Batch>(
         }
         answer_all(&mut batch, replies);
         for (duplicate, reply) in derived {
-            let _ = duplicate.reply.send(Ok(reply));
+            duplicate.answer(Ok(reply));
         }
         later.extend(deferred.drain(..));
         deferred = later;
@@ -239,8 +206,7 @@ async fn serve<B: Batch>(
 fn answer_all<B: Batch>(batch: &mut Vec<Queued<B>>, replies: Option<Vec<Answer<B>>>) {
     let Some(replies) = replies else { return };
     for (queued, reply) in batch.drain(..).zip(replies) {
-        // A caller gone by now (store timeout) has its answer dropped.
-        let _ = queued.reply.send(reply);
+        queued.answer(reply);
     }
 }
 
@@ -279,7 +245,7 @@ async fn run_batch<B: Batch>(
             Some(replies)
         }
         Err(error) => {
-            fail_all(batch, error);
+            batcher::fail_all(batch, FAILED, Vec::new(), error);
             None
         }
     }
@@ -294,7 +260,7 @@ async fn run_together<B: Batch>(
 ) -> Result<Vec<Answer<B>>, sqlx::Error> {
     timed(async {
         let lent = connections.acquire().await?;
-        batch.retain(|queued| !queued.reply.is_closed());
+        batch.retain(|queued| !queued.gave_up());
         if batch.is_empty() {
             lent.release();
             return Ok(Vec::new());
@@ -346,21 +312,5 @@ fn worth_running_again(error: &sqlx::Error) -> bool {
     matches!(code.as_deref(), Some("40P01" | "40001"))
 }
 
-/// The failure of a whole batch's statement, given to each of its callers.
-#[derive(Debug, thiserror::Error)]
-#[error("the batch statement this claim or completion was part of failed: {0}")]
-struct BatchFailed(#[source] Arc<sqlx::Error>);
-
-fn fail_all<B: Batch>(batch: &mut Vec<Queued<B>>, error: sqlx::Error) {
-    tracing::warn!(
-        %error,
-        items = batch.len(),
-        "a Postgres group commit statement failed; none of its items is known to be committed"
-    );
-    let error = Arc::new(error);
-    for queued in batch.drain(..) {
-        let _ = queued
-            .reply
-            .send(Err(StoreError::backend(BatchFailed(Arc::clone(&error)))));
-    }
-}
+/// What each caller of a batch whose statement failed is told.
+const FAILED: &str = "the batch statement this claim or completion was part of failed";

@@ -55,11 +55,11 @@
 //! (`waited`, `sql/mark_waited.sql`), and the triggers of migrations 2 and 3 `pg_notify`
 //! the channel `idempotent_claim_ended` when a *marked* claim completes or is released,
 //! with a hash of scope and key as payload. Only marked records notify: `NOTIFY`
-//! serialises the commits of notifying transactions, and notifying on every completion
-//! cut fresh-key throughput to about a third. Each store keeps one listener connection
-//! for it, on a one-connection pool of its own (never one of the request pool's), started
-//! on the first wait and reconnected when lost; waiters poll while it is down (see
-//! `notify.rs`).
+//! serialises the commits of notifying transactions, so notifying on every completion
+//! would serialise every fresh key's completion. Each store keeps one listener
+//! connection for it, on a one-connection pool of its own (never one of the request
+//! pool's), started on the first wait and reconnected when lost; waiters poll while it is
+//! down (see `notify.rs`).
 //!
 //! # Migrations
 //!
@@ -83,6 +83,7 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPool
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row};
 
+use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
 use super::{
     ClaimOutcome, ClaimRequest, ClaimWatch, FencingToken, ForgetOutcome, RecordInfo, Store,
@@ -319,8 +320,8 @@ impl PostgresStore {
         let transactions = transaction::support(pool.clone(), sql.clone());
         let notifier = Arc::new(notify::Notifier::new((*pool.connect_options()).clone()));
         let connections = Arc::new(StatementConnections::like(&pool));
-        let claims = Batcher::start(sql.claim.clone(), connections.clone());
-        let completions = Batcher::start(sql.complete_batch.clone(), connections.clone());
+        let claims = group_commit::start(sql.claim.clone(), connections.clone());
+        let completions = group_commit::start(sql.complete_batch.clone(), connections.clone());
         Self {
             pool,
             schema,

@@ -1,80 +1,49 @@
-//! The operator tools on Postgres: `inspect` is one statement at the database's `now()`;
-//! `forget` is that read, then a `DELETE` fenced by what it read (see
-//! `store/sql/operator.rs`).
+//! The operator tools' statements on Postgres: `inspect` is one statement at the
+//! database's `now()`; `forget`'s `DELETE` is fenced by what that read saw (the tools
+//! themselves: `store/sql/operator.rs`).
 
-use sqlx::Row;
-use sqlx::postgres::PgRow;
+use sqlx::postgres::{PgArguments, PgQueryResult};
+use sqlx::query::Query;
+use sqlx::{PgPool, Postgres};
 
 use super::PostgresStore;
-use crate::store::sql::{self, ForgetStep, InspectRow};
-use crate::store::{ForgetOutcome, RecordInfo, StoreError};
+use crate::store::sql::operator::{FencedDelete, OperatorStatements};
 
-impl PostgresStore {
-    pub(super) async fn inspect_record(
+impl OperatorStatements for PostgresStore {
+    type Database = Postgres;
+    type Now = ();
+
+    fn now(&self) {}
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn inspect_statement(
         &self,
         scope: &str,
         key: &str,
-    ) -> Result<Option<RecordInfo>, StoreError> {
-        sql::inspected(self.read_record(scope, key).await?)
+        (): (),
+    ) -> Query<'static, Postgres, PgArguments> {
+        sqlx::query(self.sql.inspect.clone())
+            .bind(scope.to_owned())
+            .bind(key.to_owned())
     }
 
-    pub(super) async fn forget_record(
+    fn forget_statement(
         &self,
-        scope: &str,
-        key: &str,
-        force: bool,
-    ) -> Result<ForgetOutcome, StoreError> {
-        sql::forget_with_retries(|| self.forget_once(scope, key, force)).await
+        delete: FencedDelete<'_>,
+        (): (),
+    ) -> Query<'static, Postgres, PgArguments> {
+        sqlx::query(self.sql.forget.clone())
+            .bind(delete.scope.to_owned())
+            .bind(delete.key.to_owned())
+            .bind(delete.token)
+            .bind(delete.state)
+            .bind(delete.force)
     }
 
-    async fn forget_once(
-        &self,
-        scope: &str,
-        key: &str,
-        force: bool,
-    ) -> Result<Option<ForgetOutcome>, StoreError> {
-        let row = self.read_record(scope, key).await?;
-        let (token, state, outcome) = match sql::forget_step(row, force)? {
-            ForgetStep::Answer(outcome) => return Ok(Some(outcome)),
-            ForgetStep::Delete {
-                token,
-                state,
-                outcome,
-            } => (token, state, outcome),
-        };
-        let deleted = sqlx::query(self.sql.forget.clone())
-            .bind(scope)
-            .bind(key)
-            .bind(token)
-            .bind(state)
-            .bind(force)
-            .execute(&self.pool)
-            .await?;
-        Ok((deleted.rows_affected() == 1).then_some(outcome))
+    fn deleted(done: &PgQueryResult) -> bool {
+        done.rows_affected() == 1
     }
-
-    async fn read_record(&self, scope: &str, key: &str) -> Result<Option<InspectRow>, StoreError> {
-        let row = sqlx::query(self.sql.inspect.clone())
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(inspect_row).transpose()
-    }
-}
-
-fn inspect_row(row: &PgRow) -> Result<InspectRow, StoreError> {
-    Ok(InspectRow {
-        state: row.try_get("state")?,
-        token: row.try_get("token")?,
-        fingerprint: row.try_get("fingerprint")?,
-        fingerprint_version: row.try_get("fingerprint_version")?,
-        status: row.try_get("status")?,
-        created_at_us: row.try_get("created_at_us")?,
-        expires_at_us: row.try_get("expires_at_us")?,
-        lease_expires_at_us: row.try_get("lease_expires_at_us")?,
-        live: row.try_get("live")?,
-        lease_alive: row.try_get("lease_alive")?,
-        lease_left_ms: row.try_get("lease_left_ms")?,
-    })
 }

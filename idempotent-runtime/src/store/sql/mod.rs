@@ -1,7 +1,9 @@
 //! What every SQL store shares, whatever its dialect: how a found record is classified
 //! (the takeover rule, completed-row decoding), the claim's retry loop, the fenced
 //! completion's parameters, migrator construction and the check that the embedded
-//! migrations are the files in `migrations/<dialect>/`, and URL redaction for messages.
+//! migrations are the files in `migrations/<dialect>/`, URL redaction for messages, the
+//! operator tools over a dialect's two statements (`operator.rs`), and the skeleton of
+//! the stores' batching tasks (`batcher.rs`).
 //!
 //! A dialect module keeps only its SQL (in `.sql` files), its connection handling and
 //! the few lines that run a statement and read a row into the types here.
@@ -17,9 +19,11 @@ use super::{
     retry_after_from_millis,
 };
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod batcher;
 mod completion;
 mod migrations;
-mod operator;
+pub(crate) mod operator;
 
 pub(crate) use super::redact::redact_url;
 #[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
@@ -29,7 +33,6 @@ pub(crate) use completion::bind_completion;
 #[cfg(test)]
 pub(crate) use migrations::assert_embedded_migrations_match;
 pub(crate) use migrations::{EmbeddedMigration, migrator};
-pub(crate) use operator::{ForgetStep, InspectRow, forget_step, forget_with_retries, inspected};
 
 /// How often a claim runs again when the record changed between the statement that
 /// tried to claim and the read that says why it did not (released, purged, completed

@@ -1,8 +1,14 @@
-//! The operator tools on every SQL dialect: a record read into a [`RecordInfo`], and
-//! `forget` as a read that decides plus a fenced `DELETE` that acts only on the record
-//! the read saw (run again when it changed in between, like a claim).
+//! The operator tools on every SQL dialect, once: `inspect` is the dialect's read of one
+//! record into a [`RecordInfo`]; `forget` is that read, which decides, then a fenced
+//! `DELETE` that acts only on the record the read saw (run again when it changed in
+//! between, like a claim). A dialect gives only its two statements with their
+//! parameters bound ([`OperatorStatements`]).
 
 use std::future::Future;
+
+use sqlx::database::HasStatementCache;
+use sqlx::query::Query;
+use sqlx::{ColumnIndex, Database, Decode, Executor, FromRow, IntoArguments, Pool, Row, Type};
 
 use crate::fingerprint::Fingerprint;
 use crate::store::operator::{lease_left_from_millis, system_time_from_micros};
@@ -11,6 +17,140 @@ use crate::store::{ForgetOutcome, RecordInfo, RecordState, StoreError};
 /// How often `forget` runs again when the record changed between its read and its
 /// delete (completed, renewed, taken over meanwhile). One retry almost always suffices.
 const FORGET_ATTEMPTS: usize = 8;
+
+/// A dialect's operator statements, and the store's provided operator tools over them.
+pub(crate) trait OperatorStatements: Sync {
+    /// The dialect.
+    type Database: Database + HasStatementCache;
+
+    /// The instant both statements of one forget attempt judge against: the store's
+    /// clock where the store keeps time (SQLite), `()` where the database's does.
+    type Now: Copy + Send + Sync;
+
+    /// Reads the store's clock, where it has one.
+    fn now(&self) -> Self::Now;
+
+    /// The pool both statements run on.
+    fn pool(&self) -> &Pool<Self::Database>;
+
+    /// The dialect's `inspect.sql` for (scope, key) at `now`: at most one row, with the
+    /// columns of [`InspectRow`].
+    fn inspect_statement(
+        &self,
+        scope: &str,
+        key: &str,
+        now: Self::Now,
+    ) -> Query<'static, Self::Database, <Self::Database as Database>::Arguments>;
+
+    /// The dialect's `forget.sql` for `delete`, judged at `now`.
+    fn forget_statement(
+        &self,
+        delete: FencedDelete<'_>,
+        now: Self::Now,
+    ) -> Query<'static, Self::Database, <Self::Database as Database>::Arguments>;
+
+    /// Whether `forget.sql` deleted the record.
+    fn deleted(done: &<Self::Database as Database>::QueryResult) -> bool;
+
+    /// Held for the whole of one `forget`: SQLite counts it among the store's writes in
+    /// flight, which a transactional handler lets go first (`sqlite/writers.rs`).
+    fn forgetting(&self) -> impl Send {}
+
+    /// The live record of (scope, key), as an operator sees it.
+    async fn inspect_record(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError>
+    where
+        <Self::Database as Database>::Arguments: IntoArguments<Self::Database>,
+        for<'c> &'c mut <Self::Database as Database>::Connection:
+            Executor<'c, Database = Self::Database>,
+        InspectRow: for<'r> FromRow<'r, <Self::Database as Database>::Row>,
+    {
+        inspected(read_record(self, scope, key, self.now()).await?)
+    }
+
+    /// Deletes the record of (scope, key), unless a live lease holds it and not `force`.
+    async fn forget_record(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError>
+    where
+        <Self::Database as Database>::Arguments: IntoArguments<Self::Database>,
+        for<'c> &'c mut <Self::Database as Database>::Connection:
+            Executor<'c, Database = Self::Database>,
+        InspectRow: for<'r> FromRow<'r, <Self::Database as Database>::Row>,
+    {
+        let _forgetting = self.forgetting();
+        forget_with_retries(|| forget_once(self, scope, key, force)).await
+    }
+}
+
+/// What `forget.sql` deletes: the record of (scope, key), only if it is still the one
+/// the read saw (`token`, `state`) and, unless `force`, is completed or its lease ran
+/// out at the attempt's "now".
+#[derive(Debug)]
+pub(crate) struct FencedDelete<'a> {
+    pub(crate) scope: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) token: i64,
+    pub(crate) state: String,
+    pub(crate) force: bool,
+}
+
+/// One `forget` attempt: `None` when the record changed between the read and the delete.
+async fn forget_once<S: OperatorStatements + ?Sized>(
+    store: &S,
+    scope: &str,
+    key: &str,
+    force: bool,
+) -> Result<Option<ForgetOutcome>, StoreError>
+where
+    <S::Database as Database>::Arguments: IntoArguments<S::Database>,
+    for<'c> &'c mut <S::Database as Database>::Connection: Executor<'c, Database = S::Database>,
+    InspectRow: for<'r> FromRow<'r, <S::Database as Database>::Row>,
+{
+    let now = store.now();
+    let row = read_record(store, scope, key, now).await?;
+    let (token, state, outcome) = match forget_step(row, force)? {
+        ForgetStep::Answer(outcome) => return Ok(Some(outcome)),
+        ForgetStep::Delete {
+            token,
+            state,
+            outcome,
+        } => (token, state, outcome),
+    };
+    let delete = FencedDelete {
+        scope,
+        key,
+        token,
+        state,
+        force,
+    };
+    let done = store
+        .forget_statement(delete, now)
+        .execute(store.pool())
+        .await?;
+    Ok(S::deleted(&done).then_some(outcome))
+}
+
+/// The row of (scope, key) as `inspect.sql` reads it at `now`, whether live or not.
+async fn read_record<S: OperatorStatements + ?Sized>(
+    store: &S,
+    scope: &str,
+    key: &str,
+    now: S::Now,
+) -> Result<Option<InspectRow>, StoreError>
+where
+    <S::Database as Database>::Arguments: IntoArguments<S::Database>,
+    for<'c> &'c mut <S::Database as Database>::Connection: Executor<'c, Database = S::Database>,
+    InspectRow: for<'r> FromRow<'r, <S::Database as Database>::Row>,
+{
+    let row = store
+        .inspect_statement(scope, key, now)
+        .fetch_optional(store.pool())
+        .await?;
+    Ok(row.as_ref().map(InspectRow::from_row).transpose()?)
+}
 
 /// A record as a dialect's inspect statement reads it, judged at one "now" of the
 /// database's (or the store's) clock.
@@ -35,6 +175,32 @@ pub(crate) struct InspectRow {
     pub(crate) lease_alive: Option<bool>,
     /// `lease_expires_at - now` in milliseconds, rounded up (in progress only).
     pub(crate) lease_left_ms: Option<i64>,
+}
+
+/// The columns of every dialect's `inspect.sql`, by name.
+impl<'r, R: Row> FromRow<'r, R> for InspectRow
+where
+    &'r str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    bool: Decode<'r, R::Database> + Type<R::Database>,
+{
+    fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            state: row.try_get("state")?,
+            token: row.try_get("token")?,
+            fingerprint: row.try_get("fingerprint")?,
+            fingerprint_version: row.try_get("fingerprint_version")?,
+            status: row.try_get("status")?,
+            created_at_us: row.try_get("created_at_us")?,
+            expires_at_us: row.try_get("expires_at_us")?,
+            lease_expires_at_us: row.try_get("lease_expires_at_us")?,
+            live: row.try_get("live")?,
+            lease_alive: row.try_get("lease_alive")?,
+            lease_left_ms: row.try_get("lease_left_ms")?,
+        })
+    }
 }
 
 impl InspectRow {
@@ -85,7 +251,7 @@ impl InspectRow {
 }
 
 /// `inspect`'s answer from the row its statement read.
-pub(crate) fn inspected(row: Option<InspectRow>) -> Result<Option<RecordInfo>, StoreError> {
+fn inspected(row: Option<InspectRow>) -> Result<Option<RecordInfo>, StoreError> {
     match row {
         Some(row) if row.live => row.info().map(Some),
         _ => Ok(None),
@@ -94,7 +260,7 @@ pub(crate) fn inspected(row: Option<InspectRow>) -> Result<Option<RecordInfo>, S
 
 /// What `forget` does about the record its read found.
 #[derive(Debug)]
-pub(crate) enum ForgetStep {
+enum ForgetStep {
     /// Answer without writing: no record, or a live lease and no `force`.
     Answer(ForgetOutcome),
     /// Delete the record the read saw (fenced by its `token` and `state`, and unless
@@ -107,7 +273,7 @@ pub(crate) enum ForgetStep {
 }
 
 /// The forget rule on the record a read found.
-pub(crate) fn forget_step(row: Option<InspectRow>, force: bool) -> Result<ForgetStep, StoreError> {
+fn forget_step(row: Option<InspectRow>, force: bool) -> Result<ForgetStep, StoreError> {
     let Some(row) = row else {
         return Ok(ForgetStep::Answer(ForgetOutcome::NotFound));
     };
@@ -132,7 +298,7 @@ pub(crate) fn forget_step(row: Option<InspectRow>, force: bool) -> Result<Forget
 }
 
 /// Runs `attempt` until it decides (`Some`), at most [`FORGET_ATTEMPTS`] times.
-pub(crate) async fn forget_with_retries<F, Fut>(mut attempt: F) -> Result<ForgetOutcome, StoreError>
+async fn forget_with_retries<F, Fut>(mut attempt: F) -> Result<ForgetOutcome, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<ForgetOutcome>, StoreError>>,

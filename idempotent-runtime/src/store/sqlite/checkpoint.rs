@@ -4,7 +4,8 @@
 //! the database file by a checkpoint. By default SQLite runs that checkpoint inside the
 //! commit that takes the WAL past 1,000 pages, with an fsync of the WAL and one of the
 //! database even at `synchronous = NORMAL`: with group commit, a whole batch of claims
-//! and completions waited for it, a few times a second under load. The store's writer
+//! and completions would wait for it. What the checkpointer buys: no batch of the writer
+//! ever waits for a checkpoint's copying and fsyncs. The store's writer
 //! turns that off on its own connection (`wal_autocheckpoint = 0`, see [`WRITER_SETUP`])
 //! and this task checkpoints instead, on a pool connection, [`DELAY`] after the writer
 //! began a batch: `PASSIVE`, so it waits for no reader or writer and none waits for it.

@@ -6,11 +6,14 @@
 //! `synchronous = FULL` an fsync), and the connections queue for the write lock in
 //! SQLite's busy handler, which polls with sleeps. Here a caller sends its write (one
 //! statement) with a reply channel to the store's writer; the writer takes every write
-//! waiting, up to [`MAX_BATCH`], runs them in order in one `BEGIN IMMEDIATE … COMMIT`,
-//! and answers each caller only after `COMMIT` returned. While one batch commits, the
-//! next one gathers, and before taking it the writer yields to the scheduler while the
-//! requests already running keep adding writes (`dedicated::gather`): the batch grows
-//! with the load, with no added wait when there is none.
+//! waiting, up to [`MAX_BATCH`](batcher::MAX_BATCH), runs them in order in one
+//! `BEGIN IMMEDIATE … COMMIT`, and answers each caller only after `COMMIT` returned.
+//! While one batch commits, the next one gathers, and before taking it the writer lets
+//! the requests already running add their writes (the batcher skeleton's gather,
+//! `store/sql/batcher.rs`): the batch grows with the load, with no added wait when there
+//! is none. What it buys: one transaction (one WAL commit, one fsync at
+//! `synchronous = FULL`) for many requests, and no queue of connections polling for the
+//! write lock.
 //!
 //! What every write keeps:
 //!
@@ -30,9 +33,10 @@
 //!   transaction committed.
 //! - **Alone, no transaction.** A batch of one write runs its statement in autocommit,
 //!   committed before it returns, as without group commit.
-//! - **Bounded.** [`MAX_BATCH`] writes per transaction, [`QUEUE`] waiting; a caller
-//!   finding the queue full waits for room (and for the engine's store timeout). A write
-//!   whose caller gave up before its batch began is not run — except a renewal.
+//! - **Bounded.** [`MAX_BATCH`](batcher::MAX_BATCH) writes per transaction,
+//!   [`QUEUE`](batcher::QUEUE) waiting; a caller finding the queue full waits for room
+//!   (and for the engine's store timeout). A write whose caller gave up before its batch
+//!   began is not run — except a renewal.
 //! - **Renewals are never dropped, and go first** (`renewals_first`). A write lock held
 //!   elsewhere (a transactional handler, another process) stalls the batch, and the
 //!   renewals queued behind it time out in their callers after a third of their lease.
@@ -55,23 +59,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use sqlx::SqlitePool;
-use tokio::sync::mpsc;
 
 use super::checkpoint::{self, Checkpointer, Checkpoints};
-use super::dedicated::{self, BatchEnd, Batches, Reply};
+use super::dedicated::{self, Batch, BatchEnd, Batches};
 use super::lease_time::{Now, statement};
 use super::raw_connection::{Param, RawConnection};
 use super::writers::StoreWrites;
 use super::{COMPLETE, RELEASE};
 use crate::store::sql::CompletionColumns;
+use crate::store::sql::batcher::{self, Batcher, Queued};
 use crate::store::{FencingToken, StoreError, StoredResponse};
-
-/// Writes per transaction at most: bounds how long one transaction holds the write lock
-/// (and the latency of the batch's first caller).
-pub(super) const MAX_BATCH: usize = 64;
-
-/// Writes waiting for the writer at most; callers beyond it wait for room.
-pub(super) const QUEUE: usize = 1024;
 
 /// One write: a single statement and its parameters, owned so it can wait in the queue.
 #[derive(Debug)]
@@ -290,7 +287,7 @@ impl Counters {
         self.largest_batch.fetch_max(batch.len(), Ordering::Relaxed);
         let kinds = batch
             .iter()
-            .fold(0u8, |kinds, p| kinds | p.write.kind().bit());
+            .fold(0u8, |kinds, p| kinds | p.item.kind().bit());
         if kinds.count_ones() > 1 {
             self.mixed_batches.fetch_add(1, Ordering::Relaxed);
             self.kinds_in_mixed_batches
@@ -299,33 +296,27 @@ impl Counters {
     }
 }
 
-/// A write waiting for its batch, and where its answer goes.
-struct Pending {
-    write: Write,
-    reply: Reply<u64>,
-}
+/// A write waiting for its batch, and where its answer goes (the rows it affected).
+type Pending = Queued<Write, u64>;
 
 /// The handle callers send their writes through; clones share the one writer.
 #[derive(Debug, Clone)]
 pub(super) struct GroupCommit {
-    queue: mpsc::Sender<Pending>,
+    writer: Batcher<Write, u64>,
     counters: Arc<Counters>,
     checkpoints: Arc<Checkpoints>,
 }
 
-impl std::fmt::Debug for Pending {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pending")
-            .field("write", &self.write.kind())
-            .finish_non_exhaustive()
-    }
-}
+/// What a write's caller is told when its transaction failed.
+const FAILED: &str = "the write's transaction failed, nothing of it was committed";
 
 impl GroupCommit {
     /// Starts the writer on the current Tokio runtime, writing through `pool`.
     /// A transaction beginning on `writes` takes the lock before the writer's next batch.
     pub(super) fn start(pool: SqlitePool, writes: Arc<StoreWrites>) -> Self {
-        let (queue, waiting) = mpsc::channel(QUEUE);
+        let (batcher, waiting) = Batcher::channel(
+            "the SQLite store's writer did not answer (it stopped, or its batch failed unexpectedly); the write was not committed",
+        );
         let counters = Arc::new(Counters::default());
         let checkpoints = Arc::new(Checkpoints::default());
         let writer = Writer {
@@ -333,9 +324,9 @@ impl GroupCommit {
             counters: counters.clone(),
             checkpointer: Checkpointer::start(pool.clone(), checkpoints.clone()),
         };
-        tokio::spawn(dedicated::serve(pool, writer, waiting, MAX_BATCH));
+        tokio::spawn(dedicated::serve(pool, writer, waiting));
         Self {
-            queue,
+            writer: batcher,
             counters,
             checkpoints,
         }
@@ -343,12 +334,7 @@ impl GroupCommit {
 
     /// Runs `write` in the next batch; the rows it affected, once its batch committed.
     pub(super) async fn write(&self, write: Write) -> Result<u64, StoreError> {
-        dedicated::ask(
-            &self.queue,
-            |reply| Pending { write, reply },
-            "the SQLite store's writer did not answer (it stopped, or its batch failed unexpectedly); the write was not committed",
-        )
-        .await
+        self.writer.ask(write).await
     }
 
     pub(super) fn stats(&self) -> GroupCommitStats {
@@ -358,18 +344,13 @@ impl GroupCommit {
             writes: c.writes.load(Ordering::Relaxed),
             largest_batch: c.largest_batch.load(Ordering::Relaxed),
             mixed_batches: c.mixed_batches.load(Ordering::Relaxed),
-            queued: self.queue.max_capacity() - self.queue.capacity(),
+            queued: self.writer.queued(),
             checkpoints: self.checkpoints.done(),
             failed_checkpoints: self.checkpoints.failed(),
             kinds_in_mixed_batches: c.kinds_in_mixed_batches.load(Ordering::Relaxed),
         }
     }
 }
-
-/// The failure of a whole batch, given to each of its writes.
-#[derive(Debug, thiserror::Error)]
-#[error("the write's transaction failed, nothing of it was committed: {0}")]
-struct BatchFailed(#[source] Arc<sqlx::Error>);
 
 /// The writer's work: its batches are group commits.
 struct Writer {
@@ -380,11 +361,14 @@ struct Writer {
 }
 
 impl Batches for Writer {
-    type Item = Pending;
+    type Item = Write;
+    type Reply = u64;
 
     const SETUP: Option<&'static str> = Some(checkpoint::WRITER_SETUP);
 
-    async fn prepare(&self, batch: &mut Vec<Pending>) {
+    const FAILED: &'static str = FAILED;
+
+    async fn prepare(&self, batch: &mut Batch<Self>) {
         // A transactional handler about to take the lock goes first (see `writers.rs`).
         self.writes.let_transactions_begin().await;
         renewals_first(batch);
@@ -394,12 +378,8 @@ impl Batches for Writer {
         }
     }
 
-    fn run(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
+    fn run(db: &mut RawConnection, batch: &mut Batch<Self>) -> BatchEnd {
         run_batch(db, batch)
-    }
-
-    fn fail(batch: &mut Vec<Pending>, error: sqlx::Error) {
-        fail_all(batch, Vec::new(), error);
     }
 }
 
@@ -411,10 +391,8 @@ impl Batches for Writer {
 /// safe, as its lease end was fixed when it was sent; moving it first within the batch is
 /// one of the orders in which its writes, all waiting at once, could have arrived.
 fn renewals_first(batch: &mut Vec<Pending>) {
-    batch.retain(|pending| {
-        !pending.reply.is_closed() || matches!(pending.write, Write::Renew { .. })
-    });
-    let after_renewals = |pending: &Pending| !matches!(pending.write, Write::Renew { .. });
+    batch.retain(|pending| !pending.gave_up() || matches!(pending.item, Write::Renew { .. }));
+    let after_renewals = |pending: &Pending| !matches!(pending.item, Write::Renew { .. });
     // Stable: every other write keeps its arrival order. Most batches are in order already.
     if !batch.is_sorted_by_key(after_renewals) {
         batch.sort_by_key(after_renewals);
@@ -428,24 +406,24 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
     if let [alone] = &batch[..] {
         // Nothing to share the transaction with: the statement commits on its own
         // (autocommit) before it returns.
-        let result = alone.write.execute(db);
+        let result = alone.item.execute(db);
         let end = if result.is_ok() {
             BatchEnd::Clean
         } else {
             dedicated::end_transaction(db)
         };
         if let Some(pending) = batch.pop() {
-            answer(pending, result);
+            pending.answer(result);
         }
         return end;
     }
     if let Err(e) = db.execute(dedicated::BEGIN_IMMEDIATE, &[]) {
-        fail_all(batch, Vec::new(), e.into_sqlx());
+        batcher::fail_all(batch, FAILED, Vec::new(), e.into_sqlx());
         return dedicated::end_transaction(db);
     }
     let mut done = Vec::with_capacity(batch.len());
     for pending in batch.iter() {
-        let result = pending.write.execute(db);
+        let result = pending.item.execute(db);
         // A constraint failure undid only its own statement (SQLite's statement
         // atomicity): the transaction goes on. Any other failure may have ended it.
         let fatal = match &result {
@@ -455,20 +433,20 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
         done.push(result);
         if let Some(reason) = fatal {
             let end = dedicated::end_transaction(db);
-            fail_all(batch, done, sqlx::Error::Protocol(reason));
+            batcher::fail_all(batch, FAILED, done, sqlx::Error::Protocol(reason));
             return end;
         }
     }
     match db.execute(dedicated::COMMIT, &[]) {
         Ok(_) => {
             for (pending, result) in batch.drain(..).zip(done) {
-                answer(pending, result);
+                pending.answer(result);
             }
             BatchEnd::Clean
         }
         Err(e) => {
             let end = dedicated::end_transaction(db);
-            fail_all(batch, done, e.into_sqlx());
+            batcher::fail_all(batch, FAILED, done, e.into_sqlx());
             end
         }
     }
@@ -483,29 +461,4 @@ fn is_constraint(error: &sqlx::Error) -> bool {
     db.code()
         .and_then(|code| code.parse::<i32>().ok())
         .is_some_and(|code| code & 0xff == 19)
-}
-
-fn answer(pending: Pending, result: Result<u64, StoreError>) {
-    // A caller that stopped waiting (timed out) no longer needs the answer.
-    let _ = pending.reply.send(result);
-}
-
-/// Answers every write of a batch whose transaction failed with `error` — except those
-/// that had already failed on their own (`done`, in batch order), which keep their own
-/// error.
-fn fail_all(batch: &mut Vec<Pending>, done: Vec<Result<u64, StoreError>>, error: sqlx::Error) {
-    tracing::warn!(
-        %error,
-        writes = batch.len(),
-        "a group commit transaction failed; none of its writes was committed"
-    );
-    let error = Arc::new(error);
-    let mut done = done.into_iter();
-    for pending in batch.drain(..) {
-        let result = match done.next() {
-            Some(Err(own)) => Err(own),
-            _ => Err(StoreError::backend(BatchFailed(Arc::clone(&error)))),
-        };
-        answer(pending, result);
-    }
 }

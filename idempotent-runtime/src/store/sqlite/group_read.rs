@@ -2,30 +2,24 @@
 //! connection of its own (`dedicated.rs`), as the writer batches the writes.
 //!
 //! Every claim reads its record first: a fresh key to find none, a replay the cache does
-//! not hold to find its response. Through sqlx each read was a hand-off to the
-//! connection's thread and back; here the reads waiting, up to [`MAX_BATCH`], run one
+//! not hold to find its response. What batching buys: through sqlx each read is a
+//! hand-off to the connection's thread and back, and each autocommitted read locks and
+//! unlocks the WAL's read mark and finds its page cache stale after any commit of the
+//! writer's; here the reads waiting, up to the batcher's `MAX_BATCH`, run one
 //! after another in a single hand-off, in one read transaction: one snapshot, taken at
 //! the batch's first read, after every read of the batch was sent, so each sees what
 //! was committed when its claim asked, or later (WAL: it waits for no writer). A read
 //! that fails fails alone.
 
-use std::sync::Arc;
-
 use sqlx::SqlitePool;
-use tokio::sync::mpsc;
 
-use super::dedicated::{self, BatchEnd, Batches, Reply};
+use super::dedicated::{self, Batch, BatchEnd, Batches};
 use super::group_commit::boot_param;
 use super::lease_time::{Now, statement};
 use super::raw_connection::{Param, RawConnection, Row};
 use crate::store::StoreError;
 use crate::store::sql::FoundRow;
-
-/// Reads per batch at most.
-const MAX_BATCH: usize = 64;
-
-/// Reads waiting for the reader at most; callers beyond it wait for room.
-const QUEUE: usize = 1024;
+use crate::store::sql::batcher::Batcher;
 
 /// One claim's read: the record of (scope, key), judged at `now` against the claim's
 /// fingerprint (the parameters of `claim_read.sql`).
@@ -38,64 +32,48 @@ pub(super) struct ClaimRead {
     pub(super) fingerprint_version: i64,
 }
 
-/// A read waiting for its batch, and where its answer goes.
-#[derive(Debug)]
-pub(super) struct PendingRead {
-    read: ClaimRead,
-    reply: Reply<Option<FoundRow>>,
-}
-
 /// The handle claims send their reads through; clones share the one reader.
 #[derive(Debug, Clone)]
 pub(super) struct GroupRead {
-    queue: mpsc::Sender<PendingRead>,
+    reader: Batcher<ClaimRead, Option<FoundRow>>,
 }
 
 impl GroupRead {
     /// Starts the reader on the current Tokio runtime, reading through `pool`.
     pub(super) fn start(pool: SqlitePool) -> Self {
-        let (queue, waiting) = mpsc::channel(QUEUE);
-        tokio::spawn(dedicated::serve(pool, Reader, waiting, MAX_BATCH));
-        Self { queue }
+        let (reader, waiting) = Batcher::channel(
+            "the SQLite store's reader did not answer (it stopped, or its batch failed unexpectedly); the record was not read",
+        );
+        tokio::spawn(dedicated::serve(pool, Reader, waiting));
+        Self { reader }
     }
 
     /// Runs `read` in the next batch; the record found, if any.
     pub(super) async fn read(&self, read: ClaimRead) -> Result<Option<FoundRow>, StoreError> {
-        dedicated::ask(
-            &self.queue,
-            |reply| PendingRead { read, reply },
-            "the SQLite store's reader did not answer (it stopped, or its batch failed unexpectedly); the record was not read",
-        )
-        .await
+        self.reader.ask(read).await
     }
 }
-
-/// The reader found no connection to read on.
-#[derive(Debug, thiserror::Error)]
-#[error("the SQLite store's reader has no connection: {0}")]
-struct NoConnection(#[source] Arc<sqlx::Error>);
 
 /// The reader's work.
 struct Reader;
 
 impl Batches for Reader {
-    type Item = PendingRead;
+    type Item = ClaimRead;
+    type Reply = Option<FoundRow>;
 
-    async fn prepare(&self, batch: &mut Vec<PendingRead>) {
+    const FAILED: &'static str = "the SQLite store's reader has no connection";
+
+    async fn prepare(&self, batch: &mut Batch<Self>) {
         // A caller that gave up (the engine's store timeout) needs no answer.
-        batch.retain(|pending| !pending.reply.is_closed());
+        batch.retain(|pending| !pending.gave_up());
     }
 
-    fn run(db: &mut RawConnection, batch: &mut Vec<PendingRead>) -> BatchEnd {
-        // Several reads share one read transaction: one snapshot, one set of WAL locks
-        // and one check of the page cache per batch, instead of per read (each
-        // autocommitted read locks and unlocks the WAL's read mark, and finds its cache
-        // stale after any commit of the writer's). The snapshot is taken at the batch's
-        // first read, after every read of the batch was sent: each still sees what was
-        // committed when its claim asked, or later. If it cannot begin, each read runs
-        // alone, as a batch of one does.
+    fn run(db: &mut RawConnection, batch: &mut Batch<Self>) -> BatchEnd {
+        // Several reads share one read transaction (see the module docs). If it cannot
+        // begin, each read runs alone, as a batch of one does.
         let shared = batch.len() > 1 && db.execute(dedicated::BEGIN, &[]).is_ok();
-        for PendingRead { read, reply } in batch.drain(..) {
+        for pending in batch.drain(..) {
+            let read = &pending.item;
             let params = [
                 Param::Text(&read.scope),
                 Param::Text(&read.key),
@@ -109,8 +87,7 @@ impl Batches for Reader {
                 Ok(found) => found.transpose(),
                 Err(failure) => Err(StoreError::Database(failure.into_sqlx())),
             };
-            // A caller that stopped waiting no longer needs the answer.
-            let _ = reply.send(found);
+            pending.answer(found);
         }
         if shared && db.execute(dedicated::COMMIT, &[]).is_err() {
             // Nothing was written: whatever the read transaction's end says, the reads
@@ -120,15 +97,6 @@ impl Batches for Reader {
         // No transaction left open (and each batch begins by ending one the connection
         // came with).
         BatchEnd::Clean
-    }
-
-    fn fail(batch: &mut Vec<PendingRead>, error: sqlx::Error) {
-        let error = Arc::new(error);
-        for pending in batch.drain(..) {
-            let _ = pending
-                .reply
-                .send(Err(StoreError::backend(NoConnection(Arc::clone(&error)))));
-        }
     }
 }
 

@@ -28,7 +28,7 @@ use crate::clock::{Clock, millis};
 
 /// One instant of the store's clock, as SQLite's statements take it.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Now {
+pub(crate) struct Now {
     /// Wall-clock milliseconds since the Unix epoch: TTLs, `created_at`, and
     /// `lease_expires_at`.
     pub(super) wall: i64,

@@ -27,8 +27,8 @@
 //!   record or a lost lease (see `claim.rs`).
 //! - **Group commit.** Every write of the store (claims' inserts and takeovers,
 //!   renewals, completions, releases, purges) goes through one writer task, which runs
-//!   the writes waiting — up to 64 — in one `BEGIN IMMEDIATE … COMMIT` and answers each
-//!   only after the commit: one transaction (one WAL commit, one fsync at
+//!   the writes waiting (a bounded batch) in one `BEGIN IMMEDIATE … COMMIT` and answers
+//!   each only after the commit: one transaction (one WAL commit, one fsync at
 //!   `synchronous = FULL`) for many requests, and no queue of connections polling for
 //!   the write lock. Each write is still its single statement, in arrival order, so
 //!   every decision and every fencing check is the same as one transaction each; a
@@ -48,10 +48,11 @@
 //!   [`with_max_transaction_hold`](SqliteStore::with_max_transaction_hold)), and every
 //!   lease of every process sharing the file must be at least three times that hold: a
 //!   lease renewed just before the lock was taken then outlives the hold.
-//! - **Group read.** The claims' reads are batched the same way by one reader task,
-//!   a batch in one read transaction (`group_read.rs`). The writer and the reader each run every batch on a connection
-//!   of their own, in one call on its C handle on Tokio's blocking pool, not statement
-//!   by statement through sqlx's connection thread (`dedicated.rs`).
+//! - **Group read.** The claims' reads are batched the same way by one reader task, a
+//!   batch in one read transaction: one snapshot and one set of WAL locks for many reads
+//!   (`group_read.rs`). The writer and the reader each run every batch on a connection of
+//!   their own, in one call on its C handle on Tokio's blocking pool, not statement by
+//!   statement through sqlx's connection thread (`dedicated.rs`, `raw_connection.rs`).
 //! - **Checkpoints off the write path.** The writer's commits never copy the WAL back
 //!   into the database file (SQLite would, inside the commit that passes 1,000 pages,
 //!   with two fsyncs, holding up the batch); a checkpointer task does, `PASSIVE`, on a
@@ -68,6 +69,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
 use super::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,

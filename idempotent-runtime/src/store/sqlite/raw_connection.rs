@@ -3,13 +3,13 @@
 //! instead of one per statement.
 //!
 //! sqlx runs each SQLite connection on a thread of its own and sends every statement to
-//! it and back. For a batch that was `BEGIN`, each write, and `COMMIT`: a switch between
-//! threads and back for each, and on a busy server those switches, not SQLite, took most
-//! of a fresh key's CPU time. The writer and the reader now borrow their connection's
-//! handle from sqlx (`lock_handle`: sqlx's thread waits, using nothing, until the handle
-//! is given back) and run each batch on Tokio's blocking pool as plain C calls: one
-//! hand-off per batch. The SQL is the same; each statement is prepared once per
-//! borrowing and reused.
+//! it and back: for a batch of `BEGIN`, each write and `COMMIT`, a switch between threads
+//! and back for each statement. What the raw connection buys: those switches, which on a
+//! busy server cost more CPU than SQLite's own work, are paid once per batch. The writer
+//! and the reader borrow their connection's handle from sqlx (`lock_handle`: sqlx's
+//! thread waits, using nothing, until the handle is given back) and run each batch on
+//! Tokio's blocking pool as plain C calls. The SQL is the same; each statement is
+//! prepared once per borrowing and reused.
 //!
 //! Soundness rests on one rule: **nothing uses the handle after sqlx has it back, and
 //! only one thread uses it at a time.** [`Lending`] owns the handle behind a mutex; a
