@@ -163,10 +163,10 @@ pub mod macro_support;
 pub mod metrics;
 #[cfg(feature = "utoipa")]
 pub mod openapi;
-mod prehashed;
 pub mod problem;
 pub mod rejection;
 pub mod scope;
+mod sharded;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

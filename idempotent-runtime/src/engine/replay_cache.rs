@@ -50,12 +50,9 @@
 //!
 //! # Memory
 //!
-//! Bounded in entries and bytes ([`ReplayCacheConfig`]), split over [`SHARDS`]
-//! independently locked shards whose maps grow with use up to their share of the bound:
-//! a growth rehashes one shard's entries only, at most once per doubling while the cache
-//! fills, and a cache far below its bound keeps its entries in a few pages (a map sized
-//! for the bound up front put each of them on a page of its own, and every lookup paid
-//! for that page; sampled on replays of 1,000 keys, 0.56–0.58 → 0.28–0.44 µs per lookup).
+//! Bounded in entries and bytes ([`ReplayCacheConfig`]), split over [`SHARDS`] shards of
+//! a [`Sharded`] map whose tables grow with use up to their share of the bound, so that a
+//! cache far below its bound keeps its entries in a few pages instead of one page each.
 //! A shard evicts its oldest entries first (FIFO): a
 //! lookup writes nothing but, once per entry, the request copy above (counted against
 //! the byte bound, and kept only within the entry's shard's share). Entries larger than a
@@ -65,9 +62,8 @@
 //!
 //! [`Idempotency::forget_cached`]: super::Idempotency::forget_cached
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::collections::VecDeque;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -78,7 +74,7 @@ use http::{HeaderMap, StatusCode};
 use crate::clock::{Clock, millis};
 use crate::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::key::ScopedKey;
-use crate::prehashed::PassThrough;
+use crate::sharded::{HashedId, Id, Identified, Sharded, Table};
 use crate::store::{CompactResponse, StoredResponse};
 
 /// How many independently locked shards hold the entries.
@@ -249,8 +245,7 @@ pub(super) enum Cached {
 /// The engine's replay cache (see the module docs).
 #[derive(Debug)]
 pub(crate) struct ReplayCache {
-    hasher: RandomState,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Sharded<Shard>,
     clock: CacheClock,
     max_age: i64,
     shard_entries: usize,
@@ -258,11 +253,10 @@ pub(crate) struct ReplayCache {
     completions: bool,
 }
 
-/// One shard: entries by the keyed hash of their `(scope, key)` (a colliding id is
-/// compared and simply misses), and their insertion order for eviction.
+/// One shard: entries by `(scope, key)`, and their insertion order for eviction.
 #[derive(Debug)]
 struct Shard {
-    entries: HashMap<u64, Entry, BuildHasherDefault<PassThrough>>,
+    entries: Table<Entry>,
     /// `(hash, seq)` oldest first; a pair whose entry was replaced or removed is skipped.
     order: VecDeque<(u64, u64)>,
     bytes: usize,
@@ -272,14 +266,11 @@ struct Shard {
 #[derive(Debug)]
 struct Entry {
     seq: u64,
-    /// The scope and the key, then (once learned) the framed bytes of a request verified
-    /// against `fingerprint` ([`RequestFingerprint::framed_after`]): a request framed
-    /// alike is the same request, and is answered without computing its fingerprint.
-    /// One allocation, so that a replay's two compares read one run of memory.
-    text: Box<[u8]>,
-    scope_len: usize,
-    /// How many bytes of `text` are the scope and key; more are the request's.
-    id_len: usize,
+    /// The scope and the key, then (once learned, in the id's tail) the framed bytes of a
+    /// request verified against `fingerprint` ([`RequestFingerprint::framed_after`]): a
+    /// request framed alike is the same request, and is answered without computing its
+    /// fingerprint. One allocation, so that a replay's two compares read one run of memory.
+    id: Id,
     fingerprint: Fingerprint,
     /// Cache time after which the entry is not served.
     expires_at: i64,
@@ -288,16 +279,16 @@ struct Entry {
 }
 
 impl Entry {
-    /// Whether this entry is `(scope, key)`'s.
-    fn is(&self, scope: &str, key: &str) -> bool {
-        let (id_scope, id_key) = self.text[..self.id_len].split_at(self.scope_len);
-        id_scope == scope.as_bytes() && id_key == key.as_bytes()
-    }
-
     /// The framed bytes of the request the entry learned, if it has.
     fn request(&self) -> Option<&[u8]> {
         // A framing is never empty (it holds at least the mode's tag).
-        Some(&self.text[self.id_len..]).filter(|framed| !framed.is_empty())
+        Some(self.id.tail()).filter(|framed| !framed.is_empty())
+    }
+}
+
+impl Identified for Entry {
+    fn id(&self) -> &Id {
+        &self.id
     }
 }
 
@@ -317,20 +308,13 @@ impl ReplayCache {
             None => CacheClock::Monotonic(Instant::now()),
         };
         Self {
-            hasher: RandomState::new(),
-            shards: (0..SHARDS)
-                .map(|_| {
-                    Mutex::new(Shard {
-                        // Grown with use (see the module docs): a table sized for the
-                        // bound up front (4 MiB at the defaults) spread a small cache's
-                        // entries one to a page.
-                        entries: HashMap::default(),
-                        order: VecDeque::with_capacity(order_capacity(shard_entries)),
-                        bytes: 0,
-                        next_seq: 0,
-                    })
-                })
-                .collect(),
+            shards: Sharded::new(SHARDS, || Shard {
+                // Grown with use (see the module docs).
+                entries: Table::default(),
+                order: VecDeque::with_capacity(order_capacity(shard_entries)),
+                bytes: 0,
+                next_seq: 0,
+            }),
             clock,
             max_age: millis(config.max_age),
             shard_entries,
@@ -351,31 +335,21 @@ impl ReplayCache {
         self.clock.now()
     }
 
-    fn locate(&self, scope: &str, key: &str) -> (u64, MutexGuard<'_, Shard>) {
-        let hash = self.hasher.hash_one((scope, key));
-        // Bits 32.. pick the shard; the map uses the low and top bits of the same hash.
-        let shard = &self.shards[(hash >> 32) as usize % SHARDS];
-        // Every mutation below leaves the shard consistent at each step.
-        (hash, shard.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
     /// What the cache knows of `(scope, key)` for `request`.
     ///
     /// A request framed exactly as the one the entry learned is a hit without hashing;
     /// any other is compared by its fingerprint (computed here if it was not yet), and
     /// the first hit so verified teaches the entry its request's bytes.
     pub(super) fn get(&self, scope: &str, key: &str, request: &RequestFingerprint) -> Cached {
-        let (hash, mut shard) = self.locate(scope, key);
+        let id = self.shards.id(scope, key);
+        let mut shard = self.shards.lock(id);
         let shard = &mut *shard;
-        let Some(entry) = shard.entries.get_mut(&hash) else {
+        let Some(entry) = shard.entries.get_mut(id) else {
             return Cached::Miss;
         };
-        if !entry.is(scope, key) {
-            return Cached::Miss;
-        }
         // Read only for an entry found: a fresh key (most requests) reads no clock here.
         if entry.expires_at <= self.now() {
-            shard.remove(hash);
+            shard.remove(id);
             return Cached::Miss;
         }
         if entry.request().is_some_and(|seen| request.is_framed(seen)) {
@@ -390,12 +364,12 @@ impl ReplayCache {
         let room = self.shard_bytes.saturating_sub(entry.size);
         if entry.request().is_none()
             && let Some(text) =
-                request.framed_after(&entry.text[..entry.id_len], MAX_REQUEST_COPY.min(room))
+                request.framed_after(entry.id.id_bytes(), MAX_REQUEST_COPY.min(room))
         {
-            let learned = text.len() - entry.id_len;
+            let learned = text.len() - entry.id.id_bytes().len();
             entry.size += learned;
             shard.bytes += learned;
-            entry.text = text;
+            entry.id.replace_tail(text);
             shard.evict(self.shard_entries, self.shard_bytes);
         }
         Cached::Hit(replay)
@@ -431,24 +405,22 @@ impl ReplayCache {
         if expires_at <= now || size > self.shard_bytes || self.shard_entries == 0 {
             return replay;
         }
-        let (hash, mut shard) = self.locate(scope, key);
-        shard.remove(hash);
+        let hashed = self.shards.id(scope, key);
+        let mut shard = self.shards.lock(hashed);
         let seq = shard.next_seq;
         shard.next_seq += 1;
-        shard.entries.insert(
-            hash,
-            Entry {
-                seq,
-                text: id.text().as_bytes().into(),
-                scope_len: scope.len(),
-                id_len: scope.len() + key.len(),
-                fingerprint,
-                expires_at,
-                size,
-                replay: replay.clone(),
-            },
-        );
-        shard.order.push_back((hash, seq));
+        let entry = Entry {
+            seq,
+            id: Id::new(hashed),
+            fingerprint,
+            expires_at,
+            size,
+            replay: replay.clone(),
+        };
+        if let Some(replaced) = shard.entries.insert(entry) {
+            shard.bytes -= replaced.size;
+        }
+        shard.order.push_back((hashed.hash(), seq));
         shard.bytes += size;
         shard.evict(self.shard_entries, self.shard_bytes);
         replay
@@ -456,20 +428,15 @@ impl ReplayCache {
 
     /// Drops `(scope, key)` from the cache.
     pub(super) fn invalidate(&self, scope: &str, key: &str) {
-        let (hash, mut shard) = self.locate(scope, key);
-        if shard.entries.get(&hash).is_some_and(|e| e.is(scope, key)) {
-            shard.remove(hash);
-        }
+        let id = self.shards.id(scope, key);
+        self.shards.lock(id).remove(id);
     }
 
     /// How many entries the cache holds (expired ones until they are evicted or looked
     /// up).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).entries.len())
-            .sum()
+        self.shards.each().map(|shard| shard.entries.len()).sum()
     }
 }
 
@@ -480,8 +447,8 @@ fn order_capacity(shard_entries: usize) -> usize {
 }
 
 impl Shard {
-    fn remove(&mut self, hash: u64) {
-        if let Some(old) = self.entries.remove(&hash) {
+    fn remove(&mut self, id: HashedId<'_>) {
+        if let Some(old) = self.entries.remove(id) {
             self.bytes -= old.size;
         }
     }
@@ -492,8 +459,9 @@ impl Shard {
             let Some((hash, seq)) = self.order.pop_front() else {
                 break;
             };
-            if self.entries.get(&hash).is_some_and(|e| e.seq == seq) {
-                self.remove(hash);
+            if let Some(oldest) = self.entries.find_entry(hash, |e| e.seq == seq) {
+                let (oldest, _) = oldest.remove();
+                self.bytes -= oldest.size;
             }
         }
         // Stale pairs accumulate when entries are replaced or invalidated: drop them
@@ -501,7 +469,7 @@ impl Shard {
         if self.order.len() + 1 >= order_capacity(max_entries) {
             let entries = &self.entries;
             self.order
-                .retain(|(hash, seq)| entries.get(hash).is_some_and(|e| e.seq == *seq));
+                .retain(|&(hash, seq)| entries.find(hash, |e| e.seq == seq).is_some());
         }
     }
 }
@@ -636,10 +604,11 @@ mod tests {
             cache.now(),
         );
         let entry_is = |scope: &str, key: &str, learned: bool| {
-            let (hash, shard) = cache.locate("ab", "c");
-            let entry = &shard.entries[&hash];
+            let id = cache.shards.id("ab", "c");
+            let shard = cache.shards.lock(id);
+            let entry = shard.entries.get(id).expect("cached");
             assert_eq!(entry.request().is_some(), learned);
-            entry.is(scope, key)
+            entry.id.is(cache.shards.id(scope, key))
         };
         assert!(entry_is("ab", "c", false));
         // The seam is part of the identity: ("ab", "c") is not ("a", "bc").
@@ -665,8 +634,8 @@ mod tests {
     #[test]
     fn its_maps_grow_with_use_not_to_the_bound_up_front() {
         let (cache, _) = new_cache(ReplayCacheConfig::new().max_entries(SHARDS * 4096));
-        for shard in cache.shards.iter() {
-            assert!(shard.lock().unwrap().entries.capacity() < 64);
+        for shard in cache.shards.each() {
+            assert!(shard.entries.capacity() < 64);
         }
         let until = cache.now() + 60_000;
         for i in 0..SHARDS * 8 {
@@ -674,10 +643,7 @@ mod tests {
             cache.insert(&id, fingerprint(1), stored("a"), until, cache.now());
         }
         // 8 entries a shard on average: nowhere near a table for 4,096.
-        let largest = cache
-            .shards
-            .iter()
-            .map(|s| s.lock().unwrap().entries.capacity());
+        let largest = cache.shards.each().map(|shard| shard.entries.capacity());
         assert!(largest.max().unwrap() < 256);
         assert_eq!(cache.len(), SHARDS * 8);
     }
@@ -715,12 +681,11 @@ mod tests {
             cache.get("s", "k0", &fingerprint(1).into()),
             Cached::Miss
         ));
-        for shard in cache.shards.iter() {
-            let shard = shard.lock().unwrap();
+        for shard in cache.shards.each() {
             assert!(shard.order.capacity() <= order_capacity(4).next_power_of_two());
             assert_eq!(
                 shard.bytes,
-                shard.entries.values().map(|e| e.size).sum::<usize>()
+                shard.entries.iter().map(|e| e.size).sum::<usize>()
             );
         }
 
@@ -746,8 +711,8 @@ mod tests {
                 small.now(),
             );
         }
-        for shard in small.shards.iter() {
-            assert!(shard.lock().unwrap().bytes <= 1024);
+        for shard in small.shards.each() {
+            assert!(shard.bytes <= 1024);
         }
     }
 
@@ -773,8 +738,9 @@ mod tests {
             cache.now(),
         );
         let entry_bytes = |cache: &ReplayCache| {
-            let (hash, shard) = cache.locate("s", "k");
-            (shard.entries[&hash].size, shard.bytes)
+            let id = cache.shards.id("s", "k");
+            let shard = cache.shards.lock(id);
+            (shard.entries.get(id).expect("cached").size, shard.bytes)
         };
         let (size_before, _) = entry_bytes(&cache);
 
@@ -871,8 +837,9 @@ mod tests {
                 "verified by fingerprint, nothing learned"
             );
         }
-        let (hash, shard) = cache.locate("s", "k");
-        assert!(shard.entries[&hash].request().is_none());
+        let id = cache.shards.id("s", "k");
+        let shard = cache.shards.lock(id);
+        assert!(shard.entries.get(id).expect("cached").request().is_none());
         assert!(shard.bytes <= 2048);
     }
 

@@ -19,9 +19,7 @@
 //! nothing (no pooled connection, no transaction, no tracked task), so a client that hangs
 //! up while waiting leaves nothing behind.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::Response;
@@ -32,6 +30,7 @@ use tracing::info;
 use super::Inner;
 use crate::config::HandlerConfig;
 use crate::metrics;
+use crate::sharded::{Id, Identified, Sharded, Table};
 use crate::store::FencingToken;
 
 /// The first poll step on a store without change notifications, doubled up to
@@ -161,18 +160,21 @@ fn report(config: &HandlerConfig, started: Instant, outcome: WaitOutcome) {
 /// every local waiter.
 #[derive(Debug)]
 pub(super) struct Running {
-    shards: Box<[Shard]>,
-    hasher: RandomState,
+    entries: Sharded<Table<Entry>>,
 }
-
-/// One shard of [`Running`]: the entries by `(scope, key)`.
-type Shard = Mutex<HashMap<(String, String), Entry>>;
 
 #[derive(Debug)]
 struct Entry {
+    id: Id,
     token: FencingToken,
     /// Never sent on: dropped when the execution ends, which ends every receiver's wait.
     ended: watch::Sender<()>,
+}
+
+impl Identified for Entry {
+    fn id(&self) -> &Id {
+        &self.id
+    }
 }
 
 /// Shards, so that unrelated keys rarely share a lock.
@@ -181,20 +183,12 @@ const SHARDS: usize = 16;
 impl Default for Running {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
+            entries: Sharded::new(SHARDS, Table::default),
         }
     }
 }
 
 impl Running {
-    fn shard(&self, scope: &str, key: &str) -> &Shard {
-        let hash = self.hasher.hash_one((scope, key));
-        // The modulo keeps it below SHARDS, so the cast cannot truncate.
-        #[allow(clippy::cast_possible_truncation)]
-        &self.shards[(hash % SHARDS as u64) as usize]
-    }
-
     /// Records that this engine executes the claim `token` of `(scope, key)` until the
     /// returned registration is dropped. A claim taken over from a lost lease replaces
     /// the earlier one (whose waiters then wake and claim again).
@@ -204,16 +198,17 @@ impl Running {
         key: &str,
         token: FencingToken,
     ) -> Registration {
+        let id = self.entries.id(scope, key);
         let (ended, _) = watch::channel(());
-        let entry = Entry { token, ended };
-        self.shard(scope, key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert((scope.to_owned(), key.to_owned()), entry);
+        let entry = Entry {
+            id: Id::new(id),
+            token,
+            ended,
+        };
+        self.entries.lock(id).insert(entry);
         Registration {
             running: self.clone(),
-            scope: scope.to_owned(),
-            key: key.to_owned(),
+            hash: id.hash(),
             token,
         }
     }
@@ -221,12 +216,10 @@ impl Running {
     /// A receiver whose `changed()` returns when the local execution of `(scope, key)`
     /// ends; `None` when this engine is not executing it.
     fn subscribe(&self, scope: &str, key: &str) -> Option<watch::Receiver<()>> {
-        let shard = self
-            .shard(scope, key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        shard
-            .get(&(scope.to_owned(), key.to_owned()))
+        let id = self.entries.id(scope, key);
+        self.entries
+            .lock(id)
+            .get(id)
             .map(|entry| entry.ended.subscribe())
     }
 }
@@ -235,28 +228,42 @@ impl Running {
 #[derive(Debug)]
 pub(super) struct Registration {
     running: Arc<Running>,
-    scope: String,
-    key: String,
+    /// Its id's hash, and its claim's token: together they find its entry (a token is
+    /// one claim's), so the registration keeps no copy of the id.
+    hash: u64,
     token: FencingToken,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut shard = self
-            .running
-            .shard(&self.scope, &self.key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let id = (
-            std::mem::take(&mut self.scope),
-            std::mem::take(&mut self.key),
-        );
+        let mut shard = self.running.entries.lock_hash(self.hash);
         // Only our own entry: a later claim of the key (after a takeover) keeps its own.
-        if shard
-            .get(&id)
-            .is_some_and(|entry| entry.token == self.token)
-        {
-            shard.remove(&id);
+        if let Some(entry) = shard.find_entry(self.hash, |entry| entry.token == self.token) {
+            entry.remove();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_registration_wakes_its_waiters_and_removes_only_its_own_entry() {
+        let running = Arc::new(Running::default());
+        assert!(running.subscribe("s", "k").is_none());
+        let first = running.register("s", "k", FencingToken(1));
+        let mut waiter = running.subscribe("s", "k").expect("registered");
+        assert!(running.subscribe("sk", "").is_none());
+        // A takeover's claim replaces the entry: the first claim's waiters wake.
+        let second = running.register("s", "k", FencingToken(2));
+        assert!(waiter.changed().await.is_err());
+        drop(first);
+        let mut waiter = running
+            .subscribe("s", "k")
+            .expect("the takeover's entry stays");
+        drop(second);
+        assert!(waiter.changed().await.is_err());
+        assert!(running.subscribe("s", "k").is_none());
     }
 }

@@ -241,6 +241,7 @@ impl ScopedKey {
     }
 
     /// The scope followed by the key.
+    #[cfg(test)]
     pub(crate) fn text(&self) -> &str {
         &self.text
     }

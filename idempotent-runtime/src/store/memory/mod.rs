@@ -5,27 +5,17 @@
 //! key. Use it for tests and single-process demos; use `SqliteStore` on one host and
 //! `PostgresStore` across hosts.
 //!
-//! Every request touches the map, so it is laid out for a cheap claim: `(scope, key)` is
-//! hashed once, that hash picks one of [`SHARDS`] tables and is the table's own hash; a
-//! lookup compares the caller's strings with the record's in place (nothing allocated);
-//! and a table that grows rehashes only its shard's records, by the hashes they carry,
-//! not the whole store at once.
-//!
-//! A record outlives the requests around it, so it allocates nothing of its own: its id
-//! and, once completed, its response's headers and body are one entry in its shard's
-//! [`Arena`], and the rest is a row of the table.
+//! The records live in a [`Sharded`] map, so that requests on different keys rarely wait
+//! for each other's lock; each record owns its id and, once completed, its response.
 
-use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
-use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
 use super::operator::{lease_left_from_millis, system_time_from_millis};
-use super::record::{decode_headers, encode_headers_into, encoded_headers_len};
+use super::record::CompactResponse;
 use super::takeover::{Decision, Found, decide};
 use super::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordState, Store,
@@ -33,183 +23,22 @@ use super::{
 };
 use crate::clock::{Clock, SystemClock, millis};
 use crate::fingerprint::Fingerprint;
+use crate::sharded::{Id, Identified, Sharded, Table};
 
-mod arena;
-
-use arena::{Arena, Span};
-
-/// How many independently locked tables hold the records: a table's growth rehashes
-/// 1/SHARDS of them, and concurrent requests on different keys rarely wait for each other.
+/// How many independently locked tables hold the records.
 const SHARDS: usize = 32;
 
 /// An in-memory [`Store`] for tests and single-process demos (see the module docs).
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
-    shards: Arc<Shards>,
+    records: Arc<Sharded<Table<Record>>>,
     clock: Arc<dyn Clock>,
 }
 
-/// The shards, and the keyed hash every record id is hashed with once.
-#[derive(Debug)]
-struct Shards {
-    hasher: RandomState,
-    shards: Box<[Mutex<Shard>]>,
-}
-
-impl Shards {
-    fn new() -> Self {
-        Self {
-            hasher: RandomState::new(),
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-        }
-    }
-
-    fn hash(&self, scope: &str, key: &str) -> u64 {
-        // Framed like a `(String, String)`: each part's length goes in, so ("ab", "c")
-        // and ("a", "bc") hash apart.
-        self.hasher.hash_one((scope, key))
-    }
-
-    /// The shard of `hash`. Its bits 32.. pick it: the table uses the low bits for the
-    /// bucket and the top seven for its control bytes, which must stay spread within
-    /// a shard.
-    fn lock(&self, hash: u64) -> MutexGuard<'_, Shard> {
-        let index = (hash >> 32) as usize % SHARDS;
-        lock(&self.shards[index])
-    }
-}
-
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // A panic while holding the lock cannot leave a record half-written: the table and
-    // the arena change only in code that does not panic (short of an allocation failure).
-    shard.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// One shard: its records, found by the hash each carries, and the bytes they keep.
-#[derive(Debug, Default)]
-struct Shard {
-    records: HashTable<Record>,
-    arena: Arena,
-}
-
-impl Shard {
-    /// The record of `(scope, key)`.
-    fn find(&self, hash: u64, scope: &str, key: &str) -> Option<&Record> {
-        let arena = &self.arena;
-        self.records.find(hash, |r| r.is(arena, scope, key))
-    }
-
-    /// The record of `(scope, key)` when `token` holds it in progress.
-    fn owned(
-        &mut self,
-        hash: u64,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-    ) -> Option<&mut Record> {
-        owned(&mut self.records, &self.arena, hash, (scope, key), token)
-    }
-
-    /// Records `response` as the outcome of the claim `token` holds on `(scope, key)`;
-    /// `false` when it holds none.
-    fn complete(
-        &mut self,
-        hash: u64,
-        (scope, key): (&str, &str),
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> bool {
-        let Some(record) = owned(&mut self.records, &self.arena, hash, (scope, key), token) else {
-            return false;
-        };
-        let headers_len = encoded_headers_len(&response.headers);
-        let body = response.body.as_deref().unwrap_or_default();
-        let len = record.id_len + headers_len + body.len();
-        let prefix = (record.span, record.id_len);
-        let (span, sealed) = self.arena.push_with(hash, Some(prefix), len, |bytes| {
-            encode_headers_into(bytes, &response.headers);
-            bytes.extend_from_slice(body);
-        });
-        let old = std::mem::replace(&mut record.span, span);
-        record.state = State::Completed(Kept {
-            status: response.status,
-            headers_len,
-            has_body: response.body.is_some(),
-        });
-        let freed = self.arena.free(old);
-        self.evacuate([sealed, freed]);
-        true
-    }
-
-    /// Removes the record of `(scope, key)`, with its bytes, if `removable` says so;
-    /// whether it did.
-    fn remove(
-        &mut self,
-        hash: u64,
-        (scope, key): (&str, &str),
-        removable: impl FnOnce(&Record) -> bool,
-    ) -> bool {
-        let arena = &self.arena;
-        let Ok(entry) = self.records.find_entry(hash, |r| r.is(arena, scope, key)) else {
-            return false;
-        };
-        if !removable(entry.get()) {
-            return false;
-        }
-        let (record, _) = entry.remove();
-        let sparse = self.arena.free(record.span);
-        self.evacuate([sparse, None]);
-        true
-    }
-
-    /// Moves the live entries of each sparse block (and of any block that sealing makes
-    /// sparse meanwhile) to the arena's current block, and frees it.
-    fn evacuate(&mut self, sparse: [Option<u32>; 2]) {
-        if sparse == [None, None] {
-            return;
-        }
-        let mut pending: Vec<u32> = sparse.into_iter().flatten().collect();
-        while let Some(index) = pending.pop() {
-            let Some(block) = self.arena.take_sparse(index) else {
-                continue;
-            };
-            for (hash, from, bytes) in block.entries() {
-                // A freed entry has no record pointing at it any more.
-                if let Some(record) = self.records.find_mut(hash, |r| r.span == from) {
-                    let (to, sealed) = self.arena.push(hash, &[bytes]);
-                    record.span = to;
-                    pending.extend(sealed);
-                }
-            }
-            self.arena.evacuated(block);
-        }
-    }
-}
-
-/// The record of `(scope, key)` in `records` when `token` holds it in progress (a
-/// function of the shard's parts, so that a caller may push to the arena meanwhile).
-fn owned<'r>(
-    records: &'r mut HashTable<Record>,
-    arena: &Arena,
-    hash: u64,
-    (scope, key): (&str, &str),
-    token: FencingToken,
-) -> Option<&'r mut Record> {
-    records
-        .find_mut(hash, |r| r.is(arena, scope, key))
-        .filter(|r| r.is_held_by(token))
-}
-
-/// One record: a row of its shard's table, its bytes in the shard's arena.
+/// One record of `(scope, key)`.
 #[derive(Debug)]
 struct Record {
-    /// The hash of `(scope, key)`, with the store's keyed hasher.
-    hash: u64,
-    /// Its entry in the arena: the scope, then the key (`id_len` bytes in all,
-    /// `scope_len` of scope); then, when completed, the response (see [`Kept`]).
-    span: Span,
-    scope_len: usize,
-    id_len: usize,
+    id: Id,
     fingerprint: Fingerprint,
     token: FencingToken,
     /// When the claim that wrote it was made; only operators read it.
@@ -218,37 +47,23 @@ struct Record {
     state: State,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 enum State {
     InProgress { lease_expires_at: i64 },
-    Completed(Kept),
+    Completed(CompactResponse),
 }
 
-/// Where a completed record keeps its response: in its entry, after the id, its headers
-/// (`headers_len` bytes, [`encode_headers_into`]), then its body when it was kept.
-#[derive(Debug, Clone, Copy)]
-struct Kept {
-    status: u16,
-    headers_len: usize,
-    has_body: bool,
+impl Identified for Record {
+    fn id(&self) -> &Id {
+        &self.id
+    }
 }
 
 impl Record {
-    /// A new claim of `(scope, key)`, its id pushed to `arena`; and a block its push made
-    /// sparse.
-    fn claimed(
-        arena: &mut Arena,
-        hash: u64,
-        scope: &str,
-        key: &str,
-        claim: Claimed,
-    ) -> (Self, Option<u32>) {
-        let (span, sealed) = arena.push(hash, &[scope.as_bytes(), key.as_bytes()]);
+    /// A new claim of `id`.
+    fn claimed(id: Id, claim: Claimed) -> Self {
         let mut record = Self {
-            hash,
-            span,
-            scope_len: scope.len(),
-            id_len: scope.len() + key.len(),
+            id,
             fingerprint: claim.fingerprint,
             token: claim.token,
             created_at: 0,
@@ -258,21 +73,10 @@ impl Record {
             },
         };
         record.claim(claim);
-        (record, sealed)
+        record
     }
 
-    /// Whether this is the record of `(scope, key)`. Scope and key are compared apart:
-    /// ("ab", "c") is not ("a", "bc").
-    fn is(&self, arena: &Arena, scope: &str, key: &str) -> bool {
-        if self.scope_len != scope.len() || self.id_len != scope.len() + key.len() {
-            return false;
-        }
-        let (stored_scope, rest) = arena.get(self.span).split_at(self.scope_len);
-        stored_scope == scope.as_bytes() && rest[..key.len()] == *key.as_bytes()
-    }
-
-    /// Claimed anew (a takeover): the id stays; a response it held is no longer read,
-    /// and its bytes go when the claim completes or the record is removed.
+    /// Claimed anew (a takeover): the id stays, a response it held goes.
     fn claim(&mut self, claim: Claimed) {
         self.fingerprint = claim.fingerprint;
         self.token = claim.token;
@@ -281,16 +85,6 @@ impl Record {
         self.state = State::InProgress {
             lease_expires_at: claim.now.monotonic.saturating_add(millis(claim.lease)),
         };
-    }
-
-    /// The response it keeps as `kept`, for a replay.
-    fn response(&self, arena: &Arena, kept: Kept) -> Result<StoredResponse, StoreError> {
-        let (headers, body) = arena.get(self.span)[self.id_len..].split_at(kept.headers_len);
-        Ok(StoredResponse {
-            status: kept.status,
-            headers: decode_headers(headers)?,
-            body: kept.has_body.then(|| Bytes::copy_from_slice(body)),
-        })
     }
 
     /// In progress under `token`'s claim.
@@ -306,15 +100,15 @@ impl Record {
 
     /// What an operator sees of it at `now` (a lease's end shown in wall-clock time).
     fn info(&self, now: Now) -> RecordInfo {
-        let state = match self.state {
+        let state = match &self.state {
             State::InProgress { lease_expires_at } => RecordState::InProgress {
                 lease_expires_at: system_time_from_millis(
                     now.wall.saturating_add(lease_expires_at - now.monotonic),
                 ),
-                holder_alive: lease_expires_at > now.monotonic,
+                holder_alive: *lease_expires_at > now.monotonic,
             },
-            State::Completed(kept) => RecordState::Completed {
-                status: kept.status,
+            State::Completed(response) => RecordState::Completed {
+                status: response.status,
             },
         };
         RecordInfo::new(
@@ -361,26 +155,19 @@ impl MemoryStore {
     /// An empty store on `clock`.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
-            shards: Arc::new(Shards::new()),
+            records: Arc::new(Sharded::new(SHARDS, Table::default)),
             clock,
         }
     }
 
     /// How many records the store holds (expired ones included until purged).
     pub fn len(&self) -> usize {
-        self.shards
-            .shards
-            .iter()
-            .map(|shard| lock(shard).records.len())
-            .sum()
+        self.records.each().map(|shard| shard.len()).sum()
     }
 
     /// Whether the store holds no records.
     pub fn is_empty(&self) -> bool {
-        self.shards
-            .shards
-            .iter()
-            .all(|shard| lock(shard).records.is_empty())
+        self.records.each().all(|shard| shard.is_empty())
     }
 }
 
@@ -401,8 +188,7 @@ impl Store for MemoryStore {
         claim: &ClaimRequest<'_>,
     ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
         let now = self.now();
-        let (scope, key) = (claim.scope, claim.key);
-        let hash = self.shards.hash(scope, key);
+        let id = self.records.id(claim.scope, claim.key);
         let claimed = Claimed {
             fingerprint: *claim.fingerprint,
             token: claim.token,
@@ -410,13 +196,10 @@ impl Store for MemoryStore {
             ttl: claim.ttl,
             lease: claim.lease,
         };
-        let mut shard = self.shards.lock(hash);
-        let Shard { records, arena } = &mut *shard;
-        let existing = match records.entry(hash, |r| r.is(arena, scope, key), |r| r.hash) {
+        let mut shard = self.records.lock(id);
+        let existing = match shard.entry(id) {
             Entry::Vacant(vacant) => {
-                let (record, sealed) = Record::claimed(arena, hash, scope, key, claimed);
-                vacant.insert(record);
-                shard.evacuate([sealed, None]);
+                vacant.insert(Record::claimed(Id::new(id), claimed));
                 return Ok((
                     ClaimOutcome::Claimed {
                         token: claim.token,
@@ -438,7 +221,7 @@ impl Store for MemoryStore {
             same_fingerprint,
         };
         Ok(match decide(found) {
-            // A takeover rewrites the record in place: its id was pushed once, when new.
+            // A takeover rewrites the record in place, keeping its id.
             Decision::Take(reason) => {
                 existing.claim(claimed);
                 let claimed = ClaimOutcome::Claimed {
@@ -449,12 +232,12 @@ impl Store for MemoryStore {
             }
             Decision::Mismatch => (ClaimOutcome::Mismatch, None),
             // Replay or in progress: which one is the record's state.
-            Decision::Replay | Decision::InProgress => match existing.state {
-                State::Completed(kept) => (
-                    ClaimOutcome::Replay(existing.response(arena, kept)?),
+            Decision::Replay | Decision::InProgress => match &existing.state {
+                State::Completed(response) => (
+                    ClaimOutcome::Replay(response.to_stored()?),
                     Some(remaining(existing.expires_at - now.wall)),
                 ),
-                State::InProgress { lease_expires_at } => {
+                &State::InProgress { lease_expires_at } => {
                     let retry_after = retry_after_from_millis(lease_expires_at - now.monotonic);
                     (ClaimOutcome::InProgress { retry_after }, None)
                 }
@@ -470,9 +253,9 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let now = self.now();
-        let hash = self.shards.hash(scope, key);
-        let mut shard = self.shards.lock(hash);
-        let Some(record) = shard.owned(hash, scope, key, token) else {
+        let id = self.records.id(scope, key);
+        let mut shard = self.records.lock(id);
+        let Some(record) = shard.get_mut(id).filter(|r| r.is_held_by(token)) else {
             return Ok(false);
         };
         record.state = State::InProgress {
@@ -491,9 +274,13 @@ impl Store for MemoryStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let hash = self.shards.hash(scope, key);
-        let mut shard = self.shards.lock(hash);
-        Ok(shard.complete(hash, (scope, key), token, response))
+        let id = self.records.id(scope, key);
+        let mut shard = self.records.lock(id);
+        let Some(record) = shard.get_mut(id).filter(|r| r.is_held_by(token)) else {
+            return Ok(false);
+        };
+        record.state = State::Completed(CompactResponse::new(response));
+        Ok(true)
     }
 
     async fn release(
@@ -502,42 +289,35 @@ impl Store for MemoryStore {
         key: &str,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        let hash = self.shards.hash(scope, key);
-        let mut shard = self.shards.lock(hash);
-        Ok(shard.remove(hash, (scope, key), |r| r.is_held_by(token)))
+        let id = self.records.id(scope, key);
+        let mut shard = self.records.lock(id);
+        Ok(shard.remove_if(id, |r| r.is_held_by(token)).is_some())
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         let now = self.now();
         let mut left = limit as usize;
-        for shard in &self.shards.shards {
+        for mut shard in self.records.each() {
             if left == 0 {
                 break;
             }
-            let mut shard = lock(shard);
-            let Shard { records, arena } = &mut *shard;
-            let mut sparse = Vec::new();
-            records.retain(|r| {
+            shard.retain(|r| {
                 let purge = left > 0 && !r.is_live(now);
                 if purge {
                     left -= 1;
-                    sparse.extend(arena.free(r.span));
                 }
                 !purge
             });
-            for index in sparse {
-                shard.evacuate([Some(index), None]);
-            }
         }
         Ok((limit as usize - left) as u64)
     }
 
     async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
         let now = self.now();
-        let hash = self.shards.hash(scope, key);
-        let shard = self.shards.lock(hash);
+        let id = self.records.id(scope, key);
+        let shard = self.records.lock(id);
         Ok(shard
-            .find(hash, scope, key)
+            .get(id)
             .filter(|r| r.is_live(now))
             .map(|r| r.info(now)))
     }
@@ -549,9 +329,9 @@ impl Store for MemoryStore {
         force: bool,
     ) -> Result<ForgetOutcome, StoreError> {
         let now = self.now();
-        let hash = self.shards.hash(scope, key);
-        let mut shard = self.shards.lock(hash);
-        let Some(record) = shard.find(hash, scope, key) else {
+        let id = self.records.id(scope, key);
+        let mut shard = self.records.lock(id);
+        let Some(record) = shard.get(id) else {
             return Ok(ForgetOutcome::NotFound);
         };
         let outcome = if !record.is_live(now) {
@@ -566,7 +346,7 @@ impl Store for MemoryStore {
         } else {
             ForgetOutcome::Forgotten(record.info(now))
         };
-        shard.remove(hash, (scope, key), |_| true);
+        shard.remove(id);
         Ok(outcome)
     }
 
@@ -585,6 +365,8 @@ fn remaining(millis: i64) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
     use crate::clock::ManualClock;
 
@@ -707,21 +489,6 @@ mod tests {
         assert!(store.is_empty());
     }
 
-    /// Allocated and live bytes over every shard's arena.
-    fn arena_bytes(store: &MemoryStore) -> (usize, usize) {
-        store
-            .shards
-            .shards
-            .iter()
-            .fold((0, 0), |(allocated, live), shard| {
-                let shard = lock(shard);
-                (
-                    allocated + shard.arena.allocated(),
-                    live + shard.arena.live(),
-                )
-            })
-    }
-
     /// A body of `len` bytes that says which key it belongs to.
     fn body_of(key: &str, len: usize) -> Bytes {
         let mut body = key.as_bytes().repeat(len / key.len() + 1);
@@ -738,91 +505,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn records_keep_their_bytes_while_the_arena_moves_them_and_it_stays_within_four_times_live()
-     {
-        let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(Arc::new(clock.clone()));
-        let fingerprint = Fingerprint {
-            version: 1,
-            digest: [3; 32],
-        };
-        // Bodies of many sizes, some over the arena's large-entry size; one record in ten
-        // outlives the rest, so when the rest expire every block is left sparse.
-        // (Enough small ones that what they fill is far more than a block per shard.)
-        let len_of = |i: usize| [0, 40, 300, 2_000, 300, 9_000, 40, 70_000][i % 8] + i % 7;
-        let keys: Vec<String> = (0..16_000).map(|i| format!("key-{i}")).collect();
-        for (i, key) in keys.iter().enumerate() {
-            let ttl = if i % 10 == 0 { 3_600 } else { 60 };
-            let request = ClaimRequest {
-                ttl: Duration::from_secs(ttl),
-                ..claim("scope", key, &fingerprint)
-            };
-            store.try_claim(&request).await.unwrap();
-            let response = stored(key, len_of(i));
-            assert!(
-                store
-                    .complete("scope", key, request.token, &response)
-                    .await
-                    .unwrap()
-            );
-        }
-        clock.advance(Duration::from_secs(61));
-        assert_eq!(store.purge_expired(100_000).await.unwrap(), 14_400);
-        let (allocated, live) = arena_bytes(&store);
-        assert!(
-            allocated <= 4 * live + SHARDS * arena::BLOCK,
-            "{allocated} bytes allocated for {live} live"
-        );
-        // Every survivor replays what it recorded, moved or not; and new records written
-        // after the moves are found beside them.
-        for (i, key) in keys.iter().enumerate() {
-            let outcome = store
-                .try_claim(&claim("scope", key, &fingerprint))
-                .await
-                .unwrap();
-            if i % 10 == 0 {
-                match outcome {
-                    ClaimOutcome::Replay(replayed) => assert_eq!(replayed, stored(key, len_of(i))),
-                    other => panic!("{key}: {other:?}"),
-                }
-            } else {
-                // Expired and purged: claimed anew; completed again with another body.
-                let ClaimOutcome::Claimed { token, .. } = outcome else {
-                    panic!("{key}: {outcome:?}");
-                };
-                let response = stored(key, len_of(i + 1));
-                assert!(
-                    store
-                        .complete("scope", key, token, &response)
-                        .await
-                        .unwrap()
-                );
-            }
-        }
-        for (i, key) in keys.iter().enumerate() {
-            let expected = stored(key, len_of(if i % 10 == 0 { i } else { i + 1 }));
-            match store
-                .try_claim(&claim("scope", key, &fingerprint))
-                .await
-                .unwrap()
-            {
-                ClaimOutcome::Replay(replayed) => assert_eq!(replayed, expected, "{key}"),
-                other => panic!("{key}: {other:?}"),
-            }
-        }
-        // Everything gone: nothing live, nothing held but the blocks being filled.
-        clock.advance(Duration::from_secs(7_200));
-        assert_eq!(store.purge_expired(100_000).await.unwrap(), 16_000);
-        let (allocated, live) = arena_bytes(&store);
-        assert_eq!(live, 0);
-        assert!(
-            allocated <= SHARDS * arena::BLOCK,
-            "{allocated} bytes held empty"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_takeover_keeps_the_id_and_its_completion_frees_the_old_response() {
+    async fn a_takeover_replaces_the_response_and_forget_removes_the_record() {
         let clock = ManualClock::new();
         let store = MemoryStore::with_clock(Arc::new(clock.clone()));
         let fingerprint = Fingerprint {
@@ -871,16 +554,11 @@ mod tests {
             ClaimOutcome::Replay(replayed) => assert_eq!(replayed, stored("k", 700)),
             other => panic!("{other:?}"),
         }
-        let (_, live) = arena_bytes(&store);
-        assert_eq!(
-            live,
-            arena::FRAME + 1 + 1 + encoded_headers_len(&stored("k", 700).headers) + 700
-        );
+        assert_eq!(store.len(), 1);
         assert!(matches!(
             store.forget("s", "k", false).await.unwrap(),
             ForgetOutcome::Forgotten(_)
         ));
-        assert_eq!(arena_bytes(&store).1, 0);
         assert!(store.is_empty());
     }
 }
