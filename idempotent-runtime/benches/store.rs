@@ -61,7 +61,7 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
             let stored = &stored;
             async move {
                 let token = FencingToken::random();
-                let outcome = store.try_claim(&request(&key, token)).await.expect("claim");
+                let outcome = store.claim(&request(&key, token)).await.expect("claim").outcome;
                 assert_eq!(
                     outcome,
                     ClaimOutcome::Claimed {
@@ -97,7 +97,7 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
                         tokio::spawn(async move {
                             let token = FencingToken::random();
                             let outcome =
-                                store.try_claim(&request(&key, token)).await.expect("claim");
+                                store.claim(&request(&key, token)).await.expect("claim").outcome;
                             assert!(matches!(outcome, ClaimOutcome::Claimed { .. }));
                             let done = store
                                 .complete("acct_bench", &key, token, &stored)
@@ -118,9 +118,9 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
     runtime.block_on(async {
         let token = FencingToken::random();
         store
-            .try_claim(&request("replayed", token))
+            .claim(&request("replayed", token))
             .await
-            .expect("claim");
+            .expect("claim").outcome;
         assert!(
             store
                 .complete("acct_bench", "replayed", token, &stored)
@@ -133,9 +133,9 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
             let store = Arc::clone(&store);
             async move {
                 let outcome = store
-                    .try_claim(&request("replayed", FencingToken::random()))
+                    .claim(&request("replayed", FencingToken::random()))
                     .await
-                    .expect("claim");
+                    .expect("claim").outcome;
                 assert!(matches!(outcome, ClaimOutcome::Replay(_)));
                 black_box(outcome)
             }

@@ -13,7 +13,7 @@ use crate::config::HandlerConfig;
 use crate::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::key::{IdempotencyKey, ScopedKey};
 use crate::metrics::{self, Outcome, StoreOperation};
-use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Store};
+use crate::store::{Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, Store};
 
 mod answers;
 mod capture;
@@ -113,6 +113,9 @@ pub struct Idempotency {
 #[derive(Debug)]
 struct Inner {
     store: Arc<dyn Store>,
+    /// What the store offers beyond its operations, read once from it when the builder
+    /// was made.
+    capabilities: Capabilities,
     default_ttl: Duration,
     default_lease: Duration,
     max_stored_body: usize,
@@ -258,8 +261,8 @@ impl IdempotencyBuilder {
     pub fn build(mut self) -> Idempotency {
         metrics::describe();
         self.inner.replay_cache = self.replay_cache.map(|config| {
-            let store = &self.inner.store;
-            ReplayCache::new(config, store.clock(), store.in_process())
+            let offered = &self.inner.capabilities;
+            ReplayCache::new(config, offered.clock.clone(), offered.in_process)
         });
         Idempotency {
             inner: Arc::new(self.inner),
@@ -282,6 +285,7 @@ impl Idempotency {
     pub fn builder_shared(store: Arc<dyn Store>) -> IdempotencyBuilder {
         IdempotencyBuilder {
             inner: Inner {
+                capabilities: store.capabilities(),
                 store,
                 default_ttl: DEFAULT_TTL,
                 default_lease: DEFAULT_LEASE,
@@ -576,11 +580,14 @@ impl Idempotency {
             StoreOperation::Claim,
             sent_at,
             self.inner.store_timeout,
-            self.inner.store.claim_with_expiry(&claim),
+            self.inner.store.claim(&claim),
         );
         let (claimed, answered_at) = claimed.await;
-        let (outcome, expires_in) = match claimed {
-            Ok(outcome) => outcome,
+        let ClaimAnswer {
+            outcome,
+            replay_lives_for: expires_in,
+        } = match claimed {
+            Ok(answer) => answer,
             Err(err) => {
                 error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
                 metrics::count(config.name, Outcome::StoreError);
@@ -735,7 +742,7 @@ impl Idempotency {
     fn tx_store<DB: crate::transaction::TxDatabase>(
         &self,
     ) -> Option<Arc<dyn crate::transaction::TxStore<DB>>> {
-        self.inner.store.transactions()?.for_database::<DB>()
+        self.inner.capabilities.transactions.as_ref()?.for_database::<DB>()
     }
 
     /// Purges expired records in batches of `batch` until fewer than a batch remain;

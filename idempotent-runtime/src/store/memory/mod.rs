@@ -28,8 +28,8 @@ use super::operator::{lease_left_from_millis, system_time_from_millis};
 use super::record::{decode_headers, encode_headers_into, encoded_headers_len};
 use super::takeover::{Decision, Found, decide};
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordState, Store,
-    StoreError, StoredResponse, retry_after_from_millis,
+    Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome,
+    RecordInfo, RecordState, Store, StoreError, StoredResponse, retry_after_from_millis,
 };
 use crate::clock::{Clock, SystemClock, millis};
 use crate::fingerprint::Fingerprint;
@@ -392,14 +392,7 @@ impl Default for MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        Ok(self.claim_with_expiry(claim).await?.0)
-    }
-
-    async fn claim_with_expiry(
-        &self,
-        claim: &ClaimRequest<'_>,
-    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let now = self.now();
         let (scope, key) = (claim.scope, claim.key);
         let hash = self.shards.hash(scope, key);
@@ -417,13 +410,11 @@ impl Store for MemoryStore {
                 let (record, sealed) = Record::claimed(arena, hash, scope, key, claimed);
                 vacant.insert(record);
                 shard.evacuate([sealed, None]);
-                return Ok((
-                    ClaimOutcome::Claimed {
-                        token: claim.token,
-                        takeover: None,
-                    },
-                    None,
-                ));
+                let claimed = ClaimOutcome::Claimed {
+                    token: claim.token,
+                    takeover: None,
+                };
+                return Ok(claimed.into());
             }
             Entry::Occupied(occupied) => occupied.into_mut(),
         };
@@ -437,7 +428,7 @@ impl Store for MemoryStore {
             ),
             same_fingerprint,
         };
-        Ok(match decide(found) {
+        let (outcome, replay_lives_for) = match decide(found) {
             // A takeover rewrites the record in place: its id was pushed once, when new.
             Decision::Take(reason) => {
                 existing.claim(claimed);
@@ -459,6 +450,10 @@ impl Store for MemoryStore {
                     (ClaimOutcome::InProgress { retry_after }, None)
                 }
             },
+        };
+        Ok(ClaimAnswer {
+            outcome,
+            replay_lives_for,
         })
     }
 
@@ -570,11 +565,10 @@ impl Store for MemoryStore {
         Ok(outcome)
     }
 
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        Some(self.clock.clone())
-    }
-    fn in_process(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+            .with_clock(self.clock.clone())
+            .in_process()
     }
 }
 
@@ -607,7 +601,7 @@ mod tests {
             digest: [1; 32],
         };
         for (scope, key) in [("ab", "c"), ("a", "bc"), ("", "abc"), ("abc", "")] {
-            let outcome = store.try_claim(&claim(scope, key, &fingerprint)).await;
+            let outcome = store.claim(&claim(scope, key, &fingerprint)).await.map(|answer| answer.outcome);
             assert!(
                 matches!(outcome, Ok(ClaimOutcome::Claimed { takeover: None, .. })),
                 "{scope:?} {key:?}: {outcome:?}"
@@ -628,13 +622,13 @@ mod tests {
             digest: [3; 32],
         };
         let first = claim("s", "k", &fingerprint);
-        store.try_claim(&first).await.unwrap();
+        store.claim(&first).await.unwrap().outcome;
         // Forward by far more than the 10 s lease (within the 60 s TTL): still held.
         clock.step_wall(30_000);
         let retry = store
-            .try_claim(&claim("s", "k", &fingerprint))
+            .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap();
+            .unwrap().outcome;
         assert!(
             matches!(retry, ClaimOutcome::InProgress { .. }),
             "a forward step took a live lease over: {retry:?}"
@@ -650,9 +644,9 @@ mod tests {
         // Past the TTL by the wall clock, but the lease is live: a running claim keeps it.
         clock.step_wall(60_000);
         let retry = store
-            .try_claim(&claim("s", "k", &fingerprint))
+            .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap();
+            .unwrap().outcome;
         assert!(
             matches!(retry, ClaimOutcome::InProgress { .. }),
             "{retry:?}"
@@ -662,9 +656,9 @@ mod tests {
         clock.step_wall(-3_600_000);
         clock.advance(Duration::from_secs(11));
         let retry = store
-            .try_claim(&claim("s", "k", &fingerprint))
+            .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap();
+            .unwrap().outcome;
         assert!(
             matches!(
                 retry,
@@ -692,7 +686,7 @@ mod tests {
                 token,
                 ..claim("s", &key, &fingerprint)
             };
-            store.try_claim(&request).await.unwrap();
+            store.claim(&request).await.unwrap().outcome;
             let response = StoredResponse {
                 status: 200,
                 headers: Vec::new(),
@@ -757,7 +751,7 @@ mod tests {
                 ttl: Duration::from_secs(ttl),
                 ..claim("scope", key, &fingerprint)
             };
-            store.try_claim(&request).await.unwrap();
+            store.claim(&request).await.unwrap().outcome;
             let response = stored(key, len_of(i));
             assert!(
                 store
@@ -777,9 +771,9 @@ mod tests {
         // after the moves are found beside them.
         for (i, key) in keys.iter().enumerate() {
             let outcome = store
-                .try_claim(&claim("scope", key, &fingerprint))
+                .claim(&claim("scope", key, &fingerprint))
                 .await
-                .unwrap();
+                .unwrap().outcome;
             if i % 10 == 0 {
                 match outcome {
                     ClaimOutcome::Replay(replayed) => assert_eq!(replayed, stored(key, len_of(i))),
@@ -802,9 +796,9 @@ mod tests {
         for (i, key) in keys.iter().enumerate() {
             let expected = stored(key, len_of(if i % 10 == 0 { i } else { i + 1 }));
             match store
-                .try_claim(&claim("scope", key, &fingerprint))
+                .claim(&claim("scope", key, &fingerprint))
                 .await
-                .unwrap()
+                .unwrap().outcome
             {
                 ClaimOutcome::Replay(replayed) => assert_eq!(replayed, expected, "{key}"),
                 other => panic!("{key}: {other:?}"),
@@ -830,7 +824,7 @@ mod tests {
             digest: [4; 32],
         };
         let first = claim("s", "k", &fingerprint);
-        store.try_claim(&first).await.unwrap();
+        store.claim(&first).await.unwrap().outcome;
         assert!(
             store
                 .complete("s", "k", first.token, &stored("k", 500))
@@ -840,7 +834,7 @@ mod tests {
         // Past its TTL the record is taken over in place, then completed with another body.
         clock.advance(Duration::from_secs(61));
         let second = claim("s", "k", &fingerprint);
-        let outcome = store.try_claim(&second).await.unwrap();
+        let outcome = store.claim(&second).await.unwrap().outcome;
         assert!(
             matches!(
                 outcome,
@@ -864,9 +858,9 @@ mod tests {
                 .unwrap()
         );
         match store
-            .try_claim(&claim("s", "k", &fingerprint))
+            .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap()
+            .unwrap().outcome
         {
             ClaimOutcome::Replay(replayed) => assert_eq!(replayed, stored("k", 700)),
             other => panic!("{other:?}"),
