@@ -61,7 +61,11 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
             let stored = &stored;
             async move {
                 let token = FencingToken::random();
-                let outcome = store.claim(&request(&key, token)).await.expect("claim").outcome;
+                let outcome = store
+                    .claim(&request(&key, token))
+                    .await
+                    .expect("claim")
+                    .outcome;
                 assert_eq!(
                     outcome,
                     ClaimOutcome::Claimed {
@@ -96,8 +100,11 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
                         let stored = stored.clone();
                         tokio::spawn(async move {
                             let token = FencingToken::random();
-                            let outcome =
-                                store.claim(&request(&key, token)).await.expect("claim").outcome;
+                            let outcome = store
+                                .claim(&request(&key, token))
+                                .await
+                                .expect("claim")
+                                .outcome;
                             assert!(matches!(outcome, ClaimOutcome::Claimed { .. }));
                             let done = store
                                 .complete("acct_bench", &key, token, &stored)
@@ -120,7 +127,8 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
         store
             .claim(&request("replayed", token))
             .await
-            .expect("claim").outcome;
+            .expect("claim")
+            .outcome;
         assert!(
             store
                 .complete("acct_bench", "replayed", token, &stored)
@@ -135,7 +143,8 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
                 let outcome = store
                     .claim(&request("replayed", FencingToken::random()))
                     .await
-                    .expect("claim").outcome;
+                    .expect("claim")
+                    .outcome;
                 assert!(matches!(outcome, ClaimOutcome::Replay(_)));
                 black_box(outcome)
             }

@@ -327,7 +327,8 @@ async fn concurrent_starts_migrate_one_fresh_database_once() {
         stores[0]
             .claim(&claim_request("k", token))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -337,7 +338,8 @@ async fn concurrent_starts_migrate_one_fresh_database_once() {
         let outcome = store
             .claim(&claim_request("k", FencingToken::random()))
             .await
-            .unwrap().outcome;
+            .unwrap()
+            .outcome;
         assert!(
             matches!(outcome, ClaimOutcome::InProgress { .. }),
             "{outcome:?}"
@@ -362,7 +364,10 @@ async fn concurrent_claims_across_two_pools_have_one_winner() {
                 tokio::spawn(async move {
                     let token = FencingToken::random();
                     barrier.wait().await;
-                    let outcome = store.claim(&claim_request(&key, token)).await.map(|answer| answer.outcome);
+                    let outcome = store
+                        .claim(&claim_request(&key, token))
+                        .await
+                        .map(|answer| answer.outcome);
                     (outcome.expect("claim"), token)
                 })
             })
@@ -397,7 +402,8 @@ async fn timestamps_come_from_the_database_clock() {
     store
         .claim(&claim_request("clock", token))
         .await
-        .unwrap().outcome;
+        .unwrap()
+        .outcome;
     let row = sqlx::query(
         "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, expires_at) AS ttl,
                 TIMESTAMPDIFF(MICROSECOND, created_at, lease_expires_at) AS lease,
@@ -452,7 +458,10 @@ async fn the_session_time_zone_does_not_matter() {
         .unwrap();
     let token = FencingToken::random();
     assert_eq!(
-        east.claim(&claim_request("tz", token)).await.unwrap().outcome,
+        east.claim(&claim_request("tz", token))
+            .await
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -462,7 +471,8 @@ async fn the_session_time_zone_does_not_matter() {
     match west
         .claim(&claim_request("tz", FencingToken::random()))
         .await
-        .unwrap().outcome
+        .unwrap()
+        .outcome
     {
         ClaimOutcome::InProgress { retry_after } => {
             assert!(retry_after <= LEASE, "{retry_after:?}")
@@ -511,12 +521,14 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
     store
         .claim(&claim_request("running", token))
         .await
-        .unwrap().outcome;
+        .unwrap()
+        .outcome;
     assert_eq!(writes().await, 1, "the claim inserted its record");
     let duplicate = store
         .claim(&claim_request("running", FencingToken::random()))
         .await
-        .unwrap().outcome;
+        .unwrap()
+        .outcome;
     assert!(matches!(duplicate, ClaimOutcome::InProgress { .. }));
     assert_eq!(
         store.claim(&mismatch("running")).await.unwrap().outcome,
@@ -544,7 +556,8 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
         let replay = store
             .claim(&claim_request("running", FencingToken::random()))
             .await
-            .unwrap().outcome;
+            .unwrap()
+            .outcome;
         assert!(matches!(replay, ClaimOutcome::Replay(_)));
     }
     assert_eq!(
@@ -572,7 +585,8 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
         store
             .claim(&claim_request("shared", token))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -599,7 +613,8 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
     let outcome = again
         .claim(&claim_request("shared", FencingToken::random()))
         .await
-        .unwrap().outcome;
+        .unwrap()
+        .outcome;
     assert!(
         matches!(outcome, ClaimOutcome::InProgress { .. }),
         "{outcome:?}"
@@ -625,7 +640,11 @@ async fn purge_leaves_records_claimed_again() {
     for i in 0..20 {
         let key = format!("k{i}");
         let token = FencingToken::random();
-        store.claim(&claim_request(&key, token)).await.unwrap().outcome;
+        store
+            .claim(&claim_request(&key, token))
+            .await
+            .unwrap()
+            .outcome;
         assert!(
             store
                 .complete("acct_alice", &key, token, &stored)
@@ -650,7 +669,12 @@ async fn purge_leaves_records_claimed_again() {
     for i in 0..20 {
         let key = format!("k{i}");
         let token = FencingToken::random();
-        match store.claim(&claim_request(&key, token)).await.unwrap().outcome {
+        match store
+            .claim(&claim_request(&key, token))
+            .await
+            .unwrap()
+            .outcome
+        {
             ClaimOutcome::Claimed { token: won, .. } => owners.push((key, won)),
             other => panic!("{key}: {other:?}"),
         }

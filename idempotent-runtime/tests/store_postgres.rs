@@ -381,7 +381,8 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
         stores[0]
             .claim(&claim_request("k", token))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -391,7 +392,8 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
         let outcome = store
             .claim(&claim_request("k", FencingToken::random()))
             .await
-            .unwrap().outcome;
+            .unwrap()
+            .outcome;
         assert!(
             matches!(outcome, ClaimOutcome::InProgress { .. }),
             "{outcome:?}"
@@ -426,7 +428,10 @@ async fn concurrent_claims_across_two_pools_have_one_winner() {
                 tokio::spawn(async move {
                     let token = FencingToken::random();
                     barrier.wait().await;
-                    let outcome = store.claim(&claim_request(&key, token)).await.map(|answer| answer.outcome);
+                    let outcome = store
+                        .claim(&claim_request(&key, token))
+                        .await
+                        .map(|answer| answer.outcome);
                     (outcome.expect("claim"), token)
                 })
             })
@@ -464,7 +469,8 @@ async fn timestamps_come_from_the_database_clock() {
     store
         .claim(&claim_request("clock", token))
         .await
-        .unwrap().outcome;
+        .unwrap()
+        .outcome;
     let row = sqlx::query(AssertSqlSafe(format!(
         "SELECT extract(epoch FROM expires_at - created_at)::float8 AS ttl,
                 extract(epoch FROM lease_expires_at - created_at)::float8 AS lease,
@@ -536,12 +542,14 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
     store
         .claim(&claim_request("running", token))
         .await
-        .unwrap().outcome;
+        .unwrap()
+        .outcome;
     let before = row_version("running").await;
     let duplicate = store
         .claim(&claim_request("running", FencingToken::random()))
         .await
-        .unwrap().outcome;
+        .unwrap()
+        .outcome;
     assert!(matches!(duplicate, ClaimOutcome::InProgress { .. }));
     assert_eq!(
         store.claim(&mismatch("running")).await.unwrap().outcome,
@@ -569,7 +577,8 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
         let replay = store
             .claim(&claim_request("running", FencingToken::random()))
             .await
-            .unwrap().outcome;
+            .unwrap()
+            .outcome;
         assert!(matches!(replay, ClaimOutcome::Replay(_)));
     }
     assert_eq!(
@@ -602,7 +611,8 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
         store
             .claim(&claim_request("shared", token))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -641,7 +651,8 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
         qualified
             .claim(&claim_request("shared", token))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -668,7 +679,11 @@ async fn connect_honours_a_search_path_in_the_url() {
     let with_path = format!("{url}{separator}options[search_path]={}", schema.name);
     let store = PostgresStore::connect(&with_path).await.unwrap();
     let token = FencingToken::random();
-    store.claim(&claim_request("k", token)).await.unwrap().outcome;
+    store
+        .claim(&claim_request("k", token))
+        .await
+        .unwrap()
+        .outcome;
     let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT count(*) FROM {}",
         schema.table()
@@ -809,7 +824,11 @@ async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
         let stored = stored.clone();
         async move {
             let token = FencingToken::random();
-            let outcome = store.claim(&claim_request(key, token)).await.unwrap().outcome;
+            let outcome = store
+                .claim(&claim_request(key, token))
+                .await
+                .unwrap()
+                .outcome;
             assert_eq!(
                 outcome,
                 ClaimOutcome::Claimed {
@@ -831,7 +850,8 @@ async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
             let outcome = store
                 .claim(&claim_request(key, FencingToken::random()))
                 .await
-                .unwrap().outcome;
+                .unwrap()
+                .outcome;
             assert!(matches!(outcome, ClaimOutcome::Replay(_)), "{outcome:?}");
         }
     };

@@ -482,7 +482,13 @@ async fn concurrent_claims_across_four_connection_managers_have_one_winner() {
                 tokio::spawn(async move {
                     let token = FencingToken::random();
                     barrier.wait().await;
-                    (store.claim(&claim_request(&key, token)).await.map(|answer| answer.outcome), token)
+                    (
+                        store
+                            .claim(&claim_request(&key, token))
+                            .await
+                            .map(|answer| answer.outcome),
+                        token,
+                    )
                 })
             })
             .collect();
@@ -511,7 +517,8 @@ async fn concurrent_claims_across_four_connection_managers_have_one_winner() {
             let outcome = store
                 .claim(&claim_request(&key, FencingToken::random()))
                 .await
-                .unwrap().outcome;
+                .unwrap()
+                .outcome;
             assert_eq!(outcome, ClaimOutcome::Replay(stored(b"won")));
         }
     }
@@ -526,7 +533,8 @@ async fn a_corrupt_record_is_reported_not_overwritten() {
     let () = conn.hset(&key, "state", "bogus").await.unwrap();
     let error = store
         .claim(&claim_request("bad", FencingToken::random()))
-        .await.map(|answer| answer.outcome)
+        .await
+        .map(|answer| answer.outcome)
         .expect_err("a record without valid fields");
     assert!(matches!(error, StoreError::Corrupt(_)), "{error:?}");
     let state: String = conn.hget(&key, "state").await.unwrap();
@@ -536,7 +544,8 @@ async fn a_corrupt_record_is_reported_not_overwritten() {
     let () = conn.set(&key, "x").await.unwrap();
     let error = store
         .claim(&claim_request("string", FencingToken::random()))
-        .await.map(|answer| answer.outcome)
+        .await
+        .map(|answer| answer.outcome)
         .expect_err("a string where a hash belongs");
     assert!(matches!(error, StoreError::Redis(_)), "{error:?}");
     // Neither stops a purge of the records around them.
@@ -583,7 +592,8 @@ async fn scripts_are_loaded_again_after_the_server_forgets_them() {
         store
             .claim(&claim_request("k", FencingToken::random()))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::Replay(stored(b"{}"))
     );
     let () = redis::cmd("SCRIPT")
@@ -708,7 +718,8 @@ async fn every_outcome_of_a_claim_is_one_round_trip() {
             let outcome = store
                 .claim(&claim_request(key, FencingToken::random()))
                 .await
-                .unwrap().outcome;
+                .unwrap()
+                .outcome;
             assert!(matches!(outcome, ClaimOutcome::InProgress { .. }));
         })
         .await;
@@ -727,7 +738,8 @@ async fn every_outcome_of_a_claim_is_one_round_trip() {
             let outcome = store
                 .claim(&claim_request(key, FencingToken::random()))
                 .await
-                .unwrap().outcome;
+                .unwrap()
+                .outcome;
             assert_eq!(outcome, ClaimOutcome::Replay(stored(b"{}")));
         })
         .await;

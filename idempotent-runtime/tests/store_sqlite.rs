@@ -231,7 +231,8 @@ async fn records_survive_closing_and_reopening_the_file() {
         store
             .claim(&claim_request(FencingToken::random()))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::Replay(stored)
     );
     // The in-progress claim and its token survived too.
@@ -309,7 +310,8 @@ async fn times_are_milliseconds_from_the_injected_clock() {
         store
             .claim(&claim_request(FencingToken::random()))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed { .. }
     ));
     let row = sqlx::query(
@@ -349,7 +351,8 @@ async fn an_app_can_share_its_pool_with_the_store() {
         store
             .claim(&claim_request(FencingToken::random()))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed { .. }
     ));
     let records: i64 = sqlx::query("SELECT COUNT(*) FROM idempotency_records")
@@ -396,7 +399,8 @@ async fn a_corrupt_record_is_an_error_not_a_panic() {
     assert!(matches!(
         store
             .claim(&claim_request(FencingToken::random()))
-            .await.map(|answer| answer.outcome),
+            .await
+            .map(|answer| answer.outcome),
         Err(StoreError::Corrupt(_))
     ));
 }

@@ -742,7 +742,11 @@ impl Idempotency {
     fn tx_store<DB: crate::transaction::TxDatabase>(
         &self,
     ) -> Option<Arc<dyn crate::transaction::TxStore<DB>>> {
-        self.inner.capabilities.transactions.as_ref()?.for_database::<DB>()
+        self.inner
+            .capabilities
+            .transactions
+            .as_ref()?
+            .for_database::<DB>()
     }
 
     /// Purges expired records in batches of `batch` until fewer than a batch remain;

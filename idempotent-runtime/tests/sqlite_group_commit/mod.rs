@@ -199,7 +199,8 @@ async fn still_owned_then_completed(store: &SqliteStore, key: &str, owner: Fenci
     let retry = store
         .claim(&request(key, FencingToken::random()))
         .await
-        .unwrap().outcome;
+        .unwrap()
+        .outcome;
     assert!(matches!(retry, ClaimOutcome::InProgress { .. }), "{key}");
     let done = store
         .complete(SCOPE, key, owner, &response_of(owner))
@@ -254,7 +255,11 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
             let store = store.clone();
             shared_claims.push(tokio::spawn(async move {
                 let token = FencingToken::random();
-                let outcome = store.claim(&request(&shared(k), token)).await.unwrap().outcome;
+                let outcome = store
+                    .claim(&request(&shared(k), token))
+                    .await
+                    .unwrap()
+                    .outcome;
                 if matches!(outcome, ClaimOutcome::Claimed { .. }) {
                     assert!(store.renew(SCOPE, &shared(k), token, LEASE).await.unwrap());
                 }
@@ -323,7 +328,11 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
             let store = store.clone();
             retries.push(tokio::spawn(async move {
                 let token = FencingToken::random();
-                let outcome = store.claim(&request(&shared(k), token)).await.unwrap().outcome;
+                let outcome = store
+                    .claim(&request(&shared(k), token))
+                    .await
+                    .unwrap()
+                    .outcome;
                 let completed = match outcome {
                     ClaimOutcome::Claimed { .. } => Some(
                         store
@@ -472,7 +481,8 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
         let outcome = store
             .claim(&request(key, FencingToken::random()))
             .await
-            .unwrap().outcome;
+            .unwrap()
+            .outcome;
         assert_eq!(
             outcome,
             ClaimOutcome::Replay(response_of(kept[0].0)),
@@ -520,7 +530,12 @@ async fn a_failing_write_fails_alone_in_its_batch() {
     let claim_token = FencingToken::random();
     let claim = tokio::spawn({
         let store = store.clone();
-        async move { store.claim(&request("new", claim_token)).await.map(|answer| answer.outcome) }
+        async move {
+            store
+                .claim(&request("new", claim_token))
+                .await
+                .map(|answer| answer.outcome)
+        }
     });
     let release = tokio::spawn({
         let store = store.clone();
@@ -558,7 +573,8 @@ async fn a_failing_write_fails_alone_in_its_batch() {
         store
             .claim(&request("completed", FencingToken::random()))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::Replay(response_of(completed))
     );
     still_owned_then_completed(&store, "refused", refused).await;
@@ -566,12 +582,17 @@ async fn a_failing_write_fails_alone_in_its_batch() {
         store
             .claim(&request("new", FencingToken::random()))
             .await
-            .unwrap().outcome,
+            .unwrap()
+            .outcome,
         ClaimOutcome::InProgress { .. }
     ));
     let again = FencingToken::random();
     assert_eq!(
-        store.claim(&request("released", again)).await.unwrap().outcome,
+        store
+            .claim(&request("released", again))
+            .await
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token: again,
             takeover: None
@@ -607,7 +628,12 @@ async fn a_batch_that_fails_as_a_whole_commits_none_of_its_writes() {
     let first = FencingToken::random();
     let claim_first = tokio::spawn({
         let store = store.clone();
-        async move { store.claim(&request("first", first)).await.map(|answer| answer.outcome) }
+        async move {
+            store
+                .claim(&request("first", first))
+                .await
+                .map(|answer| answer.outcome)
+        }
     });
     until(&store, "the first claim to queue", |now| now.queued == 1).await;
     let complete = tokio::spawn({
@@ -622,7 +648,12 @@ async fn a_batch_that_fails_as_a_whole_commits_none_of_its_writes() {
     let last = FencingToken::random();
     let claim_last = tokio::spawn({
         let store = store.clone();
-        async move { store.claim(&request("last", last)).await.map(|answer| answer.outcome) }
+        async move {
+            store
+                .claim(&request("last", last))
+                .await
+                .map(|answer| answer.outcome)
+        }
     });
     until(&store, "three writes to queue", |now| now.queued == 3).await;
     lock.release().await;
@@ -682,7 +713,8 @@ async fn an_in_memory_store_takes_many_concurrent_writers_and_readers() {
                 );
                 let replay = store
                     .claim(&request(&key, FencingToken::random()))
-                    .await?.outcome;
+                    .await?
+                    .outcome;
                 assert_eq!(replay, ClaimOutcome::Replay(response_of(token)), "{key}");
             }
             Ok::<_, StoreError>(())
@@ -788,7 +820,8 @@ fn a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound() {
         async move {
             let _ = store
                 .claim(&request("during", FencingToken::random()))
-                .await.map(|answer| answer.outcome);
+                .await
+                .map(|answer| answer.outcome);
         }
     });
     store_runtime.block_on(until(&store, "the writer to take the claim", |now| {
@@ -820,7 +853,8 @@ fn a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound() {
         let replay = store
             .claim(&request("before", FencingToken::random()))
             .await
-            .unwrap().outcome;
+            .unwrap()
+            .outcome;
         assert!(matches!(replay, ClaimOutcome::Replay(_)), "{replay:?}");
     });
 }

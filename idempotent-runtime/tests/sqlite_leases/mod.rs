@@ -348,7 +348,8 @@ async fn claim_now(store: &SqliteStore) -> ClaimOutcome {
     store
         .claim(&claim(FencingToken::random(), Duration::from_secs(3600)))
         .await
-        .expect("claim").outcome
+        .expect("claim")
+        .outcome
 }
 
 /// A store with the key claimed (lease [`LEASE`]) on a manual clock; the claim's token.
@@ -358,7 +359,8 @@ async fn claimed(dir: &TempDir, clock: &ManualClock) -> (SqliteStore, FencingTok
     let first = store
         .claim(&claim(token, Duration::from_secs(3600)))
         .await
-        .expect("claim").outcome;
+        .expect("claim")
+        .outcome;
     assert!(matches!(first, ClaimOutcome::Claimed { .. }), "{first:?}");
     (store, token)
 }
@@ -488,7 +490,11 @@ async fn ttls_stay_on_the_wall_clock() {
     let token = FencingToken::random();
     let ttl = Duration::from_secs(120);
     assert!(matches!(
-        store.claim(&claim(token, ttl)).await.expect("claim").outcome,
+        store
+            .claim(&claim(token, ttl))
+            .await
+            .expect("claim")
+            .outcome,
         ClaimOutcome::Claimed { .. }
     ));
     let response = StoredResponse {

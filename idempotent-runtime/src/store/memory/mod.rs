@@ -28,8 +28,8 @@ use super::operator::{lease_left_from_millis, system_time_from_millis};
 use super::record::{decode_headers, encode_headers_into, encoded_headers_len};
 use super::takeover::{Decision, Found, decide};
 use super::{
-    Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome,
-    RecordInfo, RecordState, Store, StoreError, StoredResponse, retry_after_from_millis,
+    Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo,
+    RecordState, Store, StoreError, StoredResponse, retry_after_from_millis,
 };
 use crate::clock::{Clock, SystemClock, millis};
 use crate::fingerprint::Fingerprint;
@@ -601,7 +601,10 @@ mod tests {
             digest: [1; 32],
         };
         for (scope, key) in [("ab", "c"), ("a", "bc"), ("", "abc"), ("abc", "")] {
-            let outcome = store.claim(&claim(scope, key, &fingerprint)).await.map(|answer| answer.outcome);
+            let outcome = store
+                .claim(&claim(scope, key, &fingerprint))
+                .await
+                .map(|answer| answer.outcome);
             assert!(
                 matches!(outcome, Ok(ClaimOutcome::Claimed { takeover: None, .. })),
                 "{scope:?} {key:?}: {outcome:?}"
@@ -628,7 +631,8 @@ mod tests {
         let retry = store
             .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap().outcome;
+            .unwrap()
+            .outcome;
         assert!(
             matches!(retry, ClaimOutcome::InProgress { .. }),
             "a forward step took a live lease over: {retry:?}"
@@ -646,7 +650,8 @@ mod tests {
         let retry = store
             .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap().outcome;
+            .unwrap()
+            .outcome;
         assert!(
             matches!(retry, ClaimOutcome::InProgress { .. }),
             "{retry:?}"
@@ -658,7 +663,8 @@ mod tests {
         let retry = store
             .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap().outcome;
+            .unwrap()
+            .outcome;
         assert!(
             matches!(
                 retry,
@@ -773,7 +779,8 @@ mod tests {
             let outcome = store
                 .claim(&claim("scope", key, &fingerprint))
                 .await
-                .unwrap().outcome;
+                .unwrap()
+                .outcome;
             if i % 10 == 0 {
                 match outcome {
                     ClaimOutcome::Replay(replayed) => assert_eq!(replayed, stored(key, len_of(i))),
@@ -798,7 +805,8 @@ mod tests {
             match store
                 .claim(&claim("scope", key, &fingerprint))
                 .await
-                .unwrap().outcome
+                .unwrap()
+                .outcome
             {
                 ClaimOutcome::Replay(replayed) => assert_eq!(replayed, expected, "{key}"),
                 other => panic!("{key}: {other:?}"),
@@ -860,7 +868,8 @@ mod tests {
         match store
             .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap().outcome
+            .unwrap()
+            .outcome
         {
             ClaimOutcome::Replay(replayed) => assert_eq!(replayed, stored("k", 700)),
             other => panic!("{other:?}"),

@@ -86,8 +86,7 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row};
 use super::sql::{self, EmbeddedMigration};
 use super::{
     Capabilities, ClaimAnswer, ClaimRequest, ClaimWatch, FencingToken, ForgetOutcome, RecordInfo,
-    Store, WatchClaims,
-    StoreError, StoredResponse, TxSupport,
+    Store, StoreError, StoredResponse, TxSupport, WatchClaims,
 };
 use claim::QueuedClaim;
 use completion::QueuedCompletion;

@@ -111,8 +111,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, RedisResult, Value};
 
 use super::{
-    ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
-    StoredResponse, Takeover, decode_headers, encode_headers, retry_after_from_millis,
+    ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store,
+    StoreError, StoredResponse, Takeover, decode_headers, encode_headers, retry_after_from_millis,
 };
 use crate::clock::millis;
 
