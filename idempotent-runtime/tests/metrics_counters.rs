@@ -31,7 +31,7 @@ use idempotent_runtime::layer::IdempotencyLayer;
 use idempotent_runtime::metrics::{
     HANDLER_DURATION, Outcome, REQUESTS_TOTAL, STORE_OPERATION_DURATION,
 };
-use idempotent_runtime::store::{ClaimAnswer, Forward, MemoryStore};
+use idempotent_runtime::store::{Capabilities, ClaimAnswer, Forward, MemoryStore};
 use idempotent_runtime::testing::{async_trial, ignored_if};
 use idempotent_runtime::{
     ClaimRequest, FencingToken, Idempotency, IdempotencyKey, Scope, Store, StoreError,
@@ -203,6 +203,14 @@ impl Forward for Flaky {
             return Err(outage());
         }
         self.inner.complete(scope, key, token, response).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // Not in-process, so the replay cache takes completions on every store the
+        // script runs on, the memory store included (see `script`).
+        let mut offered = self.inner.capabilities();
+        offered.in_process = false;
+        offered
     }
 }
 
