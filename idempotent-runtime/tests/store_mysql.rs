@@ -399,11 +399,7 @@ async fn timestamps_come_from_the_database_clock() {
     let database = TestDatabase::new().await;
     let store = MySqlStore::connect(&database.url()).await.unwrap();
     let token = FencingToken::random();
-    store
-        .claim(&claim_request("clock", token))
-        .await
-        .unwrap()
-        .outcome;
+    store.claim(&claim_request("clock", token)).await.unwrap();
     let row = sqlx::query(
         "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, expires_at) AS ttl,
                 TIMESTAMPDIFF(MICROSECOND, created_at, lease_expires_at) AS lease,
@@ -518,11 +514,7 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
     };
 
     let token = FencingToken::random();
-    store
-        .claim(&claim_request("running", token))
-        .await
-        .unwrap()
-        .outcome;
+    store.claim(&claim_request("running", token)).await.unwrap();
     assert_eq!(writes().await, 1, "the claim inserted its record");
     let duplicate = store
         .claim(&claim_request("running", FencingToken::random()))
@@ -640,11 +632,7 @@ async fn purge_leaves_records_claimed_again() {
     for i in 0..20 {
         let key = format!("k{i}");
         let token = FencingToken::random();
-        store
-            .claim(&claim_request(&key, token))
-            .await
-            .unwrap()
-            .outcome;
+        store.claim(&claim_request(&key, token)).await.unwrap();
         assert!(
             store
                 .complete("acct_alice", &key, token, &stored)

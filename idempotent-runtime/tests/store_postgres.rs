@@ -466,11 +466,7 @@ async fn timestamps_come_from_the_database_clock() {
         .await
         .unwrap();
     let token = FencingToken::random();
-    store
-        .claim(&claim_request("clock", token))
-        .await
-        .unwrap()
-        .outcome;
+    store.claim(&claim_request("clock", token)).await.unwrap();
     let row = sqlx::query(AssertSqlSafe(format!(
         "SELECT extract(epoch FROM expires_at - created_at)::float8 AS ttl,
                 extract(epoch FROM lease_expires_at - created_at)::float8 AS lease,
@@ -539,11 +535,7 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
     };
 
     let token = FencingToken::random();
-    store
-        .claim(&claim_request("running", token))
-        .await
-        .unwrap()
-        .outcome;
+    store.claim(&claim_request("running", token)).await.unwrap();
     let before = row_version("running").await;
     let duplicate = store
         .claim(&claim_request("running", FencingToken::random()))
@@ -679,11 +671,7 @@ async fn connect_honours_a_search_path_in_the_url() {
     let with_path = format!("{url}{separator}options[search_path]={}", schema.name);
     let store = PostgresStore::connect(&with_path).await.unwrap();
     let token = FencingToken::random();
-    store
-        .claim(&claim_request("k", token))
-        .await
-        .unwrap()
-        .outcome;
+    store.claim(&claim_request("k", token)).await.unwrap();
     let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT count(*) FROM {}",
         schema.table()

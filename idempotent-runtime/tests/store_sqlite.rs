@@ -380,7 +380,7 @@ async fn a_corrupt_record_is_an_error_not_a_panic() {
         .await
         .unwrap();
     let token = FencingToken::random();
-    store.claim(&claim_request(token)).await.unwrap().outcome;
+    store.claim(&claim_request(token)).await.unwrap();
     let response = StoredResponse {
         status: 200,
         headers: Vec::new(),

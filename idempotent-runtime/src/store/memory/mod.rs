@@ -625,7 +625,7 @@ mod tests {
             digest: [3; 32],
         };
         let first = claim("s", "k", &fingerprint);
-        store.claim(&first).await.unwrap().outcome;
+        store.claim(&first).await.unwrap();
         // Forward by far more than the 10 s lease (within the 60 s TTL): still held.
         clock.step_wall(30_000);
         let retry = store
@@ -692,7 +692,7 @@ mod tests {
                 token,
                 ..claim("s", &key, &fingerprint)
             };
-            store.claim(&request).await.unwrap().outcome;
+            store.claim(&request).await.unwrap();
             let response = StoredResponse {
                 status: 200,
                 headers: Vec::new(),
@@ -757,7 +757,7 @@ mod tests {
                 ttl: Duration::from_secs(ttl),
                 ..claim("scope", key, &fingerprint)
             };
-            store.claim(&request).await.unwrap().outcome;
+            store.claim(&request).await.unwrap();
             let response = stored(key, len_of(i));
             assert!(
                 store
@@ -832,7 +832,7 @@ mod tests {
             digest: [4; 32],
         };
         let first = claim("s", "k", &fingerprint);
-        store.claim(&first).await.unwrap().outcome;
+        store.claim(&first).await.unwrap();
         assert!(
             store
                 .complete("s", "k", first.token, &stored("k", 500))
