@@ -16,7 +16,9 @@ use std::time::Duration;
 use super::tx_support::TxSupport;
 use crate::clock::Clock;
 
-/// What a store offers beyond its required operations; see the [module docs](self).
+/// What a store offers beyond its required operations, in one value the engine reads
+/// once, when it is built. Each capability is optional, and each field says what its
+/// absence means.
 ///
 /// Built from [`Capabilities::none`] with the builder methods (the type is
 /// `#[non_exhaustive]`, so a store outside this crate builds it that way too):
