@@ -189,7 +189,7 @@ pub struct Record {
 /// A store call as the engine sends it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
-    /// `claim_with_expiry`.
+    /// `Store::claim`.
     Claim {
         /// The request's fingerprint.
         fingerprint: u8,

@@ -61,7 +61,11 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
             let stored = &stored;
             async move {
                 let token = FencingToken::random();
-                let outcome = store.try_claim(&request(&key, token)).await.expect("claim");
+                let outcome = store
+                    .claim(&request(&key, token))
+                    .await
+                    .expect("claim")
+                    .outcome;
                 assert_eq!(
                     outcome,
                     ClaimOutcome::Claimed {
@@ -96,8 +100,11 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
                         let stored = stored.clone();
                         tokio::spawn(async move {
                             let token = FencingToken::random();
-                            let outcome =
-                                store.try_claim(&request(&key, token)).await.expect("claim");
+                            let outcome = store
+                                .claim(&request(&key, token))
+                                .await
+                                .expect("claim")
+                                .outcome;
                             assert!(matches!(outcome, ClaimOutcome::Claimed { .. }));
                             let done = store
                                 .complete("acct_bench", &key, token, &stored)
@@ -118,7 +125,7 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
     runtime.block_on(async {
         let token = FencingToken::random();
         store
-            .try_claim(&request("replayed", token))
+            .claim(&request("replayed", token))
             .await
             .expect("claim");
         assert!(
@@ -133,9 +140,10 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
             let store = Arc::clone(&store);
             async move {
                 let outcome = store
-                    .try_claim(&request("replayed", FencingToken::random()))
+                    .claim(&request("replayed", FencingToken::random()))
                     .await
-                    .expect("claim");
+                    .expect("claim")
+                    .outcome;
                 assert!(matches!(outcome, ClaimOutcome::Replay(_)));
                 black_box(outcome)
             }

@@ -190,8 +190,8 @@ pub use sqlx::Postgres;
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
 pub use store::{
-    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordState, Store,
-    StoreError, StoredResponse, Takeover, TxSupport,
+    Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, Forward,
+    RecordInfo, RecordState, Store, StoreError, StoredResponse, Takeover, TxSupport,
 };
 #[cfg(feature = "sql")]
 pub use transaction::Tx;

@@ -137,7 +137,7 @@ label_values! {
     /// The `operation` label of [`STORE_OPERATION_DURATION`]: the [`Store`](crate::Store)
     /// method timed.
     pub enum StoreOperation {
-        /// `try_claim`.
+        /// `claim`.
         Claim => "claim",
         /// `renew` (the heartbeat).
         Renew => "renew",

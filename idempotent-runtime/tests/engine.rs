@@ -9,10 +9,10 @@ use async_trait::async_trait;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
-use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::store::{ClaimAnswer, Forward, MemoryStore};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
-    Idempotency, OnServerError, RecordInfo, RecordState, Store, StoreError, StoredResponse,
+    ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig, Idempotency,
+    OnServerError, RecordInfo, RecordState, Store, StoreError, StoredResponse,
 };
 use tokio::sync::Notify;
 
@@ -489,7 +489,7 @@ fn unreachable() -> StoreError {
 
 #[async_trait]
 impl Store for UnreachableStore {
-    async fn try_claim(&self, _: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+    async fn claim(&self, _: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         Err(unreachable())
     }
     async fn renew(
@@ -573,9 +573,9 @@ impl ObservedStore {
 }
 
 #[async_trait]
-impl Store for ObservedStore {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.inner.try_claim(claim).await
+impl Forward for ObservedStore {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
     }
     async fn renew(
         &self,
@@ -604,22 +604,6 @@ impl Store for ObservedStore {
             return Err(unreachable());
         }
         self.inner.complete(s, k, t, r).await
-    }
-    async fn release(&self, s: &str, k: &str, t: FencingToken) -> Result<bool, StoreError> {
-        self.inner.release(s, k, t).await
-    }
-    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        self.inner.purge_expired(limit).await
-    }
-    async fn inspect(&self, s: &str, k: &str) -> Result<Option<RecordInfo>, StoreError> {
-        self.inner.inspect(s, k).await
-    }
-    async fn forget(&self, s: &str, k: &str, force: bool) -> Result<ForgetOutcome, StoreError> {
-        self.inner.forget(s, k, force).await
-    }
-    // A decorator forwards the inner store's clock (see `Store::clock`).
-    fn clock(&self) -> Option<std::sync::Arc<dyn idempotent_runtime::Clock>> {
-        self.inner.clock()
     }
 }
 
@@ -737,7 +721,7 @@ struct SilentStore;
 
 #[async_trait]
 impl Store for SilentStore {
-    async fn try_claim(&self, _: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+    async fn claim(&self, _: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         std::future::pending().await
     }
     async fn renew(
@@ -1269,7 +1253,7 @@ async fn operators_inspect_and_forget_through_the_engine() {
         lease: Duration::from_secs(30),
         token,
     };
-    engine.store().try_claim(&claim).await.unwrap();
+    engine.store().claim(&claim).await.unwrap();
     assert!(matches!(
         engine.forget("alice", "running", false).await.unwrap(),
         ForgetOutcome::Refused { lease_left } if lease_left <= Duration::from_secs(30)

@@ -31,11 +31,11 @@ use idempotent_runtime::layer::IdempotencyLayer;
 use idempotent_runtime::metrics::{
     HANDLER_DURATION, Outcome, REQUESTS_TOTAL, STORE_OPERATION_DURATION,
 };
-use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::store::{Capabilities, ClaimAnswer, Forward, MemoryStore};
 use idempotent_runtime::testing::{async_trial, ignored_if};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, Idempotency, IdempotencyKey,
-    RecordInfo, Scope, Store, StoreError, StoredResponse, TxSupport, idempotent,
+    ClaimRequest, FencingToken, Idempotency, IdempotencyKey, Scope, Store, StoreError,
+    StoredResponse, idempotent,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Notify;
@@ -157,12 +157,16 @@ fn outage() -> StoreError {
 }
 
 #[async_trait]
-impl Store for Flaky {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+impl Forward for Flaky {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         if self.down.load(Ordering::SeqCst) {
             return Err(outage());
         }
-        self.inner.try_claim(claim).await
+        self.inner.claim(claim).await
     }
 
     async fn renew(
@@ -201,38 +205,12 @@ impl Store for Flaky {
         self.inner.complete(scope, key, token, response).await
     }
 
-    async fn release(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        self.inner.release(scope, key, token).await
-    }
-
-    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        self.inner.purge_expired(limit).await
-    }
-
-    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        self.inner.inspect(scope, key).await
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        force: bool,
-    ) -> Result<ForgetOutcome, StoreError> {
-        self.inner.forget(scope, key, force).await
-    }
-
-    fn transactions(&self) -> Option<TxSupport> {
-        self.inner.transactions()
-    }
-    // A decorator forwards the inner store's clock (see `Store::clock`).
-    fn clock(&self) -> Option<std::sync::Arc<dyn idempotent_runtime::Clock>> {
-        self.inner.clock()
+    fn capabilities(&self) -> Capabilities {
+        // Not in-process, so the replay cache takes completions on every store the
+        // script runs on, the memory store included (see `script`).
+        let mut offered = self.inner.capabilities();
+        offered.in_process = false;
+        offered
     }
 }
 

@@ -11,10 +11,10 @@ use axum::response::Response;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use idempotent_runtime::engine::ReplayCacheConfig;
-use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::store::{Capabilities, ClaimAnswer, Forward, MemoryStore};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
-    Idempotency, ManualClock, OnServerError, RecordInfo, Store, StoreError, StoredResponse,
+    ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig, Idempotency,
+    ManualClock, OnServerError, Store, StoreError, StoredResponse,
 };
 
 const CONFIG: HandlerConfig = HandlerConfig::new().ttl(Duration::from_secs(600));
@@ -62,26 +62,15 @@ impl Counting {
 }
 
 #[async_trait]
-impl Store for Counting {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        Ok(self.claim_with_expiry(claim).await?.0)
+impl Forward for Counting {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
     }
-    async fn claim_with_expiry(
-        &self,
-        claim: &ClaimRequest<'_>,
-    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         self.claims.fetch_add(1, Ordering::SeqCst);
-        let (outcome, life) = self.inner.claim_with_expiry(claim).await?;
-        Ok((outcome, life.filter(|_| self.forward_expiry)))
-    }
-    async fn renew(
-        &self,
-        s: &str,
-        k: &str,
-        t: FencingToken,
-        l: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.renew(s, k, t, l).await
+        let mut answer = self.inner.claim(claim).await?;
+        answer.replay_lives_for = answer.replay_lives_for.filter(|_| self.forward_expiry);
+        Ok(answer)
     }
     async fn complete(
         &self,
@@ -99,23 +88,11 @@ impl Store for Counting {
         }
         self.inner.complete(s, k, t, r).await
     }
-    async fn release(&self, s: &str, k: &str, t: FencingToken) -> Result<bool, StoreError> {
-        self.inner.release(s, k, t).await
-    }
-    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        self.inner.purge_expired(limit).await
-    }
-    async fn inspect(&self, s: &str, k: &str) -> Result<Option<RecordInfo>, StoreError> {
-        self.inner.inspect(s, k).await
-    }
-    async fn forget(&self, s: &str, k: &str, force: bool) -> Result<ForgetOutcome, StoreError> {
-        self.inner.forget(s, k, force).await
-    }
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        self.inner.clock().filter(|_| self.forward_clock)
-    }
-    fn in_process(&self) -> bool {
-        self.forward_in_process && self.inner.in_process()
+    fn capabilities(&self) -> Capabilities {
+        let mut offered = self.inner.capabilities();
+        offered.clock = offered.clock.filter(|_| self.forward_clock);
+        offered.in_process &= self.forward_in_process;
+        offered
     }
 }
 
@@ -159,7 +136,7 @@ fn caching_completions(store: Arc<Counting>) -> Idempotency {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_default_the_first_replay_asks_the_store_and_the_cache_answers_the_rest() {
     let store = Counting::new(MemoryStore::new());
-    assert!(!store.in_process());
+    assert!(!Store::capabilities(&*store).in_process);
     let engine = Idempotency::builder_shared(store.clone()).build();
     let runs = Arc::new(AtomicUsize::new(0));
 
@@ -222,7 +199,7 @@ async fn over_an_in_process_store_only_replayed_records_are_cached() {
         forward_in_process: true,
         ..Arc::into_inner(Counting::new(MemoryStore::new())).unwrap()
     });
-    assert!(store.in_process());
+    assert!(Store::capabilities(&*store).in_process);
     // Even when asked to take completions.
     let engine = caching_completions(store.clone());
     let runs = Arc::new(AtomicUsize::new(0));

@@ -325,9 +325,10 @@ async fn concurrent_starts_migrate_one_fresh_database_once() {
     let token = FencingToken::random();
     assert_eq!(
         stores[0]
-            .try_claim(&claim_request("k", token))
+            .claim(&claim_request("k", token))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -335,9 +336,10 @@ async fn concurrent_starts_migrate_one_fresh_database_once() {
     );
     for store in &stores[1..] {
         let outcome = store
-            .try_claim(&claim_request("k", FencingToken::random()))
+            .claim(&claim_request("k", FencingToken::random()))
             .await
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert!(
             matches!(outcome, ClaimOutcome::InProgress { .. }),
             "{outcome:?}"
@@ -362,7 +364,10 @@ async fn concurrent_claims_across_two_pools_have_one_winner() {
                 tokio::spawn(async move {
                     let token = FencingToken::random();
                     barrier.wait().await;
-                    let outcome = store.try_claim(&claim_request(&key, token)).await;
+                    let outcome = store
+                        .claim(&claim_request(&key, token))
+                        .await
+                        .map(|answer| answer.outcome);
                     (outcome.expect("claim"), token)
                 })
             })
@@ -394,10 +399,7 @@ async fn timestamps_come_from_the_database_clock() {
     let database = TestDatabase::new().await;
     let store = MySqlStore::connect(&database.url()).await.unwrap();
     let token = FencingToken::random();
-    store
-        .try_claim(&claim_request("clock", token))
-        .await
-        .unwrap();
+    store.claim(&claim_request("clock", token)).await.unwrap();
     let row = sqlx::query(
         "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, expires_at) AS ttl,
                 TIMESTAMPDIFF(MICROSECOND, created_at, lease_expires_at) AS lease,
@@ -452,7 +454,10 @@ async fn the_session_time_zone_does_not_matter() {
         .unwrap();
     let token = FencingToken::random();
     assert_eq!(
-        east.try_claim(&claim_request("tz", token)).await.unwrap(),
+        east.claim(&claim_request("tz", token))
+            .await
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -460,9 +465,10 @@ async fn the_session_time_zone_does_not_matter() {
     );
     // Seen from 24 hours "earlier", the lease is neither expired nor a day long.
     match west
-        .try_claim(&claim_request("tz", FencingToken::random()))
+        .claim(&claim_request("tz", FencingToken::random()))
         .await
         .unwrap()
+        .outcome
     {
         ClaimOutcome::InProgress { retry_after } => {
             assert!(retry_after <= LEASE, "{retry_after:?}")
@@ -508,18 +514,16 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
     };
 
     let token = FencingToken::random();
-    store
-        .try_claim(&claim_request("running", token))
-        .await
-        .unwrap();
+    store.claim(&claim_request("running", token)).await.unwrap();
     assert_eq!(writes().await, 1, "the claim inserted its record");
     let duplicate = store
-        .try_claim(&claim_request("running", FencingToken::random()))
+        .claim(&claim_request("running", FencingToken::random()))
         .await
-        .unwrap();
+        .unwrap()
+        .outcome;
     assert!(matches!(duplicate, ClaimOutcome::InProgress { .. }));
     assert_eq!(
-        store.try_claim(&mismatch("running")).await.unwrap(),
+        store.claim(&mismatch("running")).await.unwrap().outcome,
         ClaimOutcome::Mismatch
     );
     assert_eq!(writes().await, 1, "in progress: nothing written");
@@ -542,13 +546,14 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
     assert_eq!(writes().await, 2, "the completion updated it");
     for _ in 0..3 {
         let replay = store
-            .try_claim(&claim_request("running", FencingToken::random()))
+            .claim(&claim_request("running", FencingToken::random()))
             .await
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert!(matches!(replay, ClaimOutcome::Replay(_)));
     }
     assert_eq!(
-        store.try_claim(&mismatch("running")).await.unwrap(),
+        store.claim(&mismatch("running")).await.unwrap().outcome,
         ClaimOutcome::Mismatch
     );
     assert_eq!(writes().await, 2, "completed: nothing written");
@@ -570,9 +575,10 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
     let token = FencingToken::random();
     assert_eq!(
         store
-            .try_claim(&claim_request("shared", token))
+            .claim(&claim_request("shared", token))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -597,9 +603,10 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
     // A second store on the same pool finds everything applied.
     let again = MySqlStore::from_pool(app_pool.clone()).await.unwrap();
     let outcome = again
-        .try_claim(&claim_request("shared", FencingToken::random()))
+        .claim(&claim_request("shared", FencingToken::random()))
         .await
-        .unwrap();
+        .unwrap()
+        .outcome;
     assert!(
         matches!(outcome, ClaimOutcome::InProgress { .. }),
         "{outcome:?}"
@@ -625,7 +632,7 @@ async fn purge_leaves_records_claimed_again() {
     for i in 0..20 {
         let key = format!("k{i}");
         let token = FencingToken::random();
-        store.try_claim(&claim_request(&key, token)).await.unwrap();
+        store.claim(&claim_request(&key, token)).await.unwrap();
         assert!(
             store
                 .complete("acct_alice", &key, token, &stored)
@@ -650,7 +657,12 @@ async fn purge_leaves_records_claimed_again() {
     for i in 0..20 {
         let key = format!("k{i}");
         let token = FencingToken::random();
-        match store.try_claim(&claim_request(&key, token)).await.unwrap() {
+        match store
+            .claim(&claim_request(&key, token))
+            .await
+            .unwrap()
+            .outcome
+        {
             ClaimOutcome::Claimed { token: won, .. } => owners.push((key, won)),
             other => panic!("{key}: {other:?}"),
         }

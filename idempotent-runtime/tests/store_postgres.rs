@@ -379,9 +379,10 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
     let token = FencingToken::random();
     assert_eq!(
         stores[0]
-            .try_claim(&claim_request("k", token))
+            .claim(&claim_request("k", token))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -389,9 +390,10 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
     );
     for store in &stores[1..] {
         let outcome = store
-            .try_claim(&claim_request("k", FencingToken::random()))
+            .claim(&claim_request("k", FencingToken::random()))
             .await
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert!(
             matches!(outcome, ClaimOutcome::InProgress { .. }),
             "{outcome:?}"
@@ -426,7 +428,10 @@ async fn concurrent_claims_across_two_pools_have_one_winner() {
                 tokio::spawn(async move {
                     let token = FencingToken::random();
                     barrier.wait().await;
-                    let outcome = store.try_claim(&claim_request(&key, token)).await;
+                    let outcome = store
+                        .claim(&claim_request(&key, token))
+                        .await
+                        .map(|answer| answer.outcome);
                     (outcome.expect("claim"), token)
                 })
             })
@@ -461,10 +466,7 @@ async fn timestamps_come_from_the_database_clock() {
         .await
         .unwrap();
     let token = FencingToken::random();
-    store
-        .try_claim(&claim_request("clock", token))
-        .await
-        .unwrap();
+    store.claim(&claim_request("clock", token)).await.unwrap();
     let row = sqlx::query(AssertSqlSafe(format!(
         "SELECT extract(epoch FROM expires_at - created_at)::float8 AS ttl,
                 extract(epoch FROM lease_expires_at - created_at)::float8 AS lease,
@@ -533,18 +535,16 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
     };
 
     let token = FencingToken::random();
-    store
-        .try_claim(&claim_request("running", token))
-        .await
-        .unwrap();
+    store.claim(&claim_request("running", token)).await.unwrap();
     let before = row_version("running").await;
     let duplicate = store
-        .try_claim(&claim_request("running", FencingToken::random()))
+        .claim(&claim_request("running", FencingToken::random()))
         .await
-        .unwrap();
+        .unwrap()
+        .outcome;
     assert!(matches!(duplicate, ClaimOutcome::InProgress { .. }));
     assert_eq!(
-        store.try_claim(&mismatch("running")).await.unwrap(),
+        store.claim(&mismatch("running")).await.unwrap().outcome,
         ClaimOutcome::Mismatch
     );
     assert_eq!(row_version("running").await, before, "in progress");
@@ -567,13 +567,14 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
     let before = row_version("running").await;
     for _ in 0..3 {
         let replay = store
-            .try_claim(&claim_request("running", FencingToken::random()))
+            .claim(&claim_request("running", FencingToken::random()))
             .await
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert!(matches!(replay, ClaimOutcome::Replay(_)));
     }
     assert_eq!(
-        store.try_claim(&mismatch("running")).await.unwrap(),
+        store.claim(&mismatch("running")).await.unwrap().outcome,
         ClaimOutcome::Mismatch
     );
     assert_eq!(row_version("running").await, before, "completed");
@@ -600,9 +601,10 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
     let token = FencingToken::random();
     assert_eq!(
         store
-            .try_claim(&claim_request("shared", token))
+            .claim(&claim_request("shared", token))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -639,9 +641,10 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
     let token = FencingToken::random();
     assert_eq!(
         qualified
-            .try_claim(&claim_request("shared", token))
+            .claim(&claim_request("shared", token))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -668,7 +671,7 @@ async fn connect_honours_a_search_path_in_the_url() {
     let with_path = format!("{url}{separator}options[search_path]={}", schema.name);
     let store = PostgresStore::connect(&with_path).await.unwrap();
     let token = FencingToken::random();
-    store.try_claim(&claim_request("k", token)).await.unwrap();
+    store.claim(&claim_request("k", token)).await.unwrap();
     let count: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT count(*) FROM {}",
         schema.table()
@@ -809,7 +812,11 @@ async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
         let stored = stored.clone();
         async move {
             let token = FencingToken::random();
-            let outcome = store.try_claim(&claim_request(key, token)).await.unwrap();
+            let outcome = store
+                .claim(&claim_request(key, token))
+                .await
+                .unwrap()
+                .outcome;
             assert_eq!(
                 outcome,
                 ClaimOutcome::Claimed {
@@ -829,9 +836,10 @@ async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
         let store = store.clone();
         async move {
             let outcome = store
-                .try_claim(&claim_request(key, FencingToken::random()))
+                .claim(&claim_request(key, FencingToken::random()))
                 .await
-                .unwrap();
+                .unwrap()
+                .outcome;
             assert!(matches!(outcome, ClaimOutcome::Replay(_)), "{outcome:?}");
         }
     };

@@ -162,7 +162,7 @@ fn stored(body: &'static [u8]) -> StoredResponse {
 
 async fn must_claim(store: &RedisStore, request: &ClaimRequest<'_>) {
     assert_eq!(
-        store.try_claim(request).await.expect("claim"),
+        store.claim(request).await.expect("claim").outcome,
         ClaimOutcome::Claimed {
             token: request.token,
             takeover: None
@@ -482,7 +482,13 @@ async fn concurrent_claims_across_four_connection_managers_have_one_winner() {
                 tokio::spawn(async move {
                     let token = FencingToken::random();
                     barrier.wait().await;
-                    (store.try_claim(&claim_request(&key, token)).await, token)
+                    (
+                        store
+                            .claim(&claim_request(&key, token))
+                            .await
+                            .map(|answer| answer.outcome),
+                        token,
+                    )
                 })
             })
             .collect();
@@ -509,9 +515,10 @@ async fn concurrent_claims_across_four_connection_managers_have_one_winner() {
         );
         for store in &stores {
             let outcome = store
-                .try_claim(&claim_request(&key, FencingToken::random()))
+                .claim(&claim_request(&key, FencingToken::random()))
                 .await
-                .unwrap();
+                .unwrap()
+                .outcome;
             assert_eq!(outcome, ClaimOutcome::Replay(stored(b"won")));
         }
     }
@@ -525,8 +532,9 @@ async fn a_corrupt_record_is_reported_not_overwritten() {
     let mut conn = store.connection_manager().clone();
     let () = conn.hset(&key, "state", "bogus").await.unwrap();
     let error = store
-        .try_claim(&claim_request("bad", FencingToken::random()))
+        .claim(&claim_request("bad", FencingToken::random()))
         .await
+        .map(|answer| answer.outcome)
         .expect_err("a record without valid fields");
     assert!(matches!(error, StoreError::Corrupt(_)), "{error:?}");
     let state: String = conn.hget(&key, "state").await.unwrap();
@@ -535,8 +543,9 @@ async fn a_corrupt_record_is_reported_not_overwritten() {
     let key = store.record_key("acct_alice", "string");
     let () = conn.set(&key, "x").await.unwrap();
     let error = store
-        .try_claim(&claim_request("string", FencingToken::random()))
+        .claim(&claim_request("string", FencingToken::random()))
         .await
+        .map(|answer| answer.outcome)
         .expect_err("a string where a hash belongs");
     assert!(matches!(error, StoreError::Redis(_)), "{error:?}");
     // Neither stops a purge of the records around them.
@@ -581,9 +590,10 @@ async fn scripts_are_loaded_again_after_the_server_forgets_them() {
         .unwrap();
     assert_eq!(
         store
-            .try_claim(&claim_request("k", FencingToken::random()))
+            .claim(&claim_request("k", FencingToken::random()))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::Replay(stored(b"{}"))
     );
     let () = redis::cmd("SCRIPT")
@@ -706,9 +716,10 @@ async fn every_outcome_of_a_claim_is_one_round_trip() {
         assert_eq!(claimed, 1, "a fresh claim");
         let in_progress = turns_of(&turns, async {
             let outcome = store
-                .try_claim(&claim_request(key, FencingToken::random()))
+                .claim(&claim_request(key, FencingToken::random()))
                 .await
-                .unwrap();
+                .unwrap()
+                .outcome;
             assert!(matches!(outcome, ClaimOutcome::InProgress { .. }));
         })
         .await;
@@ -725,9 +736,10 @@ async fn every_outcome_of_a_claim_is_one_round_trip() {
         assert_eq!(completed, 1, "a completion");
         let replayed = turns_of(&turns, async {
             let outcome = store
-                .try_claim(&claim_request(key, FencingToken::random()))
+                .claim(&claim_request(key, FencingToken::random()))
                 .await
-                .unwrap();
+                .unwrap()
+                .outcome;
             assert_eq!(outcome, ClaimOutcome::Replay(stored(b"{}")));
         })
         .await;

@@ -183,7 +183,7 @@ async fn open_accepts_a_sqlite_url_and_creates_the_file() {
     assert!(std::path::Path::new(&path).exists());
     let token = FencingToken::random();
     assert_eq!(
-        store.try_claim(&claim_request(token)).await.unwrap(),
+        store.claim(&claim_request(token)).await.unwrap().outcome,
         ClaimOutcome::Claimed {
             token,
             takeover: None
@@ -204,7 +204,7 @@ async fn records_survive_closing_and_reopening_the_file() {
         let store = SqliteStore::open(&path).await.unwrap();
         let token = FencingToken::random();
         assert_eq!(
-            store.try_claim(&claim_request(token)).await.unwrap(),
+            store.claim(&claim_request(token)).await.unwrap().outcome,
             ClaimOutcome::Claimed {
                 token,
                 takeover: None
@@ -221,7 +221,7 @@ async fn records_survive_closing_and_reopening_the_file() {
             ..claim_request(running)
         };
         assert!(matches!(
-            store.try_claim(&running_claim).await.unwrap(),
+            store.claim(&running_claim).await.unwrap().outcome,
             ClaimOutcome::Claimed { .. }
         ));
         store.pool().close().await;
@@ -229,9 +229,10 @@ async fn records_survive_closing_and_reopening_the_file() {
     let store = SqliteStore::open(&path).await.unwrap();
     assert_eq!(
         store
-            .try_claim(&claim_request(FencingToken::random()))
+            .claim(&claim_request(FencingToken::random()))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::Replay(stored)
     );
     // The in-progress claim and its token survived too.
@@ -307,9 +308,10 @@ async fn times_are_milliseconds_from_the_injected_clock() {
         .unwrap();
     assert!(matches!(
         store
-            .try_claim(&claim_request(FencingToken::random()))
+            .claim(&claim_request(FencingToken::random()))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed { .. }
     ));
     let row = sqlx::query(
@@ -347,9 +349,10 @@ async fn an_app_can_share_its_pool_with_the_store() {
         .unwrap();
     assert!(matches!(
         store
-            .try_claim(&claim_request(FencingToken::random()))
+            .claim(&claim_request(FencingToken::random()))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed { .. }
     ));
     let records: i64 = sqlx::query("SELECT COUNT(*) FROM idempotency_records")
@@ -377,7 +380,7 @@ async fn a_corrupt_record_is_an_error_not_a_panic() {
         .await
         .unwrap();
     let token = FencingToken::random();
-    store.try_claim(&claim_request(token)).await.unwrap();
+    store.claim(&claim_request(token)).await.unwrap();
     let response = StoredResponse {
         status: 200,
         headers: Vec::new(),
@@ -395,8 +398,9 @@ async fn a_corrupt_record_is_an_error_not_a_panic() {
         .unwrap();
     assert!(matches!(
         store
-            .try_claim(&claim_request(FencingToken::random()))
-            .await,
+            .claim(&claim_request(FencingToken::random()))
+            .await
+            .map(|answer| answer.outcome),
         Err(StoreError::Corrupt(_))
     ));
 }

@@ -18,11 +18,11 @@ use async_trait::async_trait;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http_body_util::BodyExt;
-use idempotent_runtime::store::{ClaimWatch, MemoryStore};
+use idempotent_runtime::store::{ClaimAnswer, Forward, MemoryStore};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if, run};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
-    Idempotency, IdempotencyKey, RecordInfo, Store, StoreError, StoredResponse, TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency,
+    IdempotencyKey, Store, StoreError, StoredResponse,
 };
 use tokio::sync::Notify;
 
@@ -67,8 +67,8 @@ impl Gate {
     }
 }
 
-/// Forwards every call to `inner` (its watch included) and tells the gate about claims
-/// that found the key in progress.
+/// Forwards every call and capability to `inner` (its watch included) and tells the gate
+/// about claims that found the key in progress.
 #[derive(Debug)]
 struct Counting {
     inner: Arc<dyn Store>,
@@ -76,53 +76,16 @@ struct Counting {
 }
 
 #[async_trait]
-impl Store for Counting {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let outcome = self.inner.try_claim(claim).await?;
-        if let ClaimOutcome::InProgress { .. } = outcome {
+impl Forward for Counting {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
+        let answer = self.inner.claim(claim).await?;
+        if let ClaimOutcome::InProgress { .. } = answer.outcome {
             self.gate.saw_in_progress();
         }
-        Ok(outcome)
-    }
-    async fn renew(
-        &self,
-        s: &str,
-        k: &str,
-        t: FencingToken,
-        l: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.renew(s, k, t, l).await
-    }
-    async fn complete(
-        &self,
-        s: &str,
-        k: &str,
-        t: FencingToken,
-        r: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        self.inner.complete(s, k, t, r).await
-    }
-    async fn release(&self, s: &str, k: &str, t: FencingToken) -> Result<bool, StoreError> {
-        self.inner.release(s, k, t).await
-    }
-    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        self.inner.purge_expired(limit).await
-    }
-    fn transactions(&self) -> Option<TxSupport> {
-        self.inner.transactions()
-    }
-    async fn inspect(&self, s: &str, k: &str) -> Result<Option<RecordInfo>, StoreError> {
-        self.inner.inspect(s, k).await
-    }
-    async fn forget(&self, s: &str, k: &str, force: bool) -> Result<ForgetOutcome, StoreError> {
-        self.inner.forget(s, k, force).await
-    }
-    fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
-        self.inner.watch_claim(scope, key, poll)
-    }
-    // A decorator forwards the inner store's clock (see `Store::clock`).
-    fn clock(&self) -> Option<std::sync::Arc<dyn idempotent_runtime::Clock>> {
-        self.inner.clock()
+        Ok(answer)
     }
 }
 
@@ -509,14 +472,20 @@ mod postgres {
             ("notify-release", false, true),
         ] {
             let token = FencingToken::random();
-            let outcome = store.try_claim(&claim(key, token)).await.expect("claim");
+            let outcome = store
+                .claim(&claim(key, token))
+                .await
+                .expect("claim")
+                .outcome;
             assert!(
                 matches!(outcome, ClaimOutcome::Claimed { .. }),
                 "{outcome:?}"
             );
             // A waiter's watch marks the record; the end is then notified.
-            let watch = watched
-                .then(|| tokio::spawn(store.watch_claim(SCOPE, key, Duration::from_secs(60))));
+            let watch = watched.then(|| {
+                let watches = store.capabilities().watch.expect("Postgres offers a watch");
+                tokio::spawn(watches.watch_claim(SCOPE, key, Duration::from_secs(60)))
+            });
             // Until the watch has marked the record (it runs once polled).
             if watched {
                 loop {

@@ -24,6 +24,7 @@ impl IdempotencyBuilder {
     pub(super) fn new(store: Arc<dyn Store>) -> Self {
         IdempotencyBuilder {
             inner: Inner {
+                capabilities: store.capabilities(),
                 store,
                 default_ttl: DEFAULT_TTL,
                 default_lease: DEFAULT_LEASE,
@@ -161,8 +162,8 @@ impl IdempotencyBuilder {
     pub fn build(mut self) -> Idempotency {
         metrics::describe();
         self.inner.replay_cache = self.replay_cache.map(|config| {
-            let store = &self.inner.store;
-            ReplayCache::new(config, store.clock(), store.in_process())
+            let offered = &self.inner.capabilities;
+            ReplayCache::new(config, offered.clock.clone(), offered.in_process)
         });
         Idempotency {
             inner: Arc::new(self.inner),

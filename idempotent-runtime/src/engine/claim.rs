@@ -1,8 +1,6 @@
 //! The store claim: sent with the times the lease and the replay cache count from, and
 //! given back when it was answered too late to run.
 
-use std::time::Duration;
-
 use tokio::time::Instant;
 use tracing::warn;
 
@@ -11,12 +9,12 @@ use super::replay_cache::ReplayCache;
 use super::store_call::{store_call, timed_store_call};
 use crate::key::ScopedKey;
 use crate::metrics::StoreOperation;
-use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, StoreError};
+use crate::store::{ClaimAnswer, ClaimRequest, FencingToken, StoreError};
 
 /// A claim as the store answered it.
-pub(super) struct ClaimAnswer {
+pub(super) struct SentClaim {
     /// What the store decided, and how long a record it reports still lives.
-    pub(super) answer: Result<(ClaimOutcome, Option<Duration>), StoreError>,
+    pub(super) answer: Result<ClaimAnswer, StoreError>,
     /// Before the claim was sent: the store's lease ends no earlier than this plus the
     /// lease.
     pub(super) sent_at: Instant,
@@ -28,17 +26,17 @@ pub(super) struct ClaimAnswer {
 }
 
 /// Sends `claim` to the store, bounded by the store timeout.
-pub(super) async fn send(inner: &Inner, claim: &ClaimRequest<'_>) -> ClaimAnswer {
+pub(super) async fn send(inner: &Inner, claim: &ClaimRequest<'_>) -> SentClaim {
     let sent_at = Instant::now();
     let cache_now = inner.replay_cache.as_ref().map_or(0, ReplayCache::now);
     let claimed = timed_store_call(
         StoreOperation::Claim,
         sent_at,
         inner.store_timeout,
-        inner.store.claim_with_expiry(claim),
+        inner.store.claim(claim),
     );
     let (answer, answered_at) = claimed.await;
-    ClaimAnswer {
+    SentClaim {
         answer,
         sent_at,
         answered_at,

@@ -10,7 +10,7 @@ use http::HeaderName;
 use crate::config::HandlerConfig;
 use crate::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::key::{IdempotencyKey, ScopedKey};
-use crate::store::{ForgetOutcome, RecordInfo, Store, StoreError, StoredResponse};
+use crate::store::{Capabilities, ForgetOutcome, RecordInfo, Store, StoreError, StoredResponse};
 
 mod answers;
 mod builder;
@@ -86,6 +86,9 @@ pub struct Idempotency {
 #[derive(Debug)]
 struct Inner {
     store: Arc<dyn Store>,
+    /// What the store offers beyond its operations, read once from it when the builder
+    /// was made.
+    capabilities: Capabilities,
     default_ttl: Duration,
     default_lease: Duration,
     max_stored_body: usize,
@@ -225,7 +228,7 @@ impl Idempotency {
     /// Whether transactional handlers on database `DB` can run on this engine's store.
     #[cfg(feature = "sql")]
     pub fn supports_transactions<DB: crate::transaction::TxDatabase>(&self) -> bool {
-        protocol::tx_store::<DB>(self.inner.store.as_ref()).is_some()
+        protocol::tx_store::<DB>(&self.inner.capabilities).is_some()
     }
 
     /// Waits until every request the engine is running, and every outcome it is still

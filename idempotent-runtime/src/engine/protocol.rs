@@ -46,7 +46,7 @@ use crate::key::{IdempotencyKey, ScopedKey};
 use crate::lease::{LeaseSignal, licence_holds};
 use crate::metrics::{self, Outcome};
 #[cfg(feature = "sql")]
-use crate::store::Store;
+use crate::store::Capabilities;
 use crate::store::{ClaimOutcome, ClaimRequest, FencingToken};
 #[cfg(feature = "sql")]
 use crate::transaction::{Tx, TxDatabase, TxStore};
@@ -109,7 +109,7 @@ where
     let span = info_span!("idempotent", scope = %scope, key = %key, transactional = true);
     async move {
         // Resolved once: the same handle begins the transaction and records in it.
-        let Some(tx_store) = tx_store::<DB>(inner.store.as_ref()) else {
+        let Some(tx_store) = tx_store::<DB>(&inner.capabilities) else {
             error!(
                 event = "store_error",
                 database = DB::DATABASE_NAME,
@@ -255,7 +255,7 @@ async fn claim_key(
     };
     let claimed = claim::send(inner, &request).await;
     let (outcome, expires_in) = match claimed.answer {
-        Ok(outcome) => outcome,
+        Ok(answer) => (answer.outcome, answer.replay_lives_for),
         Err(err) => {
             error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
             metrics::count(config.name, Outcome::StoreError);
@@ -434,6 +434,8 @@ fn attempt_interrupted<X>() -> Attempt<X> {
 
 /// The store's transactions on database `DB`, if it has them.
 #[cfg(feature = "sql")]
-pub(super) fn tx_store<DB: TxDatabase>(store: &dyn Store) -> Option<Arc<dyn TxStore<DB>>> {
-    store.transactions()?.for_database::<DB>()
+pub(super) fn tx_store<DB: TxDatabase>(
+    capabilities: &Capabilities,
+) -> Option<Arc<dyn TxStore<DB>>> {
+    capabilities.transactions.as_ref()?.for_database::<DB>()
 }

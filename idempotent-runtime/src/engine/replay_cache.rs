@@ -17,12 +17,12 @@
 //!   so it lives at least until *(cache time before the claim was sent) + TTL* (a renewal
 //!   only ever extends it);
 //! - **a replay the store answered:** only when the store says how long the record lives
-//!   on ([`Store::claim_with_expiry`](crate::store::Store::claim_with_expiry)): *(cache
+//!   on ([`ClaimAnswer::replay_lives_for`](crate::store::ClaimAnswer::replay_lives_for)): *(cache
 //!   time before the claim was sent) + that remaining life*. A store that cannot tell is
 //!   not cached from (its replays still go to the store).
 //!
 //! The cache's clock is the store's own clock when the store keeps time in this process
-//! ([`Store::clock`](crate::store::Store::clock): the memory and SQLite stores, and a
+//! ([`Capabilities::clock`](crate::store::Capabilities::clock): the memory and SQLite stores, and a
 //! test's [`ManualClock`](crate::ManualClock) moves both alike), and otherwise a
 //! monotonic clock: a database server's clock runs at the same rate, so a remaining life
 //! it measured is at most as long on ours. A server clock that *jumps* forward can make a
@@ -136,7 +136,7 @@ impl ReplayCacheConfig {
     /// SQLite store's fresh keys about 15% of their rate in the HTTP benchmark. Worth it
     /// where retries typically arrive within [`max_age`](Self::max_age) of the original
     /// and the store is far away. Over a store that keeps its records in memory itself
-    /// ([`Store::in_process`](crate::store::Store::in_process)) completions are never
+    /// ([`Capabilities::in_process`](crate::store::Capabilities::in_process)) completions are never
     /// cached: the store answers from memory already.
     pub const fn remember_completions(mut self, remember: bool) -> Self {
         self.completions = remember;

@@ -9,9 +9,9 @@
 //! - the original runs in this engine: its [`Registration`] ends (dropped after the
 //!   outcome is recorded or the claim released) and wakes every local waiter — a
 //!   notification, no polling;
-//! - elsewhere: the store's [`watch_claim`](crate::store::Store::watch_claim) — `LISTEN`/
-//!   `NOTIFY` on Postgres, a poll backed off from 20 ms to 500 ms on stores that cannot
-//!   tell.
+//! - elsewhere: the store's [`watch`](crate::store::Capabilities::watch) — `LISTEN`/
+//!   `NOTIFY` on Postgres —, or on stores that offer none, a poll backed off from 20 ms
+//!   to 500 ms.
 //!
 //! Which task waits: the request's own. Each claim attempt is uncancellable as
 //! without waiting (a claim that wins executes there, out of the client's reach), and
@@ -31,7 +31,7 @@ use super::Inner;
 use crate::config::HandlerConfig;
 use crate::metrics;
 use crate::sharded::{Id, Identified, Sharded, Table};
-use crate::store::FencingToken;
+use crate::store::{ClaimWatch, FencingToken};
 
 /// The first poll step on a store without change notifications, doubled up to
 /// [`MAX_POLL`].
@@ -104,7 +104,7 @@ where
     let mut waited = false;
     loop {
         // Before the claim, so that an end between the claim and the wait wakes it.
-        let store_watch = inner.store.watch_claim(scope, key, poll);
+        let store_watch = store_watch(inner, scope, key, poll);
         let (retry_after, handler) = match attempt(execute).await {
             Attempt::Done(settled, response) => {
                 if waited {
@@ -131,6 +131,15 @@ where
                 poll = (poll * 2).min(MAX_POLL);
             }
         }
+    }
+}
+
+/// A watch on `(scope, key)` for the end of its claim: the store's change notifications,
+/// or on a store that offers none, the next poll step.
+fn store_watch(inner: &Inner, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
+    match &inner.capabilities.watch {
+        Some(watch) => watch.watch_claim(scope, key, poll),
+        None => Box::pin(tokio::time::sleep(poll)),
     }
 }
 

@@ -4,21 +4,23 @@
 //! operation on that record, fenced by the [`FencingToken`] its claim received:
 //!
 //! ```text
-//! try_claim ──▶ in_progress(token) ──complete(token)──▶ completed ──(ttl)──▶ purged
-//!                   │   ▲ renew(token)
-//!                   └───┴─release(token)──▶ (gone: the next request claims anew)
+//! claim ──▶ in_progress(token) ──complete(token)──▶ completed ──(ttl)──▶ purged
+//!               │   ▲ renew(token)
+//!               └───┴─release(token)──▶ (gone: the next request claims anew)
 //! ```
 //!
 //! Operators look at and delete single records with [`Store::inspect`] and
 //! [`Store::forget`] (or the engine's `Idempotency::inspect` / `Idempotency::forget`).
+//!
+//! What a store offers beyond these operations (its clock, in-process records,
+//! transactions, change notifications) is one value, its [`Capabilities`]. A decorator
+//! implements [`Forward`] and overrides only what it changes.
 //!
 //! Implementations: [`MemoryStore`] (one process, tests and demos), `SqliteStore` (one
 //! host, the embedded default), `PostgresStore` and `MySqlStore` (many instances, one
 //! shared database), `RedisStore` (many instances on Redis/Valkey; weaker durability, see
 //! its module docs). All pass one conformance suite.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,6 +28,8 @@ use bytes::Bytes;
 
 use crate::fingerprint::Fingerprint;
 
+mod capabilities;
+mod forward;
 mod memory;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -44,6 +48,8 @@ mod sqlite;
 pub(crate) mod takeover;
 mod tx_support;
 
+pub use capabilities::{Capabilities, ClaimWatch, WatchClaims};
+pub use forward::Forward;
 pub use memory::MemoryStore;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
@@ -179,28 +185,20 @@ impl StoreError {
 /// Durable storage of claims and responses. Object safe; the engine holds an
 /// `Arc<dyn Store>`.
 ///
-/// Every method is one atomic operation. In particular `try_claim` decides and writes in
+/// The required methods are exactly the operations the engine calls; what a store may
+/// offer beyond them is one value, [`capabilities`](Self::capabilities). A decorator
+/// (metrics, tracing, faults) implements [`Forward`] instead, which forwards every
+/// operation and capability it does not override.
+///
+/// Every method is one atomic operation. In particular `claim` decides and writes in
 /// one step: a check followed by an insert would let two duplicates both run.
 #[async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Claims `(scope, key)` atomically. Takes over a record whose TTL expired, or an
-    /// in-progress record whose lease ran out *and* whose fingerprint matches.
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
-
-    /// [`try_claim`](Self::try_claim), and for a [`ClaimOutcome::Replay`] how long the
-    /// record lives on at least, measured from a moment no earlier than the call (by the
-    /// store's clock, from the statement that read it); what the engine's replay cache
-    /// bounds a copy of the record by. `None`: the store cannot tell, and its replays are
-    /// not cached (the default, which runs `try_claim`).
-    ///
-    /// A store overriding it answers `try_claim` through it; a decorator store forwards
-    /// both, or its replays go uncached.
-    async fn claim_with_expiry(
-        &self,
-        claim: &ClaimRequest<'_>,
-    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
-        Ok((self.try_claim(claim).await?, None))
-    }
+    /// in-progress record whose lease ran out *and* whose fingerprint matches. The
+    /// answer carries, for a replay, how long the record lives on
+    /// ([`ClaimAnswer::replay_lives_for`]).
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError>;
 
     /// Extends the lease of an in-progress claim, and its expiry to at least the new
     /// lease's end (a handler that outlives its TTL keeps its record). `Ok(false)`: the
@@ -245,7 +243,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// from whatever the store keeps.
     ///
     /// A store outside this crate must implement it with the same meaning (the
-    /// conformance suite checks it); a decorator forwards it.
+    /// conformance suite checks it).
     async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError>;
 
     /// Operator tool: deletes the record of `(scope, key)` so the next request with that
@@ -264,7 +262,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Fencing is unchanged: once its record is forgotten, a claim's token owns nothing,
     /// so its `renew`, `complete` and `release` return `false`, also after another claim
     /// of the key. A store outside this crate must implement it with the same meaning
-    /// (the conformance suite checks it); a decorator forwards it.
+    /// (the conformance suite checks it).
     async fn forget(
         &self,
         scope: &str,
@@ -272,70 +270,37 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         force: bool,
     ) -> Result<ForgetOutcome, StoreError>;
 
-    /// What transactional handlers (`Tx<DB>`) need from this store, if it supports them:
-    /// a handle per database that begins the handler's transaction and records the
-    /// response inside it. `None` (the default): transactional handlers are refused.
-    ///
-    /// A decorator store (metrics, tracing, …) forwards its inner store's answer and so
-    /// supports transactional handlers exactly like it.
-    fn transactions(&self) -> Option<TxSupport> {
-        None
-    }
-
-    /// Starts watching `(scope, key)` for the end of its in-progress claim (completed or
-    /// released), for a duplicate that waits instead of answering `409`
-    /// ([`HandlerConfig::wait`](crate::HandlerConfig::wait)).
-    ///
-    /// The engine calls it *before* the claim that may find the key in progress, and
-    /// awaits the returned future only then: a store that subscribes to notifications
-    /// must subscribe within this call, not when the future is first polled, so that a
-    /// claim ending in between is not missed. The future resolves once the claim may
-    /// have ended, or after `poll` when the store cannot tell. Resolving early or for
-    /// another key is allowed: the engine then claims again, and that claim's answer
-    /// decides (replay, run, or wait on). It holds no pooled connection and no
-    /// transaction while pending, and dropping it cancels the watch.
-    ///
-    /// The default resolves after `poll` (the engine backs the poll off, up to half a
-    /// second): what a store without change notifications offers. `PostgresStore`
-    /// overrides it with `LISTEN/NOTIFY`. A decorator store forwards its inner store's
-    /// watch.
-    fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
-        let _ = (scope, key);
-        Box::pin(tokio::time::sleep(poll))
-    }
-
-    /// The clock this store decides expiry by, when it keeps time in this process (the
-    /// memory and SQLite stores: the clock they were opened with). The engine's replay
-    /// cache then counts its entries' lives on the same clock, so a test that moves the
-    /// store's [`ManualClock`](crate::ManualClock) past a TTL expires the cache's copy
-    /// too. `None` (the default): the store keeps time elsewhere (a database server), and
-    /// the cache uses a monotonic clock.
-    ///
-    /// A store that wraps another (a decorator adding logging, faults or metrics) must
-    /// forward this to the inner store: the default `None` would make the replay cache
-    /// count on a clock other than the one the inner store expires records by.
-    fn clock(&self) -> Option<std::sync::Arc<dyn crate::Clock>> {
-        None
-    }
-
-    /// Whether this store keeps its records in this process's memory, so that answering
-    /// a replay costs it no I/O and no hand-off to another thread ([`MemoryStore`]).
-    /// `false` (the default): the store is a database or a server.
-    ///
-    /// The engine's replay cache then keeps only records the store replayed, not every
-    /// completion: copying each fresh key's record into the cache (and evicting an older
-    /// one for it) would cost every request more than it saves the few keys that are
-    /// replayed, whose first replay the store answers from memory anyway.
-    ///
-    /// A decorator forwards its inner store's answer; one that does not still works,
-    /// caching every completion.
-    fn in_process(&self) -> bool {
-        false
+    /// What this store offers beyond the operations above (clock, in-process records,
+    /// transactions, change notifications); [`Capabilities::none`] by default. The engine
+    /// reads it once, when it is built; the conformance suite checks that it is
+    /// consistent (e.g. an in-process store gives the clock its records expire by).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
     }
 }
 
-/// What [`Store::watch_claim`] returns: resolves when a watched claim may have ended.
-pub type ClaimWatch = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+/// What [`Store::claim`] answers: the outcome, and how long a replayed record lives on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimAnswer {
+    /// What the claim found.
+    pub outcome: ClaimOutcome,
+    /// For a [`ClaimOutcome::Replay`]: how long the record lives on at least, measured
+    /// from a moment no earlier than the call (by the store's clock, from the statement
+    /// that read it); what the engine's replay cache bounds a copy of the record by.
+    /// `None` for every other outcome, and for a replay when the store cannot tell (its
+    /// replays are then not cached).
+    pub replay_lives_for: Option<Duration>,
+}
+
+impl From<ClaimOutcome> for ClaimAnswer {
+    /// An answer without a remaining life: what a store that cannot tell one answers.
+    fn from(outcome: ClaimOutcome) -> Self {
+        Self {
+            outcome,
+            replay_lives_for: None,
+        }
+    }
+}
 
 /// Whole seconds to tell a client in `Retry-After`: rounded up, at least one.
 pub(crate) fn retry_after_from_millis(millis: i64) -> Duration {

@@ -72,7 +72,7 @@ impl<DB: sqlx::Database> TxDatabase for DB {
 }
 
 /// A store's transactional side on database `DB`: what runs a transactional handler's
-/// unit of work. A store offers it through [`Store::transactions`](crate::Store::transactions)
+/// unit of work. A store offers it through [`Capabilities::transactions`](crate::store::Capabilities::transactions)
 /// (wrapped in a [`TxSupport`]); the engine resolves it once per
 /// request and calls [`begin`](Self::begin), runs the handler, then
 /// [`complete_in`](Self::complete_in) on the same connection.

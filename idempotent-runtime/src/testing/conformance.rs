@@ -68,6 +68,9 @@
 //!   alive exactly while its lease is held; `forget` deletes a completed record or one
 //!   whose lease ran out, refuses a held lease unless forced, fences the forgotten
 //!   claim's token, and makes the next claim of the key a new one (no takeover).
+//! - The store's capabilities agree with its behaviour: a store that keeps its clock in
+//!   this process gives it, an in-process store gives a clock, and records expire by the
+//!   clock given ([`check_capabilities_are_consistent`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -81,8 +84,10 @@ use super::Trial;
 mod faults;
 mod operator;
 
-use crate::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse, Takeover,
+use crate::fingerprint::Fingerprint;
+use crate::store::{
+    ClaimAnswer, ClaimOutcome, ClaimRequest, ClaimWatch, FencingToken, Store, StoredResponse,
+    Takeover,
 };
 pub use faults::{
     check_fault_backward_wall_step_keeps_no_lease_alive,
@@ -115,12 +120,12 @@ pub trait Harness: Send + Sync + Sized + 'static {
     fn store(&self) -> Arc<dyn Store>;
 
     /// Moves the store's notion of "now" forward by `by` (e.g. advance a
-    /// [`ManualClock`](crate::ManualClock), or shift a database's stored timestamps back).
+    /// [`ManualClock`](crate::clock::ManualClock), or shift a database's stored timestamps back).
     async fn advance(&self, by: Duration);
 
     /// Steps the wall clock the store keeps in this process by `by_millis` (negative:
     /// backwards) with no time passing, as NTP or a resumed VM does (e.g.
-    /// [`ManualClock::step_wall`](crate::ManualClock::step_wall)), and returns `true`.
+    /// [`ManualClock::step_wall`](crate::clock::ManualClock::step_wall)), and returns `true`.
     /// `false` (the default): the store keeps no clock in this process (a database
     /// server judges leases and TTLs on its own clock, which a step moves alike), and
     /// the clock-step checks have nothing to step.
@@ -180,6 +185,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_concurrent_forgets_delete_once,
         check_forget_racing_completion_is_consistent,
         check_watch_wakes_after_complete_and_release,
+        check_capabilities_are_consistent,
         check_replay_life_bounds_the_record,
         check_fault_claim_answered_late_does_not_run,
         check_fault_claim_applied_but_failed_runs_once,
@@ -240,7 +246,7 @@ async fn claim_with(
     token: FencingToken,
 ) -> ClaimOutcome {
     store
-        .try_claim(&ClaimRequest {
+        .claim(&ClaimRequest {
             scope,
             key,
             fingerprint: &fingerprint,
@@ -249,7 +255,8 @@ async fn claim_with(
             token,
         })
         .await
-        .expect("try_claim")
+        .expect("claim")
+        .outcome
 }
 
 /// Claims `(scope, key)` with a fresh token; returns the outcome and that token.
@@ -357,16 +364,19 @@ pub async fn check_claim_complete_replay<H: Harness>() {
     }
 }
 
-/// [`Store::claim_with_expiry`] answers what `try_claim` answers; a remaining life comes
-/// only with a replay, and never exceeds the record's: at most the TTL, and shrinking as
+/// [`Store::claim`]'s remaining life ([`ClaimAnswer::replay_lives_for`]) comes only with a
+/// replay, and never exceeds the record's: at most the TTL, and shrinking as
 /// the store's clock moves (the engine's replay cache keeps its copy no longer than it).
 pub async fn check_replay_life_bounds_the_record<H: Harness>() {
     let (h, store) = setup::<H>().await;
     let with_expiry = |fingerprint: Fingerprint| {
         let store = store.clone();
         async move {
-            store
-                .claim_with_expiry(&ClaimRequest {
+            let ClaimAnswer {
+                outcome,
+                replay_lives_for,
+            } = store
+                .claim(&ClaimRequest {
                     scope: SCOPE,
                     key: KEY,
                     fingerprint: &fingerprint,
@@ -375,7 +385,8 @@ pub async fn check_replay_life_bounds_the_record<H: Harness>() {
                     token: FencingToken::random(),
                 })
                 .await
-                .expect("claim_with_expiry")
+                .expect("claim");
+            (outcome, replay_lives_for)
         }
     };
     let (outcome, life) = with_expiry(fp(1)).await;
@@ -1062,7 +1073,7 @@ pub async fn check_purge_expired<H: Harness>() {
         async move {
             let token = FencingToken::random();
             let outcome = store
-                .try_claim(&ClaimRequest {
+                .claim(&ClaimRequest {
                     scope: SCOPE,
                     key: &key,
                     fingerprint: &fp(1),
@@ -1071,7 +1082,8 @@ pub async fn check_purge_expired<H: Harness>() {
                     token,
                 })
                 .await
-                .expect("try_claim");
+                .expect("claim")
+                .outcome;
             assert_eq!(
                 outcome,
                 ClaimOutcome::Claimed {
@@ -1154,7 +1166,8 @@ pub async fn check_complete_twice<H: Harness>() {
     assert_eq!(outcome, ClaimOutcome::Replay(response("first")));
 }
 
-/// A duplicate's watch ([`Store::watch_claim`]), started before the claim ends,
+/// A duplicate's watch ([`Capabilities::watch`](crate::store::Capabilities::watch), or
+/// the engine's poll on a store that offers none), started before the claim ends,
 /// resolves once it has ended, whether the end comes before or after the watch is first
 /// awaited (a store that subscribes lazily would miss the first), and from another task;
 /// the claim after it decides: a replay after `complete`, a new claim after `release`.
@@ -1167,7 +1180,7 @@ pub async fn check_watch_wakes_after_complete_and_release<H: Harness>() {
 
     // Ended before the watch is first awaited.
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
-    let watch = store.watch_claim(SCOPE, KEY, poll);
+    let watch = watch_claim(&*store, SCOPE, KEY, poll);
     assert_in_progress(&claim(&*store, fp(1)).await.0, LEASE);
     assert!(complete(&*store, first, &response("first")).await);
     tokio::time::timeout(BOUND, watch)
@@ -1179,7 +1192,7 @@ pub async fn check_watch_wakes_after_complete_and_release<H: Harness>() {
     // Ended by another task while the watch is pending.
     let other = "watch-release";
     let holder = must_claim(&*store, SCOPE, other, fp(2)).await;
-    let watch = store.watch_claim(SCOPE, other, poll);
+    let watch = watch_claim(&*store, SCOPE, other, poll);
     let releasing = {
         let store = store.clone();
         tokio::spawn(async move { store.release(SCOPE, other, holder).await })
@@ -1189,4 +1202,189 @@ pub async fn check_watch_wakes_after_complete_and_release<H: Harness>() {
         .expect("the watch resolves after the claim was released");
     assert!(releasing.await.expect("release task").expect("release"));
     must_claim(&*store, SCOPE, other, fp(2)).await;
+}
+
+/// What a waiting duplicate waits on: the store's change notifications, or, on a store
+/// that offers none, the poll step the engine falls back to.
+fn watch_claim(store: &dyn Store, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
+    match store.capabilities().watch {
+        Some(watch) => watch.watch_claim(scope, key, poll),
+        None => Box::pin(tokio::time::sleep(poll)),
+    }
+}
+
+/// The store's [`Capabilities`](crate::store::Capabilities) agree with how it behaves:
+///
+/// - a store that keeps its clock in this process (its harness steps it,
+///   [`Harness::step_wall`]) gives that clock, so the engine's replay cache expires its
+///   copies on the clock the store expires records by — a decorator that drops its inner
+///   store's clock fails here;
+/// - an in-process store gives its clock (it keeps time in this process);
+/// - a clock it gives is the one its records expire by: [`Harness::advance`] moves it by
+///   as much, and a record whose TTL ran out on it is gone.
+pub async fn check_capabilities_are_consistent<H: Harness>() {
+    let (h, store) = setup::<H>().await;
+    let offered = store.capabilities();
+    if offered.in_process {
+        assert!(
+            offered.clock.is_some(),
+            "the store says it is in-process but gives no clock"
+        );
+    }
+    if h.step_wall(0).await {
+        assert!(
+            offered.clock.is_some(),
+            "the store keeps its clock in this process (its harness steps it) but gives none"
+        );
+    }
+    let Some(clock) = offered.clock else {
+        return;
+    };
+    must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let before = clock.now_millis();
+    h.advance(TTL).await;
+    let moved = clock.now_millis() - before;
+    let ttl_millis = i64::try_from(TTL.as_millis()).expect("the TTL fits");
+    assert!(
+        moved >= ttl_millis,
+        "the store's clock moved {moved} ms while the store's time moved {ttl_millis} ms: \
+         its records do not expire by the clock it gives"
+    );
+    must_take_over(&*store, fp(2), Takeover::Expired).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::marker::PhantomData;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::{Capabilities, Forward, MemoryStore};
+
+    /// How a [`Misstated`] store misstates its memory store's capabilities.
+    trait Misstatement: Send + Sync + std::fmt::Debug + 'static {
+        fn misstate(offered: Capabilities) -> Capabilities;
+    }
+
+    /// Says it is in-process but gives no clock.
+    #[derive(Debug)]
+    struct InProcessWithoutClock;
+
+    impl Misstatement for InProcessWithoutClock {
+        fn misstate(mut offered: Capabilities) -> Capabilities {
+            offered.clock = None;
+            offered
+        }
+    }
+
+    /// Drops the clock and the in-process flag: the hand-written decorator that forwards
+    /// the operations only.
+    #[derive(Debug)]
+    struct OperationsOnly;
+
+    impl Misstatement for OperationsOnly {
+        fn misstate(_: Capabilities) -> Capabilities {
+            Capabilities::none()
+        }
+    }
+
+    /// Gives a clock its records do not expire by.
+    #[derive(Debug)]
+    struct AnotherClock;
+
+    impl Misstatement for AnotherClock {
+        fn misstate(mut offered: Capabilities) -> Capabilities {
+            offered.clock = Some(Arc::new(ManualClock::new()));
+            offered
+        }
+    }
+
+    /// States them as they are.
+    #[derive(Debug)]
+    struct Truthful;
+
+    impl Misstatement for Truthful {
+        fn misstate(offered: Capabilities) -> Capabilities {
+            offered
+        }
+    }
+
+    /// A memory store on a manual clock, behind a decorator that overrides only its
+    /// capabilities, as `M` says.
+    #[derive(Debug)]
+    struct Misstated<M> {
+        inner: MemoryStore,
+        misstatement: PhantomData<M>,
+    }
+
+    impl<M: Misstatement> Forward for Misstated<M> {
+        fn inner(&self) -> &dyn Store {
+            &self.inner
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            M::misstate(self.inner.capabilities())
+        }
+    }
+
+    struct MisstatedHarness<M> {
+        store: Arc<Misstated<M>>,
+        clock: ManualClock,
+    }
+
+    #[async_trait::async_trait]
+    impl<M: Misstatement> Harness for MisstatedHarness<M> {
+        async fn new() -> Self {
+            let clock = ManualClock::new();
+            let store = Arc::new(Misstated {
+                inner: MemoryStore::with_clock(Arc::new(clock.clone())),
+                misstatement: PhantomData,
+            });
+            Self { store, clock }
+        }
+
+        fn store(&self) -> Arc<dyn Store> {
+            self.store.clone()
+        }
+
+        async fn advance(&self, by: Duration) {
+            self.clock.advance(by);
+        }
+
+        async fn step_wall(&self, by_millis: i64) -> bool {
+            self.clock.step_wall(by_millis);
+            true
+        }
+    }
+
+    fn check<M: Misstatement>() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime")
+            .block_on(check_capabilities_are_consistent::<MisstatedHarness<M>>());
+    }
+
+    #[test]
+    #[should_panic(expected = "in-process but gives no clock")]
+    fn in_process_without_a_clock_fails() {
+        check::<InProcessWithoutClock>();
+    }
+
+    #[test]
+    #[should_panic(expected = "keeps its clock in this process")]
+    fn a_decorator_dropping_the_clock_fails() {
+        check::<OperationsOnly>();
+    }
+
+    #[test]
+    #[should_panic(expected = "do not expire by the clock it gives")]
+    fn a_clock_the_records_do_not_expire_by_fails() {
+        check::<AnotherClock>();
+    }
+
+    #[test]
+    fn the_memory_store_behind_a_forwarding_decorator_passes() {
+        check::<Truthful>();
+    }
 }

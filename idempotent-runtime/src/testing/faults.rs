@@ -3,8 +3,9 @@
 //! reaches the store, or fails one after it was applied — what a slow network, an
 //! overloaded runtime or a database waiting on a lock does to the engine.
 //!
-//! Every other method, and every capability (clock, in-process, transactions, watch),
-//! is forwarded, so the engine treats a `Faulty` store exactly like the store inside.
+//! It is a [`Forward`] decorator: every other method, and every capability (clock,
+//! in-process, transactions, watch), is the inner store's, so the engine treats a
+//! `Faulty` store exactly like the store inside.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -25,14 +26,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::store::{ClaimWatch, ForgetOutcome, RecordInfo, TxSupport};
-use crate::{ClaimOutcome, ClaimRequest, Clock, FencingToken, Store, StoreError, StoredResponse};
+use crate::store::{
+    ClaimAnswer, ClaimRequest, FencingToken, Forward, Store, StoreError, StoredResponse,
+};
 
 /// The store operation a [`Fault`] applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Operation {
-    /// `try_claim` / `claim_with_expiry`.
+    /// `claim`.
     Claim,
     /// `renew`.
     Renew,
@@ -145,17 +147,13 @@ impl Faulty {
 }
 
 #[async_trait]
-impl Store for Faulty {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.faulted(Operation::Claim, self.inner.try_claim(claim))
-            .await
+impl Forward for Faulty {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
-    async fn claim_with_expiry(
-        &self,
-        claim: &ClaimRequest<'_>,
-    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
-        self.faulted(Operation::Claim, self.inner.claim_with_expiry(claim))
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
+        self.faulted(Operation::Claim, self.inner.claim(claim))
             .await
     }
 
@@ -189,38 +187,5 @@ impl Store for Faulty {
     ) -> Result<bool, StoreError> {
         self.faulted(Operation::Release, self.inner.release(scope, key, token))
             .await
-    }
-
-    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        self.inner.purge_expired(limit).await
-    }
-
-    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        self.inner.inspect(scope, key).await
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        force: bool,
-    ) -> Result<ForgetOutcome, StoreError> {
-        self.inner.forget(scope, key, force).await
-    }
-
-    fn transactions(&self) -> Option<TxSupport> {
-        self.inner.transactions()
-    }
-
-    fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
-        self.inner.watch_claim(scope, key, poll)
-    }
-
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        self.inner.clock()
-    }
-
-    fn in_process(&self) -> bool {
-        self.inner.in_process()
     }
 }

@@ -1,4 +1,4 @@
-//! Test support for [`Store`](crate::Store) implementations (feature `testing`): the
+//! Test support for [`Store`](crate::store::Store) implementations (feature `testing`): the
 //! conformance suite every store must pass, and the small harness plumbing that runs it
 //! as an ordinary `cargo test` target.
 //!

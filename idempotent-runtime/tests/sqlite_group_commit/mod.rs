@@ -158,7 +158,7 @@ async fn until(store: &SqliteStore, what: &str, ready: impl Fn(&GroupCommitStats
 /// Claims `key`, which must be free (`why` says why it is): claimed, nothing taken over.
 async fn claim_free(store: &SqliteStore, key: &str, why: &str) -> FencingToken {
     let token = FencingToken::random();
-    let outcome = store.try_claim(&request(key, token)).await.unwrap();
+    let outcome = store.claim(&request(key, token)).await.unwrap().outcome;
     let claimed = ClaimOutcome::Claimed {
         token,
         takeover: None,
@@ -197,9 +197,10 @@ async fn hold_the_writer(
 /// completion takes.
 async fn still_owned_then_completed(store: &SqliteStore, key: &str, owner: FencingToken) {
     let retry = store
-        .try_claim(&request(key, FencingToken::random()))
+        .claim(&request(key, FencingToken::random()))
         .await
-        .unwrap();
+        .unwrap()
+        .outcome;
     assert!(matches!(retry, ClaimOutcome::InProgress { .. }), "{key}");
     let done = store
         .complete(SCOPE, key, owner, &response_of(owner))
@@ -254,7 +255,11 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
             let store = store.clone();
             shared_claims.push(tokio::spawn(async move {
                 let token = FencingToken::random();
-                let outcome = store.try_claim(&request(&shared(k), token)).await.unwrap();
+                let outcome = store
+                    .claim(&request(&shared(k), token))
+                    .await
+                    .unwrap()
+                    .outcome;
                 if matches!(outcome, ClaimOutcome::Claimed { .. }) {
                     assert!(store.renew(SCOPE, &shared(k), token, LEASE).await.unwrap());
                 }
@@ -323,7 +328,11 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
             let store = store.clone();
             retries.push(tokio::spawn(async move {
                 let token = FencingToken::random();
-                let outcome = store.try_claim(&request(&shared(k), token)).await.unwrap();
+                let outcome = store
+                    .claim(&request(&shared(k), token))
+                    .await
+                    .unwrap()
+                    .outcome;
                 let completed = match outcome {
                     ClaimOutcome::Claimed { .. } => Some(
                         store
@@ -470,9 +479,10 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
         let kept: Vec<_> = done.iter().filter(|(_, took)| *took).collect();
         assert_eq!(kept.len(), 1, "{key}: {done:?}");
         let outcome = store
-            .try_claim(&request(key, FencingToken::random()))
+            .claim(&request(key, FencingToken::random()))
             .await
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert_eq!(
             outcome,
             ClaimOutcome::Replay(response_of(kept[0].0)),
@@ -520,7 +530,12 @@ async fn a_failing_write_fails_alone_in_its_batch() {
     let claim_token = FencingToken::random();
     let claim = tokio::spawn({
         let store = store.clone();
-        async move { store.try_claim(&request("new", claim_token)).await }
+        async move {
+            store
+                .claim(&request("new", claim_token))
+                .await
+                .map(|answer| answer.outcome)
+        }
     });
     let release = tokio::spawn({
         let store = store.clone();
@@ -556,22 +571,28 @@ async fn a_failing_write_fails_alone_in_its_batch() {
     // The others committed; the refused one wrote nothing and still owns its claim.
     assert_eq!(
         store
-            .try_claim(&request("completed", FencingToken::random()))
+            .claim(&request("completed", FencingToken::random()))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::Replay(response_of(completed))
     );
     still_owned_then_completed(&store, "refused", refused).await;
     assert!(matches!(
         store
-            .try_claim(&request("new", FencingToken::random()))
+            .claim(&request("new", FencingToken::random()))
             .await
-            .unwrap(),
+            .unwrap()
+            .outcome,
         ClaimOutcome::InProgress { .. }
     ));
     let again = FencingToken::random();
     assert_eq!(
-        store.try_claim(&request("released", again)).await.unwrap(),
+        store
+            .claim(&request("released", again))
+            .await
+            .unwrap()
+            .outcome,
         ClaimOutcome::Claimed {
             token: again,
             takeover: None
@@ -607,7 +628,12 @@ async fn a_batch_that_fails_as_a_whole_commits_none_of_its_writes() {
     let first = FencingToken::random();
     let claim_first = tokio::spawn({
         let store = store.clone();
-        async move { store.try_claim(&request("first", first)).await }
+        async move {
+            store
+                .claim(&request("first", first))
+                .await
+                .map(|answer| answer.outcome)
+        }
     });
     until(&store, "the first claim to queue", |now| now.queued == 1).await;
     let complete = tokio::spawn({
@@ -622,7 +648,12 @@ async fn a_batch_that_fails_as_a_whole_commits_none_of_its_writes() {
     let last = FencingToken::random();
     let claim_last = tokio::spawn({
         let store = store.clone();
-        async move { store.try_claim(&request("last", last)).await }
+        async move {
+            store
+                .claim(&request("last", last))
+                .await
+                .map(|answer| answer.outcome)
+        }
     });
     until(&store, "three writes to queue", |now| now.queued == 3).await;
     lock.release().await;
@@ -673,7 +704,7 @@ async fn an_in_memory_store_takes_many_concurrent_writers_and_readers() {
             for k in 0..KEYS_EACH {
                 let key = format!("mem-{t}-{k}");
                 let token = FencingToken::random();
-                let claimed = store.try_claim(&request(&key, token)).await?;
+                let claimed = store.claim(&request(&key, token)).await?.outcome;
                 assert!(matches!(claimed, ClaimOutcome::Claimed { .. }), "{key}");
                 assert!(
                     store
@@ -681,8 +712,9 @@ async fn an_in_memory_store_takes_many_concurrent_writers_and_readers() {
                         .await?
                 );
                 let replay = store
-                    .try_claim(&request(&key, FencingToken::random()))
-                    .await?;
+                    .claim(&request(&key, FencingToken::random()))
+                    .await?
+                    .outcome;
                 assert_eq!(replay, ClaimOutcome::Replay(response_of(token)), "{key}");
             }
             Ok::<_, StoreError>(())
@@ -787,8 +819,9 @@ fn a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound() {
         let store = store.clone();
         async move {
             let _ = store
-                .try_claim(&request("during", FencingToken::random()))
-                .await;
+                .claim(&request("during", FencingToken::random()))
+                .await
+                .map(|answer| answer.outcome);
         }
     });
     store_runtime.block_on(until(&store, "the writer to take the claim", |now| {
@@ -818,9 +851,10 @@ fn a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound() {
             .unwrap();
         assert_eq!(integrity, "ok");
         let replay = store
-            .try_claim(&request("before", FencingToken::random()))
+            .claim(&request("before", FencingToken::random()))
             .await
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert!(matches!(replay, ClaimOutcome::Replay(_)), "{replay:?}");
     });
 }
@@ -856,7 +890,7 @@ async fn the_store_checkpoints_its_wal_after_writes_and_never_when_idle() {
                     for i in 0..KEYS_EACH {
                         let key = format!("wal-{round}-{task}-{i}");
                         let token = FencingToken::random();
-                        let outcome = store.try_claim(&request(&key, token)).await.unwrap();
+                        let outcome = store.claim(&request(&key, token)).await.unwrap().outcome;
                         assert!(
                             matches!(outcome, ClaimOutcome::Claimed { .. }),
                             "{outcome:?}"

@@ -346,9 +346,10 @@ fn claim(token: FencingToken, ttl: Duration) -> ClaimRequest<'static> {
 /// Claims the key with a fresh token; the outcome.
 async fn claim_now(store: &SqliteStore) -> ClaimOutcome {
     store
-        .try_claim(&claim(FencingToken::random(), Duration::from_secs(3600)))
+        .claim(&claim(FencingToken::random(), Duration::from_secs(3600)))
         .await
         .expect("claim")
+        .outcome
 }
 
 /// A store with the key claimed (lease [`LEASE`]) on a manual clock; the claim's token.
@@ -356,9 +357,10 @@ async fn claimed(dir: &TempDir, clock: &ManualClock) -> (SqliteStore, FencingTok
     let store = store_on(dir, clock).await;
     let token = FencingToken::random();
     let first = store
-        .try_claim(&claim(token, Duration::from_secs(3600)))
+        .claim(&claim(token, Duration::from_secs(3600)))
         .await
-        .expect("claim");
+        .expect("claim")
+        .outcome;
     assert!(matches!(first, ClaimOutcome::Claimed { .. }), "{first:?}");
     (store, token)
 }
@@ -488,7 +490,11 @@ async fn ttls_stay_on_the_wall_clock() {
     let token = FencingToken::random();
     let ttl = Duration::from_secs(120);
     assert!(matches!(
-        store.try_claim(&claim(token, ttl)).await.expect("claim"),
+        store
+            .claim(&claim(token, ttl))
+            .await
+            .expect("claim")
+            .outcome,
         ClaimOutcome::Claimed { .. }
     ));
     let response = StoredResponse {

@@ -53,7 +53,11 @@ async fn a_claim_the_server_refuses_fails_alone() {
                 request.scope = "acct\0nul";
             }
             barrier.wait().await;
-            (i, token, store.try_claim(&request).await)
+            (
+                i,
+                token,
+                store.claim(&request).await.map(|answer| answer.outcome),
+            )
         }));
     }
     for task in tasks {
@@ -93,7 +97,10 @@ fn response_for(key: &str) -> StoredResponse {
 
 async fn claim(store: &PostgresStore, key: &str) -> (ClaimOutcome, FencingToken) {
     let token = FencingToken::random();
-    let outcome = store.try_claim(&claim_request(key, token)).await;
+    let outcome = store
+        .claim(&claim_request(key, token))
+        .await
+        .map(|answer| answer.outcome);
     (outcome.expect("claim"), token)
 }
 

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
+use idempotent_runtime::store::{ClaimAnswer, Forward};
 use idempotent_runtime::transaction::{TxDatabase, TxStore};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
-    Idempotency, RecordInfo, Store, StoreError, StoredResponse, Takeover, Tx, TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency, Store,
+    StoreError, StoredResponse, Takeover, Tx, TxSupport,
 };
 
 use idempotent_runtime::testing::conformance::Harness;
@@ -140,7 +141,7 @@ impl<H: Harness, DB: Ledger> Setup<H, DB> {
 async fn setup<H: Harness, DB: Ledger>() -> Setup<H, DB> {
     let harness = H::new().await;
     let store = harness.store();
-    let support: TxSupport = store.transactions().expect("an SQL store");
+    let support: TxSupport = store.capabilities().transactions.expect("an SQL store");
     let tx_store = support
         .for_database::<DB>()
         .unwrap_or_else(|| panic!("a {} store", DB::DATABASE_NAME));
@@ -331,7 +332,7 @@ const CREATE_OTHER: &str = "CREATE TABLE IF NOT EXISTS test_other (note TEXT NOT
 const INSERT_OTHER: &str = "INSERT INTO test_other (note) VALUES ('committed meanwhile')";
 const COUNT_OTHER: &str = "SELECT COUNT(*) FROM test_other";
 
-/// A store that forwards everything to `inner` (including `transactions()`, so transactional
+/// A store that forwards everything to `inner` (its capabilities too, so transactional
 /// handlers run on it like on `inner`), except that its first claim is taken over before
 /// the engine even sees it: the claim succeeds with the caller's token, then the lease
 /// runs out (a stalled owner) and a retry claims the key with a new token. The engine
@@ -351,14 +352,18 @@ impl<H> std::fmt::Debug for TakenOverOnFirstClaim<H> {
 }
 
 #[async_trait::async_trait]
-impl<H: Harness> Store for TakenOverOnFirstClaim<H> {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let outcome = self.inner.try_claim(claim).await?;
+impl<H: Harness> Forward for TakenOverOnFirstClaim<H> {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
+        let answer = self.inner.claim(claim).await?;
         if self.new_owner.lock().unwrap().is_some() {
-            return Ok(outcome);
+            return Ok(answer);
         }
         assert_eq!(
-            outcome,
+            answer.outcome,
             ClaimOutcome::Claimed {
                 token: claim.token,
                 takeover: None
@@ -368,12 +373,9 @@ impl<H: Harness> Store for TakenOverOnFirstClaim<H> {
             .advance(claim.lease + Duration::from_secs(1))
             .await;
         let token = FencingToken::random();
-        let retry = self
-            .inner
-            .try_claim(&ClaimRequest { token, ..*claim })
-            .await?;
+        let retry = self.inner.claim(&ClaimRequest { token, ..*claim }).await?;
         assert_eq!(
-            retry,
+            retry.outcome,
             ClaimOutcome::Claimed {
                 token,
                 takeover: Some(Takeover::LeaseLost)
@@ -381,64 +383,14 @@ impl<H: Harness> Store for TakenOverOnFirstClaim<H> {
             "the retry took over"
         );
         *self.new_owner.lock().unwrap() = Some(token);
-        Ok(outcome)
-    }
-
-    async fn renew(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.renew(scope, key, token, lease).await
-    }
-
-    async fn complete(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        self.inner.complete(scope, key, token, response).await
-    }
-
-    async fn release(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        self.inner.release(scope, key, token).await
-    }
-
-    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        self.inner.purge_expired(limit).await
-    }
-
-    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        self.inner.inspect(scope, key).await
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        force: bool,
-    ) -> Result<ForgetOutcome, StoreError> {
-        self.inner.forget(scope, key, force).await
-    }
-
-    fn transactions(&self) -> Option<TxSupport> {
-        self.inner.transactions()
+        Ok(answer)
     }
 }
 
 /// An owner whose lease was taken over cannot commit: its writes roll back, the answer
 /// is `409`, and the new owner keeps the record. The store is a decorator (see
 /// [`TakenOverOnFirstClaim`]), so this also checks that transactional handlers work on a
-/// store that merely forwards `transactions()`.
+/// store that merely forwards its capabilities.
 pub(crate) async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
     let Setup {
         harness, tx_store, ..

@@ -18,8 +18,8 @@ use super::operator::{lease_left_from_millis, system_time_from_millis};
 use super::record::CompactResponse;
 use super::takeover::{Decision, Found, decide};
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordState, Store,
-    StoreError, StoredResponse, retry_after_from_millis,
+    Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo,
+    RecordState, Store, StoreError, StoredResponse, retry_after_from_millis,
 };
 use crate::clock::{Clock, SystemClock, millis};
 use crate::fingerprint::Fingerprint;
@@ -179,14 +179,7 @@ impl Default for MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        Ok(self.claim_with_expiry(claim).await?.0)
-    }
-
-    async fn claim_with_expiry(
-        &self,
-        claim: &ClaimRequest<'_>,
-    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let now = self.now();
         let id = self.records.id(claim.scope, claim.key);
         let claimed = Claimed {
@@ -200,13 +193,11 @@ impl Store for MemoryStore {
         let existing = match shard.entry(id) {
             Entry::Vacant(vacant) => {
                 vacant.insert(Record::claimed(Id::new(id), claimed));
-                return Ok((
-                    ClaimOutcome::Claimed {
-                        token: claim.token,
-                        takeover: None,
-                    },
-                    None,
-                ));
+                let claimed = ClaimOutcome::Claimed {
+                    token: claim.token,
+                    takeover: None,
+                };
+                return Ok(claimed.into());
             }
             Entry::Occupied(occupied) => occupied.into_mut(),
         };
@@ -220,7 +211,7 @@ impl Store for MemoryStore {
             ),
             same_fingerprint,
         };
-        Ok(match decide(found) {
+        let (outcome, replay_lives_for) = match decide(found) {
             // A takeover rewrites the record in place, keeping its id.
             Decision::Take(reason) => {
                 existing.claim(claimed);
@@ -242,6 +233,10 @@ impl Store for MemoryStore {
                     (ClaimOutcome::InProgress { retry_after }, None)
                 }
             },
+        };
+        Ok(ClaimAnswer {
+            outcome,
+            replay_lives_for,
         })
     }
 
@@ -350,11 +345,10 @@ impl Store for MemoryStore {
         Ok(outcome)
     }
 
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        Some(self.clock.clone())
-    }
-    fn in_process(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+            .with_clock(self.clock.clone())
+            .in_process()
     }
 }
 
@@ -389,7 +383,10 @@ mod tests {
             digest: [1; 32],
         };
         for (scope, key) in [("ab", "c"), ("a", "bc"), ("", "abc"), ("abc", "")] {
-            let outcome = store.try_claim(&claim(scope, key, &fingerprint)).await;
+            let outcome = store
+                .claim(&claim(scope, key, &fingerprint))
+                .await
+                .map(|answer| answer.outcome);
             assert!(
                 matches!(outcome, Ok(ClaimOutcome::Claimed { takeover: None, .. })),
                 "{scope:?} {key:?}: {outcome:?}"
@@ -410,13 +407,14 @@ mod tests {
             digest: [3; 32],
         };
         let first = claim("s", "k", &fingerprint);
-        store.try_claim(&first).await.unwrap();
+        store.claim(&first).await.unwrap();
         // Forward by far more than the 10 s lease (within the 60 s TTL): still held.
         clock.step_wall(30_000);
         let retry = store
-            .try_claim(&claim("s", "k", &fingerprint))
+            .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert!(
             matches!(retry, ClaimOutcome::InProgress { .. }),
             "a forward step took a live lease over: {retry:?}"
@@ -432,9 +430,10 @@ mod tests {
         // Past the TTL by the wall clock, but the lease is live: a running claim keeps it.
         clock.step_wall(60_000);
         let retry = store
-            .try_claim(&claim("s", "k", &fingerprint))
+            .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert!(
             matches!(retry, ClaimOutcome::InProgress { .. }),
             "{retry:?}"
@@ -444,9 +443,10 @@ mod tests {
         clock.step_wall(-3_600_000);
         clock.advance(Duration::from_secs(11));
         let retry = store
-            .try_claim(&claim("s", "k", &fingerprint))
+            .claim(&claim("s", "k", &fingerprint))
             .await
-            .unwrap();
+            .unwrap()
+            .outcome;
         assert!(
             matches!(
                 retry,
@@ -474,7 +474,7 @@ mod tests {
                 token,
                 ..claim("s", &key, &fingerprint)
             };
-            store.try_claim(&request).await.unwrap();
+            store.claim(&request).await.unwrap();
             let response = StoredResponse {
                 status: 200,
                 headers: Vec::new(),
@@ -513,7 +513,7 @@ mod tests {
             digest: [4; 32],
         };
         let first = claim("s", "k", &fingerprint);
-        store.try_claim(&first).await.unwrap();
+        store.claim(&first).await.unwrap();
         assert!(
             store
                 .complete("s", "k", first.token, &stored("k", 500))
@@ -523,7 +523,7 @@ mod tests {
         // Past its TTL the record is taken over in place, then completed with another body.
         clock.advance(Duration::from_secs(61));
         let second = claim("s", "k", &fingerprint);
-        let outcome = store.try_claim(&second).await.unwrap();
+        let outcome = store.claim(&second).await.unwrap().outcome;
         assert!(
             matches!(
                 outcome,
@@ -547,9 +547,10 @@ mod tests {
                 .unwrap()
         );
         match store
-            .try_claim(&claim("s", "k", &fingerprint))
+            .claim(&claim("s", "k", &fingerprint))
             .await
             .unwrap()
+            .outcome
         {
             ClaimOutcome::Replay(replayed) => assert_eq!(replayed, stored("k", 700)),
             other => panic!("{other:?}"),

@@ -16,7 +16,7 @@
 //!
 //! # The claim: atomic single statements, no transaction
 //!
-//! `try_claim` is not one `INSERT … ON DUPLICATE KEY UPDATE`, and not a transaction with
+//! `claim` is not one `INSERT … ON DUPLICATE KEY UPDATE`, and not a transaction with
 //! `SELECT … FOR UPDATE`; it runs the SQLite store's sequence of atomic statements on the
 //! database clock:
 //!
@@ -96,8 +96,8 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row};
 use super::sql::operator::OperatorStatements;
 use super::sql::{self, CompletionColumns, EmbeddedMigration};
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
-    StoredResponse, TxSupport,
+    Capabilities, ClaimAnswer, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store,
+    StoreError, StoredResponse, TxSupport,
 };
 
 mod claim;
@@ -340,15 +340,13 @@ fn completion<'q>(
 
 #[async_trait]
 impl Store for MySqlStore {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        Ok(self.claim_with_expiry(claim).await?.0)
-    }
-
-    async fn claim_with_expiry(
-        &self,
-        claim: &ClaimRequest<'_>,
-    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
-        sql::claim_with_retries(claim, || self.claim_once(claim)).await
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
+        let (outcome, replay_lives_for) =
+            sql::claim_with_retries(claim, || self.claim_once(claim)).await?;
+        Ok(ClaimAnswer {
+            outcome,
+            replay_lives_for,
+        })
     }
 
     async fn renew(
@@ -429,8 +427,8 @@ impl Store for MySqlStore {
         self.forget_record(scope, key, force).await
     }
 
-    fn transactions(&self) -> Option<TxSupport> {
-        Some(self.transactions.clone())
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none().with_transactions(self.transactions.clone())
     }
 }
 

@@ -22,7 +22,7 @@
 //!
 //! # One statement per operation, shared by concurrent requests
 //!
-//! - `try_claim` is a single statement: an `INSERT … ON CONFLICT (scope, key) DO UPDATE
+//! - `claim` is a single statement: an `INSERT … ON CONFLICT (scope, key) DO UPDATE
 //!   … WHERE <expired, or lease ran out with the same fingerprint>` inside a CTE, plus a
 //!   `SELECT` of the existing record when the insert-or-take-over did not happen. A fresh
 //!   key, a replay, an in-progress duplicate and a mismatch each cost **one round trip**
@@ -86,8 +86,8 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row};
 use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
 use super::{
-    ClaimOutcome, ClaimRequest, ClaimWatch, FencingToken, ForgetOutcome, RecordInfo, Store,
-    StoreError, StoredResponse, TxSupport,
+    Capabilities, ClaimAnswer, ClaimRequest, ClaimWatch, FencingToken, ForgetOutcome, RecordInfo,
+    Store, StoreError, StoredResponse, TxSupport, WatchClaims,
 };
 use claim::QueuedClaim;
 use completion::QueuedCompletion;
@@ -390,15 +390,13 @@ fn interval(duration: Duration) -> PgInterval {
 
 #[async_trait]
 impl Store for PostgresStore {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        Ok(self.claim_with_expiry(claim).await?.0)
-    }
-
-    async fn claim_with_expiry(
-        &self,
-        claim: &ClaimRequest<'_>,
-    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
-        sql::claim_with_retries(claim, || self.claim_once(claim)).await
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
+        let (outcome, replay_lives_for) =
+            sql::claim_with_retries(claim, || self.claim_once(claim)).await?;
+        Ok(ClaimAnswer {
+            outcome,
+            replay_lives_for,
+        })
     }
 
     async fn renew(
@@ -464,10 +462,27 @@ impl Store for PostgresStore {
         self.forget_record(scope, key, force).await
     }
 
-    fn transactions(&self) -> Option<TxSupport> {
-        Some(self.transactions.clone())
+    fn capabilities(&self) -> Capabilities {
+        let watch = NotifiedWatch {
+            notifier: self.notifier.clone(),
+            connections: self.connections.clone(),
+            sql: self.sql.clone(),
+        };
+        Capabilities::none()
+            .with_transactions(self.transactions.clone())
+            .with_watch(Arc::new(watch))
     }
+}
 
+/// The store's change notifications: `LISTEN/NOTIFY` on the claims a duplicate waits for.
+#[derive(Debug)]
+struct NotifiedWatch {
+    notifier: Arc<notify::Notifier>,
+    connections: Arc<StatementConnections>,
+    sql: Arc<Statements>,
+}
+
+impl WatchClaims for NotifiedWatch {
     fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
         // Subscribed now (before the engine's claim); the record is marked once the claim
         // found it in progress, so that its end notifies (only marked records notify:

@@ -1,4 +1,4 @@
-//! Waiting duplicates woken with `LISTEN/NOTIFY` ([`Store::watch_claim`] for
+//! Waiting duplicates woken with `LISTEN/NOTIFY` ([`WatchClaims::watch_claim`] for
 //! [`PostgresStore`](super::PostgresStore)).
 //!
 //! Migration 2's triggers notify the channel [`CHANNEL`] when an in-progress claim
@@ -13,7 +13,7 @@
 //! listening, a waiter claims again at least every [`RECHECK`] in case a notification
 //! went missing on a connection that died silently.
 //!
-//! [`Store::watch_claim`]: crate::store::Store::watch_claim
+//! [`WatchClaims::watch_claim`]: crate::store::WatchClaims::watch_claim
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

@@ -24,7 +24,7 @@
 //! (the source only when the server does not know the script yet: two more round trips,
 //! once per script and server):
 //!
-//! - `try_claim` creates the record, or takes over an expired one or an in-progress one
+//! - `claim` creates the record, or takes over an expired one or an in-progress one
 //!   whose lease ran out with the same fingerprint (digest *and* version), or answers
 //!   replay (with the stored response, in the same reply), in progress (with the lease
 //!   time left) or mismatch. **One round trip** for each outcome; a replay, a `409` and a
@@ -111,8 +111,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, RedisResult, Value};
 
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
-    StoredResponse, Takeover, decode_headers, encode_headers, retry_after_from_millis,
+    ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store,
+    StoreError, StoredResponse, Takeover, decode_headers, encode_headers, retry_after_from_millis,
 };
 use crate::clock::millis;
 
@@ -312,14 +312,7 @@ impl std::fmt::Debug for RedisStore {
 
 #[async_trait]
 impl Store for RedisStore {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        Ok(self.claim_with_expiry(claim).await?.0)
-    }
-
-    async fn claim_with_expiry(
-        &self,
-        claim: &ClaimRequest<'_>,
-    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let reply: Value = scripts::CLAIM
             .key(self.keys.record(claim.scope, claim.key))
             .arg(self.offset())
@@ -331,7 +324,11 @@ impl Store for RedisStore {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(store_error)?;
-        claim_outcome(reply, claim.token)
+        let (outcome, replay_lives_for) = claim_outcome(reply, claim.token)?;
+        Ok(ClaimAnswer {
+            outcome,
+            replay_lives_for,
+        })
     }
 
     async fn renew(

@@ -73,7 +73,7 @@ pub(crate) enum Classified {
 }
 
 /// A claim's outcome, and a replayed record's remaining life when known (see
-/// [`Store::claim_with_expiry`](crate::store::Store::claim_with_expiry)).
+/// [`ClaimAnswer::replay_lives_for`](crate::store::ClaimAnswer::replay_lives_for)).
 pub(crate) type Answer = (ClaimOutcome, Option<Duration>);
 
 /// Applies the takeover rule to a found record; decodes a completed record's response.

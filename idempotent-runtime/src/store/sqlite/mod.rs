@@ -72,8 +72,8 @@ use sqlx::sqlite::{
 use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
 use super::{
-    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store, StoreError,
-    StoredResponse, TxSupport,
+    Capabilities, ClaimAnswer, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store,
+    StoreError, StoredResponse, TxSupport,
 };
 use crate::clock::{Clock, SystemClock};
 use group_commit::Write;
@@ -369,20 +369,14 @@ fn is_url(url_or_path: &str) -> bool {
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn try_claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        Ok(self.claim_with_expiry(claim).await?.0)
-    }
-
-    async fn claim_with_expiry(
-        &self,
-        claim: &ClaimRequest<'_>,
-    ) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let _write = self.writes.enter();
-        sql::claim_with_retries(claim, || self.claim_once(claim)).await
-    }
-
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        Some(self.clock.clone())
+        let (outcome, replay_lives_for) =
+            sql::claim_with_retries(claim, || self.claim_once(claim)).await?;
+        Ok(ClaimAnswer {
+            outcome,
+            replay_lives_for,
+        })
     }
 
     async fn renew(
@@ -468,8 +462,10 @@ impl Store for SqliteStore {
         self.forget_record(scope, key, force).await
     }
 
-    fn transactions(&self) -> Option<TxSupport> {
-        Some(self.transactions.clone())
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+            .with_clock(self.clock.clone())
+            .with_transactions(self.transactions.clone())
     }
 }
 

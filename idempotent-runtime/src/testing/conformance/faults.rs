@@ -13,11 +13,13 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
 use super::{
-    Harness, KEY, SCOPE, Takeover, assert_in_progress, claim, complete, fp, must_claim,
-    must_take_over, renew, response, setup,
+    Harness, KEY, SCOPE, assert_in_progress, claim, complete, fp, must_claim, must_take_over,
+    renew, response, setup,
 };
+use crate::config::HandlerConfig;
+use crate::engine::Idempotency;
+use crate::store::{Store, Takeover};
 use crate::testing::faults::{Fault, Faulty, Operation};
-use crate::{HandlerConfig, Idempotency, Store};
 
 /// The lease the fault checks' engines use: short, so that they run on real time.
 const LEASE: Duration = Duration::from_millis(400);

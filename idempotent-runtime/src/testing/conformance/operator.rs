@@ -7,7 +7,8 @@ use super::{
     Harness, KEY, LEASE, SCOPE, TTL, claim, claim_in, complete, fp, must_claim, release, renew,
     response, setup,
 };
-use crate::{ClaimOutcome, Fingerprint, ForgetOutcome, RecordInfo, RecordState, Store};
+use crate::fingerprint::Fingerprint;
+use crate::store::{ClaimOutcome, ForgetOutcome, RecordInfo, RecordState, Store};
 
 async fn inspect(store: &dyn Store, scope: &str) -> Option<RecordInfo> {
     store.inspect(scope, KEY).await.expect("inspect")
