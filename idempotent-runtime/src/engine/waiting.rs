@@ -81,12 +81,14 @@ enum WaitOutcome {
 }
 
 impl Idempotency {
-    /// How long a duplicate of a handler with `config` waits (`None`: not at all).
+    /// How long a duplicate of a handler with `config` waits (`None`: not at all): its
+    /// wait, cut to the handler's maximum duration, by which the original has an outcome.
     pub(crate) fn wait_for(&self, config: &HandlerConfig) -> Option<Duration> {
         config
             .wait
             .or(self.inner.default_wait)
             .filter(|wait| !wait.is_zero())
+            .map(|wait| wait.min(self.max_duration_for(config)))
     }
 
     /// Claims, and while the key is in progress, waits for a wake-up and claims again,
