@@ -166,6 +166,7 @@ pub mod openapi;
 mod prehashed;
 pub mod problem;
 pub mod rejection;
+mod request;
 pub mod scope;
 pub mod store;
 #[cfg(feature = "testing")]
