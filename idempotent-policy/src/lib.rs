@@ -59,7 +59,10 @@ mod tests {
                 "{name}"
             );
             assert!(!NEVER_REPLAYED[i + 1..].contains(name), "{name} twice");
-            assert_eq!(never_replayed_because(name), Some(NEVER_REPLAYED_BECAUSE[i].1));
+            assert_eq!(
+                never_replayed_because(name),
+                Some(NEVER_REPLAYED_BECAUSE[i].1)
+            );
         }
         assert_eq!(never_replayed_because("location"), None);
         assert_eq!(never_replayed_because("Date"), None, "names are lower-case");

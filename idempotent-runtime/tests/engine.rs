@@ -1585,14 +1585,23 @@ async fn a_wait_past_five_minutes_waits_as_asked_when_the_handler_may_run_that_l
                 tokio::time::sleep(MINUTE * 11 / 2).await;
                 (StatusCode::CREATED, "original")
             };
-            engine.run(&config, "acct", "k", fingerprint(1), handler).await
+            engine
+                .run(&config, "acct", "k", fingerprint(1), handler)
+                .await
         }
     });
     started.notified().await;
     let asked_at = tokio::time::Instant::now();
-    let (status, headers, body) =
-        body_of(engine.run(&config, "acct", "k", fingerprint(1), never).await).await;
-    assert_eq!((status, body.as_slice()), (StatusCode::CREATED, &b"original"[..]));
+    let (status, headers, body) = body_of(
+        engine
+            .run(&config, "acct", "k", fingerprint(1), never)
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body.as_slice()),
+        (StatusCode::CREATED, &b"original"[..])
+    );
     assert_eq!(headers["idempotent-replayed"], "true");
     assert!(asked_at.elapsed() >= 5 * MINUTE, "{:?}", asked_at.elapsed());
     assert_eq!(original.await.unwrap().status(), StatusCode::CREATED);
@@ -1615,7 +1624,9 @@ async fn a_wait_is_cut_to_the_handlers_maximum_duration() {
                 finish.notified().await;
                 StatusCode::CREATED
             };
-            holder.run(&CONFIG, "acct", "k", fingerprint(1), handler).await
+            holder
+                .run(&CONFIG, "acct", "k", fingerprint(1), handler)
+                .await
         }
     });
     started.notified().await;
@@ -1623,7 +1634,9 @@ async fn a_wait_is_cut_to_the_handlers_maximum_duration() {
     for (max_duration, waited) in [(5 * MINUTE, 5 * MINUTE), (10 * MINUTE, 6 * MINUTE)] {
         let engine = engine_running_up_to(&store, max_duration);
         let asked_at = tokio::time::Instant::now();
-        let response = engine.run(&config, "acct", "k", fingerprint(1), never).await;
+        let response = engine
+            .run(&config, "acct", "k", fingerprint(1), never)
+            .await;
         let elapsed = asked_at.elapsed();
         assert_eq!(response.status(), StatusCode::CONFLICT);
         assert!(
