@@ -87,7 +87,7 @@ use tracing::error;
 use crate::config::{HandlerConfig, OnServerError};
 use crate::engine::Idempotency;
 use crate::fingerprint::FingerprintMode;
-use crate::problem::{Problem, codes};
+use crate::problem::{Problem, codes, key_problem};
 use crate::request::{self, KeyLabel};
 use crate::scope::Scope;
 
@@ -380,7 +380,7 @@ where
                 .run_unprotected(config, call_inner(inner, request))
                 .await;
         }
-        Err(refused) => return refused,
+        Err(err) => return key_problem(&err).into_response(),
     };
     let (mut request, covered) = match request::read_body(parts, body).await {
         Ok(read) => read,

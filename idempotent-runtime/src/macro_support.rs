@@ -16,6 +16,7 @@ use crate::config::HandlerConfig;
 use crate::engine::Idempotency;
 use crate::fingerprint::{FingerprintMode, RequestFingerprint};
 use crate::key::IdempotencyKey;
+use crate::problem::key_problem;
 use crate::request::{self, Covered, KeyLabel};
 
 /// The argument the expansion adds right after the scope argument: the parsed
@@ -41,7 +42,8 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let engine = Idempotency::from_ref(state);
-        let key = request::read_key(parts, &engine, KEY_OPTIONAL, KeyLabel::Route)?;
+        let key = request::read_key(parts, &engine, KEY_OPTIONAL, KeyLabel::Route)
+            .map_err(|err| key_problem(&err).into_response())?;
         Ok(Self { engine, key })
     }
 }

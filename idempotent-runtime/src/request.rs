@@ -17,7 +17,6 @@ use crate::engine::Idempotency;
 use crate::fingerprint::{FingerprintMode, RequestFingerprint};
 use crate::key::{self, KeyError};
 use crate::metrics::{self, Outcome, UNNAMED};
-use crate::problem::key_problem;
 
 /// The `handler` label a refused key counts under.
 #[derive(Debug, Clone, Copy)]
@@ -31,13 +30,14 @@ pub(crate) enum KeyLabel {
 
 /// Reads the request's key from the engine's key header. `Ok(None)`: the request has none
 /// and the policy lets it through unprotected (`key_optional`). A missing or malformed
-/// key is counted under `label` and answered `400` problem+json.
+/// key is counted under `label`; the caller answers it with
+/// [`key_problem`](crate::problem::key_problem) (`400`).
 pub(crate) fn read_key(
     parts: &Parts,
     engine: &Idempotency,
     key_optional: bool,
     label: KeyLabel,
-) -> Result<Option<String>, Response> {
+) -> Result<Option<String>, KeyError> {
     match key::parse_header(&parts.headers, engine.header_name()) {
         Ok(key) => Ok(Some(key)),
         Err(KeyError::Missing) if key_optional => Ok(None),
@@ -51,7 +51,7 @@ pub(crate) fn read_key(
                     metrics::count_labelled(route, outcome);
                 }
             }
-            Err(key_problem(&err).into_response())
+            Err(err)
         }
     }
 }
