@@ -28,25 +28,6 @@ pub(crate) const KNOWN: &[&str] = &[
     "crate",
 ];
 
-/// Response headers the engine never stores or replays, with the reason: naming one in
-/// `exclude_headers` is a mistake worth pointing out (it does nothing).
-const NEVER_REPLAYED: &[(&str, &str)] = &[
-    ("date", "it describes one response, not the operation"),
-    (
-        "set-cookie",
-        "it is per-request state; replaying it would hand out a stale session",
-    ),
-    ("content-length", "it is computed for every response"),
-    ("transfer-encoding", "it is computed for every response"),
-    ("connection", "it is a hop-by-hop header"),
-    ("keep-alive", "it is a hop-by-hop header"),
-    ("proxy-connection", "it is a hop-by-hop header"),
-    ("te", "it is a hop-by-hop header"),
-    ("trailer", "it is a hop-by-hop header"),
-    ("upgrade", "it is a hop-by-hop header"),
-    ("idempotent-replayed", "the engine sets it on every replay"),
-];
-
 /// A duration argument: its value and the literal it came from (for spans and messages).
 pub(crate) struct DurationArg {
     /// Whole seconds, always positive.
@@ -130,8 +111,8 @@ impl Args {
                 ),
             ));
         }
-        if let Some(wait) = &args.wait {
-            check_wait(wait, args.max_duration.as_ref(), errors);
+        if let (Some(wait), Some(max)) = (&args.wait, &args.max_duration) {
+            check_wait(wait, max, errors);
         }
         args
     }
@@ -209,31 +190,19 @@ impl Args {
     }
 }
 
-/// The engine's default maximum duration of a handler, in seconds (5 minutes).
-const DEFAULT_MAX_DURATION_SECS: u64 = 5 * 60;
-
-/// A wait longer than the handler may run (its `max_duration`, or the engine's default
-/// of 5 minutes) never ends in a replay that a shorter one would miss.
-fn check_wait(
-    wait: &DurationArg,
-    max_duration: Option<&DurationArg>,
-    errors: &mut Vec<syn::Error>,
-) {
-    let (limit, what) = match max_duration {
-        Some(max) => (max.secs, format!("`max_duration = {:?}`", max.lit.value())),
-        None => (
-            DEFAULT_MAX_DURATION_SECS,
-            "the default maximum duration of 5 minutes".to_owned(),
-        ),
-    };
-    if wait.secs > limit {
+/// A wait longer than the handler may run never ends in a replay that a shorter one would
+/// miss. Checked only against a `max_duration` written beside it: the engine's default is
+/// configured at run time, and the engine cuts a longer wait to it.
+fn check_wait(wait: &DurationArg, max: &DurationArg, errors: &mut Vec<syn::Error>) {
+    if wait.secs > max.secs {
         errors.push(syn::Error::new(
             wait.lit.span(),
             format!(
-                "`wait = {:?}` is longer than the handler may run ({what}): the original \
-                 has a recorded outcome by then, so a longer wait gains nothing and keeps \
-                 the client hanging; write a few seconds, e.g. `wait = \"5s\"`",
-                wait.lit.value()
+                "`wait = {:?}` is longer than the handler may run (`max_duration = {:?}`): the \
+                 original has a recorded outcome by then, so a longer wait gains nothing and \
+                 keeps the client hanging; write a few seconds, e.g. `wait = \"5s\"`",
+                wait.lit.value(),
+                max.lit.value()
             ),
         ));
     }
@@ -505,7 +474,7 @@ fn check_header_name(name: &str) -> Result<(), String> {
             name.to_ascii_lowercase()
         ));
     }
-    if let Some((_, reason)) = NEVER_REPLAYED.iter().find(|(never, _)| *never == name) {
+    if let Some(reason) = idempotent_policy::never_replayed_because(name) {
         return Err(format!(
             "{name:?} is never replayed anyway ({reason}); remove it from `exclude_headers`"
         ));
@@ -663,11 +632,10 @@ mod tests {
         );
         let (_, errors) = parse(quote!(scope = c, wait = "soon"));
         assert!(errors[0].contains("`wait`: invalid duration"), "{errors:?}");
-        let (_, errors) = parse(quote!(scope = c, wait = "10m"));
-        assert!(
-            errors[0].contains("the default maximum duration of 5 minutes"),
-            "{errors:?}"
-        );
+        // The engine's default maximum duration is configured at run time: not checked here.
+        let (args, errors) = parse(quote!(scope = c, wait = "10m"));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(args.wait.map(|w| w.secs), Some(600));
         let (_, errors) = parse(quote!(scope = c, max_duration = "30s", wait = "1m"));
         assert!(
             errors[0].contains(
@@ -728,6 +696,20 @@ mod tests {
                 "{errors:?} should contain {expected:?}"
             );
         }
+    }
+
+    /// The list is the engine's own: every header it strips is refused, with its reason.
+    #[test]
+    fn every_header_the_engine_never_replays_is_refused() {
+        for (name, reason) in idempotent_policy::NEVER_REPLAYED_BECAUSE {
+            let error = check_header_name(name).unwrap_err();
+            assert!(
+                error.contains("is never replayed anyway") && error.contains(reason),
+                "{error}"
+            );
+        }
+        assert!(check_header_name("proxy-authenticate").is_err());
+        assert_eq!(check_header_name("x-request-id"), Ok(()));
     }
 
     #[test]

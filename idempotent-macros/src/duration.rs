@@ -1,8 +1,5 @@
 //! Compile-time parsing of the attribute's durations: `"90s"`, `"15m"`, `"24h"`, `"7d"`
 //! and combinations such as `"1h30m"`.
-//!
-//! Mirrors `idempotent_runtime::duration::parse` (the macro crate cannot depend on the
-//! runtime, which re-exports it), with messages written for the attribute.
 
 /// Parses a duration into whole seconds, or says how to write it.
 pub(crate) fn parse_secs(text: &str) -> Result<u64, String> {

@@ -78,8 +78,10 @@ use proc_macro::TokenStream;
 /// - `wait = "5s"`: a duplicate that finds the original still running waits up to this
 ///   long for its outcome and gets the replay, instead of `409` at once; if the original
 ///   is still running at the end, `409` + `Retry-After`; if it released its claim (a 5xx,
-///   a panic), the waiter runs the handler itself. Must not exceed the handler's maximum
-///   duration. Default: the engine's (off, `IdempotencyBuilder::default_wait`).
+///   a panic), the waiter runs the handler itself. Refused when longer than a `max_duration`
+///   written beside it; the engine cuts a wait longer than the handler's maximum duration
+///   (its default included) to it. Default: the engine's (off,
+///   `IdempotencyBuilder::default_wait`).
 /// - `on_server_error = release | store`: `release` (default) frees the key after a 5xx so a
 ///   retry runs the handler again; `store` records and replays the 5xx. A transactional
 ///   handler (one taking `&mut Tx<DB>`) always rolls back and releases on a 5xx, so `store`

@@ -17,7 +17,7 @@ pub enum OnServerError {
 }
 
 /// The policy of one idempotent handler. Unset durations fall back to the engine's
-/// defaults ([`crate::IdempotencyBuilder::default_ttl`], `default_lease`).
+/// defaults ([`crate::engine::IdempotencyBuilder::default_ttl`], `default_lease`).
 ///
 /// All setters are `const fn` so the attribute macro can build a `const` config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,12 +41,12 @@ pub struct HandlerConfig {
     pub excluded_headers: &'static [&'static str],
     /// Whether a request without the key header runs the handler unprotected instead of
     /// `400` (`key = optional`, rollout). Informational for the attribute, whose extractor
-    /// enforces it; the policy [`IdempotencyLayer`](crate::IdempotencyLayer) applies and
+    /// enforces it; the policy [`IdempotencyLayer`](crate::layer::IdempotencyLayer) applies and
     /// the one the published OpenAPI document states.
     pub key_optional: bool,
     /// How long a duplicate that finds the original still running waits for its outcome
     /// before answering `409` (`None`: the engine's default, itself off unless set with
-    /// [`crate::IdempotencyBuilder::default_wait`]).
+    /// [`crate::engine::IdempotencyBuilder::default_wait`]).
     pub wait: Option<Duration>,
 }
 
@@ -119,6 +119,12 @@ impl HandlerConfig {
     /// `409` + `Retry-After` as without a wait; if the original released its claim (a
     /// 5xx, a panic), the waiter claims the key and runs the handler itself. A zero wait
     /// turns waiting off for this handler even when the engine has a default.
+    ///
+    /// The engine cuts a wait longer than the handler's maximum duration (its own, or the
+    /// engine's [default](crate::engine::IdempotencyBuilder::default_max_duration)) to it:
+    /// by then the original has an outcome, so a duplicate never waits longer than the
+    /// handler may run. The attribute refuses such a wait at compile time only when both
+    /// are written in it (`#[idempotent(max_duration = "30s", wait = "1m")]`).
     pub const fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self

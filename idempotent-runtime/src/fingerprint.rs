@@ -159,12 +159,12 @@ impl Fingerprint {
 /// A request's fingerprint, computed when first needed, with the request it is computed
 /// from (method, path, query and body).
 ///
-/// What the `#[idempotent]` expansion and [`IdempotencyLayer`](crate::IdempotencyLayer)
+/// What the `#[idempotent]` expansion and [`IdempotencyLayer`](crate::layer::IdempotencyLayer)
 /// hand the engine. A replay the engine's replay cache answers is compared with the
 /// request the cache saw, byte for byte, before anything is hashed: equal bytes are the
 /// same request in either mode, so only a request whose bytes differ (a new one, or the
 /// same JSON written differently) pays for SHA-256. Built from a [`Fingerprint`] (what
-/// [`Idempotency::run`](crate::Idempotency::run) callers pass), it carries no request and
+/// [`Idempotency::run`](crate::engine::Idempotency::run) callers pass), it carries no request and
 /// is always compared by digest.
 #[derive(Debug)]
 pub struct RequestFingerprint {

@@ -86,11 +86,9 @@ use tracing::error;
 
 use crate::config::{HandlerConfig, OnServerError};
 use crate::engine::Idempotency;
-use crate::fingerprint::{FingerprintMode, RequestFingerprint};
-use crate::key::{self, KeyError};
-use crate::macro_support::{buffer_body, original_uri};
-use crate::metrics::{self, Outcome};
+use crate::fingerprint::FingerprintMode;
 use crate::problem::{Problem, codes, key_problem};
+use crate::request::{self, KeyLabel};
 use crate::scope::Scope;
 
 /// The methods a layer protects unless told otherwise: the ones that are not idempotent
@@ -372,36 +370,28 @@ where
         );
         return scope_missing();
     };
-    let key = match key::parse_header(&parts.headers, shared.engine.header_name()) {
-        Ok(key) => key,
-        Err(KeyError::Missing) if shared.config.key_optional => {
+    let (config, label) = (&shared.config, KeyLabel::Handler(shared.config.name));
+    let key = match request::read_key(&parts, &shared.engine, config.key_optional, label) {
+        Ok(Some(key)) => key,
+        Ok(None) => {
             let request = Request::from_parts(parts, body);
             return shared
                 .engine
-                .run_unprotected(&shared.config, call_inner(inner, request))
+                .run_unprotected(config, call_inner(inner, request))
                 .await;
         }
-        Err(err) => {
-            metrics::count(shared.config.name, Outcome::of_key_error(&err));
-            return key_problem(&err).into_response();
-        }
+        Err(err) => return key_problem(&err).into_response(),
     };
-    let (mut parts, body) = match buffer_body(parts, body).await {
-        Ok(buffered) => buffered,
+    let (mut request, covered) = match request::read_body(parts, body).await {
+        Ok(read) => read,
         Err(refused) => return refused,
     };
-    // Shares the request's bytes (nothing is copied); hashed only if the engine needs it.
-    let fingerprint = RequestFingerprint::new(
-        shared.config.fingerprint,
-        parts.method.clone(),
-        original_uri(&parts).clone(),
-        body.clone(),
-    );
+    let fingerprint = covered.fingerprint(config.fingerprint);
     shared
         .engine
-        .run(&shared.config, &scope, &key, fingerprint, move |key| {
-            parts.extensions.insert(key);
-            call_inner(inner, Request::from_parts(parts, Body::from(body)))
+        .run(config, &scope, &key, fingerprint, move |key| {
+            request.extensions_mut().insert(key);
+            call_inner(inner, request)
         })
         .await
 }

@@ -6,7 +6,7 @@
 //! So the engine counts each lease from the send, on its own monotonic clock, and treats
 //! it as ending a [`safety_margin`] early (the store's clock may run a little faster than
 //! ours). A claim answered after that point is not run ([`licence_holds`]), and a running
-//! handler's [`IdempotencyKey::lease_lost`](crate::IdempotencyKey::lease_lost) turns `true`
+//! handler's [`IdempotencyKey::lease_lost`](crate::key::IdempotencyKey::lease_lost) turns `true`
 //! at that point even before the heartbeat notices.
 
 use std::sync::Mutex;

@@ -165,6 +165,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod problem;
 pub mod rejection;
+mod request;
 pub mod scope;
 mod sharded;
 pub mod store;

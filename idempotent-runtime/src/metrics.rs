@@ -14,20 +14,20 @@
 //! | [`WAIT_DURATION`] `idempotent_wait_duration_seconds` | histogram | `handler` |
 //!
 //! `handler` is the handler's name: `module::function` for an `#[idempotent]` handler,
-//! what [`IdempotencyLayer::name`](crate::IdempotencyLayer::name) or
-//! [`HandlerConfig::name`](crate::HandlerConfig::name) set, or [`UNNAMED`]. One
+//! what [`IdempotencyLayer::name`](crate::layer::IdempotencyLayer::name) or
+//! [`HandlerConfig::name`](crate::config::HandlerConfig::name) set, or [`UNNAMED`]. One
 //! exception: an `#[idempotent]` handler refuses a missing or malformed key in an
 //! extractor, before its name is in reach, so its `key_missing` and `key_invalid` carry
 //! the route instead (`/payments`, axum's `MatchedPath`), or [`UNNAMED`] outside a
 //! router. Labels never carry a key or a scope: their number stays that of your routes.
 //!
 //! Call [`describe`] once after installing the recorder to give each metric its help
-//! text and unit (building an [`Idempotency`](crate::Idempotency) does it too).
+//! text and unit (building an [`Idempotency`](crate::engine::Idempotency) does it too).
 
 use std::future::Future;
 use std::time::Duration;
 
-use crate::StoreError;
+use crate::store::StoreError;
 
 mod keys;
 
@@ -51,7 +51,7 @@ pub const HANDLER_DURATION: &str = "idempotent_handler_duration_seconds";
 /// (still running at the end of the wait: `409`). The request also counts once in
 /// [`REQUESTS_TOTAL`] under the outcome it ended in.
 ///
-/// [`HandlerConfig::wait`]: crate::HandlerConfig::wait
+/// [`HandlerConfig::wait`]: crate::config::HandlerConfig::wait
 pub const WAITS_TOTAL: &str = "idempotent_waits_total";
 
 /// Histogram (seconds): how long a duplicate waited, by `handler`.
@@ -134,7 +134,7 @@ label_values! {
 }
 
 label_values! {
-    /// The `operation` label of [`STORE_OPERATION_DURATION`]: the [`Store`](crate::Store)
+    /// The `operation` label of [`STORE_OPERATION_DURATION`]: the [`Store`](crate::store::Store)
     /// method timed.
     pub enum StoreOperation {
         /// `claim`.
@@ -182,9 +182,9 @@ pub fn describe() {
 
 impl Outcome {
     /// What a refused key counts as.
-    pub(crate) fn of_key_error(err: &crate::KeyError) -> Self {
+    pub(crate) fn of_key_error(err: &crate::key::KeyError) -> Self {
         match err {
-            crate::KeyError::Missing => Self::KeyMissing,
+            crate::key::KeyError::Missing => Self::KeyMissing,
             _ => Self::KeyInvalid,
         }
     }

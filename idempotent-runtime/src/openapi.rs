@@ -6,7 +6,7 @@
 //! publish its idempotency policy. [`PublishedPolicy`] adds to each operation it names:
 //!
 //! - the `Idempotency-Key` header parameter (the engine's
-//!   [`header_name`](crate::IdempotencyBuilder::header_name)), required or optional
+//!   [`header_name`](crate::engine::IdempotencyBuilder::header_name)), required or optional
 //!   (`key = optional`), a string of at most 255 characters;
 //! - the `400`, `409` (with `Retry-After`), `422` and `503` answers as
 //!   `application/problem+json` with the shared [`Problem`] schema component (a response
@@ -21,7 +21,7 @@
 //!
 //! The values come from the handler's [`HandlerConfig`] (name it with
 //! `#[idempotent(policy = NAME)]`, or read it from
-//! [`IdempotencyLayer::policy`](crate::IdempotencyLayer::policy)) and, for what it leaves
+//! [`IdempotencyLayer::policy`](crate::layer::IdempotencyLayer::policy)) and, for what it leaves
 //! to the engine, from the [`Idempotency`] engine itself:
 //!
 //! ```

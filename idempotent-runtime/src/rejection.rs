@@ -43,7 +43,7 @@ const MAX_DETAIL_BYTES: usize = 16 * 1024;
 /// Works for body extractors (`Json`, `Form`, `Bytes`, …) and for request-head
 /// extractors (`Query`, `Path`, `TypedHeader`, …), anywhere in a handler's arguments.
 ///
-/// Behind an [`IdempotencyLayer`](crate::IdempotencyLayer) (where the handler's
+/// Behind an [`IdempotencyLayer`](crate::layer::IdempotencyLayer) (where the handler's
 /// extractors run after the key was claimed) a rejection answered through `AsProblem` is
 /// not recorded: the key is released, so the corrected request can reuse it — as with
 /// the attribute, which extracts before it claims.
@@ -88,7 +88,7 @@ where
 
 /// Marks a response as an extractor's rejection (a response extension): the request was
 /// refused before the handler ran, so the engine releases the key instead of recording
-/// the answer. Only matters behind an [`IdempotencyLayer`](crate::IdempotencyLayer),
+/// the answer. Only matters behind an [`IdempotencyLayer`](crate::layer::IdempotencyLayer),
 /// where extractors run after the claim; the attribute extracts before claiming.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ExtractorRejection;
@@ -363,7 +363,7 @@ mod tests {
         }
     }
 
-    impl crate::Scope for Caller {
+    impl crate::scope::Scope for Caller {
         fn scope(&self) -> std::borrow::Cow<'_, str> {
             "acct_test".into()
         }

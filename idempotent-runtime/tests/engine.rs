@@ -1542,3 +1542,97 @@ async fn a_replay_answered_late_is_cached_no_longer_than_max_age_from_its_read()
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// An engine over `store` whose handlers may run `max_duration` by default.
+fn engine_running_up_to(store: &Arc<dyn Store>, max_duration: Duration) -> Idempotency {
+    Idempotency::builder_shared(store.clone())
+        .default_max_duration(max_duration)
+        .build()
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// `wait = "6m"` is no mistake on an engine whose handlers may run 10 minutes: a
+/// duplicate of an original that answers after 5.5 minutes waits for it and replays it.
+#[tokio::test(start_paused = true)]
+async fn a_wait_past_five_minutes_waits_as_asked_when_the_handler_may_run_that_long() {
+    let store = TokioClock::store();
+    let engine = engine_running_up_to(&store, 10 * MINUTE);
+    let config = HandlerConfig::new().wait(6 * MINUTE);
+    let (runs, started) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+    let original = tokio::spawn({
+        let (engine, runs, started) = (engine.clone(), runs.clone(), started.clone());
+        async move {
+            let handler = move |_key| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                started.notify_one();
+                tokio::time::sleep(MINUTE * 11 / 2).await;
+                (StatusCode::CREATED, "original")
+            };
+            engine
+                .run(&config, "acct", "k", fingerprint(1), handler)
+                .await
+        }
+    });
+    started.notified().await;
+    let asked_at = tokio::time::Instant::now();
+    let (status, headers, body) = body_of(
+        engine
+            .run(&config, "acct", "k", fingerprint(1), never)
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body.as_slice()),
+        (StatusCode::CREATED, &b"original"[..])
+    );
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert!(asked_at.elapsed() >= 5 * MINUTE, "{:?}", asked_at.elapsed());
+    assert_eq!(original.await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// The engine cuts a wait to the handler's maximum duration, by which the original has an
+/// outcome: a duplicate never waits longer than the handler may run. The original here
+/// runs on an instance that lets it run 20 minutes, so only the cut ends the wait.
+#[tokio::test(start_paused = true)]
+async fn a_wait_is_cut_to_the_handlers_maximum_duration() {
+    let store = TokioClock::store();
+    let holder = engine_running_up_to(&store, 20 * MINUTE);
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let original = tokio::spawn({
+        let (holder, started, finish) = (holder.clone(), started.clone(), finish.clone());
+        async move {
+            let handler = move |_key| async move {
+                started.notify_one();
+                finish.notified().await;
+                StatusCode::CREATED
+            };
+            holder
+                .run(&CONFIG, "acct", "k", fingerprint(1), handler)
+                .await
+        }
+    });
+    started.notified().await;
+    let config = HandlerConfig::new().wait(6 * MINUTE);
+    for (max_duration, waited) in [(5 * MINUTE, 5 * MINUTE), (10 * MINUTE, 6 * MINUTE)] {
+        let engine = engine_running_up_to(&store, max_duration);
+        let asked_at = tokio::time::Instant::now();
+        let response = engine
+            .run(&config, "acct", "k", fingerprint(1), never)
+            .await;
+        let elapsed = asked_at.elapsed();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert!(
+            elapsed >= waited && elapsed < waited + Duration::from_secs(1),
+            "max {max_duration:?}: waited {elapsed:?}, not {waited:?}"
+        );
+    }
+    finish.notify_one();
+    assert_eq!(original.await.unwrap().status(), StatusCode::CREATED);
+}
+
+/// The handler of a duplicate that must wait, never run.
+async fn never(_key: idempotent_runtime::IdempotencyKey) -> StatusCode {
+    panic!("a duplicate must not run")
+}

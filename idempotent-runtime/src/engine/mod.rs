@@ -34,7 +34,7 @@ mod waiting;
 pub use builder::IdempotencyBuilder;
 pub use policy::{
     DEFAULT_LEASE, DEFAULT_MAX_DURATION, DEFAULT_MAX_STORED_BODY, DEFAULT_TTL, NEVER_REPLAYED,
-    REPLAYED_HEADER,
+    NEVER_REPLAYED_BECAUSE, REPLAYED_HEADER,
 };
 pub use replay_cache::ReplayCacheConfig;
 use replay_cache::{CachedReplay, ReplayCache};
@@ -347,6 +347,7 @@ impl Inner {
             .wait
             .or(self.default_wait)
             .filter(|wait| !wait.is_zero())
+            .map(|wait| wait.min(self.max_duration_for(config)))
     }
 
     /// Drops `(scope, key)` from this process's replay cache, if there is one.

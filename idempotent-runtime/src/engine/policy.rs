@@ -4,27 +4,17 @@
 use std::time::Duration;
 
 /// The header marking a replayed response.
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+pub use idempotent_policy::REPLAYED_HEADER;
 
 /// Response headers never stored or replayed: they describe one response or one
 /// connection, not the operation (`Date`, `Set-Cookie`, hop-by-hop headers; any header a
 /// `Connection` field names is hop-by-hop too). `Content-Length` is recomputed for the
 /// replayed body. Every other header is replayed as the handler sent it, unless the
 /// handler excludes it ([`HandlerConfig::exclude_headers`](crate::config::HandlerConfig::exclude_headers)).
-pub const NEVER_REPLAYED: [&str; 12] = [
-    "date",
-    "set-cookie",
-    "content-length",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    REPLAYED_HEADER,
-];
+/// The reason for each is in [`NEVER_REPLAYED_BECAUSE`], the list the attribute macro
+/// checks `exclude_headers` against.
+pub use idempotent_policy::NEVER_REPLAYED;
+pub use idempotent_policy::NEVER_REPLAYED_BECAUSE;
 
 /// Default TTL: Stripe's 24 hours.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);

@@ -1,7 +1,7 @@
 use axum::http::StatusCode;
 use idempotent_runtime::idempotent;
 
-#[idempotent(scope = caller, exclude_headers = ["X-Request-Id", "x request", "set-cookie"])]
+#[idempotent(scope = caller, exclude_headers = ["X-Request-Id", "x request", "set-cookie", "proxy-authenticate"])]
 async fn create(caller: String) -> StatusCode {
     let _ = caller;
     StatusCode::CREATED

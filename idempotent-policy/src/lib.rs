@@ -1,0 +1,70 @@
+//! The part of the idempotency policy no handler configures, defined once for the two
+//! crates that apply it: `idempotent-runtime` (which strips these headers before storing
+//! a response) and `idempotent-macros` (which refuses them in `exclude_headers`, saying
+//! why). Use it through `idempotent-runtime`, which re-exports it.
+#![no_std]
+#![warn(missing_docs)]
+
+/// The header marking a replayed response.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// Response headers never stored or replayed, each with the reason: they describe one
+/// response or one connection, not the operation.
+pub const NEVER_REPLAYED_BECAUSE: [(&str, &str); 12] = [
+    ("date", "it describes one response, not the operation"),
+    (
+        "set-cookie",
+        "it is per-request state; replaying it would hand out a stale session",
+    ),
+    ("content-length", "it is computed for every response"),
+    ("connection", "it is a hop-by-hop header"),
+    ("keep-alive", "it is a hop-by-hop header"),
+    ("proxy-connection", "it is a hop-by-hop header"),
+    ("proxy-authenticate", "it is a hop-by-hop header"),
+    ("te", "it is a hop-by-hop header"),
+    ("trailer", "it is a hop-by-hop header"),
+    ("transfer-encoding", "it is computed for every response"),
+    ("upgrade", "it is a hop-by-hop header"),
+    (REPLAYED_HEADER, "the engine sets it on every replay"),
+];
+
+/// The names of [`NEVER_REPLAYED_BECAUSE`] (lower-case), for code that only matches them.
+pub const NEVER_REPLAYED: [&str; NEVER_REPLAYED_BECAUSE.len()] = {
+    let mut names = [""; NEVER_REPLAYED_BECAUSE.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = NEVER_REPLAYED_BECAUSE[i].0;
+        i += 1;
+    }
+    names
+};
+
+/// Why `name` (lower-case) is never replayed, or `None` when it may be.
+pub fn never_replayed_because(name: &str) -> Option<&'static str> {
+    NEVER_REPLAYED_BECAUSE
+        .iter()
+        .find(|(never, _)| *never == name)
+        .map(|(_, reason)| *reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_lower_case_and_listed_once() {
+        for (i, name) in NEVER_REPLAYED.iter().enumerate() {
+            assert!(
+                name.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+                "{name}"
+            );
+            assert!(!NEVER_REPLAYED[i + 1..].contains(name), "{name} twice");
+            assert_eq!(
+                never_replayed_because(name),
+                Some(NEVER_REPLAYED_BECAUSE[i].1)
+            );
+        }
+        assert_eq!(never_replayed_because("location"), None);
+        assert_eq!(never_replayed_because("Date"), None, "names are lower-case");
+    }
+}
