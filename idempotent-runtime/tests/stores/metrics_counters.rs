@@ -5,10 +5,11 @@
 //! (plus a transactional handler on the SQL stores), and then every counter and the
 //! number of samples in every histogram must be exactly what the script implies.
 //!
-//! A recorder is global to the process and the engine records from tasks it spawns, so
-//! one `DebuggingRecorder` is installed for this whole test binary, and the trials take
-//! turns (the store-operation histogram has no handler label to tell them apart),
-//! each reading what was recorded during its script.
+//! The engine records from tasks on any of its runtime's threads, and the other tests of
+//! this binary record too, so one `DebuggingRecorder` is set as the local recorder of
+//! every thread of these trials' runtimes (never installed globally), and the trials take
+//! turns (the store-operation histogram has no handler label to tell them apart), each
+//! reading what was recorded during its script.
 //!
 //! Postgres needs `IDEMPOTENT_TEST_POSTGRES_URL`; without it that trial is reported
 //! ignored.
@@ -16,6 +17,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -32,7 +34,7 @@ use idempotent_runtime::metrics::{
     HANDLER_DURATION, Outcome, REQUESTS_TOTAL, STORE_OPERATION_DURATION,
 };
 use idempotent_runtime::store::MemoryStore;
-use idempotent_runtime::testing::{async_trial, ignored_if};
+use idempotent_runtime::testing::{Trial, ignored_if};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, Idempotency, IdempotencyKey,
     RecordInfo, Scope, Store, StoreError, StoredResponse, TxSupport, idempotent,
@@ -41,7 +43,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Notify;
 use tower::ServiceExt;
 
-fn main() {
+pub(crate) fn trials() -> Vec<Trial> {
     let postgres_unavailable = match std::env::var("IDEMPOTENT_TEST_POSTGRES_URL") {
         _ if cfg!(not(feature = "postgres")) => Some("built without the postgres feature".into()),
         Ok(url) if !url.is_empty() => None,
@@ -49,7 +51,7 @@ fn main() {
     };
     let sqlite_unavailable =
         cfg!(not(feature = "sqlite")).then(|| "built without the sqlite feature".to_owned());
-    let mut trials = vec![async_trial(
+    let mut trials = vec![recorded_trial(
         "memory_counts_every_outcome_exactly",
         || async {
             script("memory", Arc::new(MemoryStore::new())).await;
@@ -57,28 +59,50 @@ fn main() {
     )];
     trials.extend(ignored_if(
         sqlite_unavailable,
-        vec![async_trial("sqlite_counts_every_outcome_exactly", sqlite)],
+        vec![recorded_trial("sqlite_counts_every_outcome_exactly", sqlite)],
     ));
     trials.extend(ignored_if(
         postgres_unavailable,
-        vec![async_trial(
+        vec![recorded_trial(
             "postgres_counts_every_outcome_exactly",
             postgres,
         )],
     ));
-    idempotent_runtime::testing::run(trials)
+    trials
 }
 
-/// The recorder's snapshotter; the recorder is installed on first use.
-fn snapshotter() -> &'static Snapshotter {
-    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder
-            .install()
-            .expect("the only recorder of this test binary");
-        snapshotter
+/// What the trials' scripts record into.
+fn recorder() -> &'static DebuggingRecorder {
+    static RECORDER: OnceLock<DebuggingRecorder> = OnceLock::new();
+    RECORDER.get_or_init(DebuggingRecorder::new)
+}
+
+/// The recorder's snapshotter.
+fn snapshotter() -> Snapshotter {
+    recorder().snapshotter()
+}
+
+/// A test named `name` running `test` on a multi-thread Tokio runtime of its own (as
+/// `testing::async_trial` does), every thread of which records into [`recorder`]: a
+/// thread's local recorder comes before the global one, so the engine's tasks record here
+/// wherever they run, and the tests on other runtimes do not.
+fn recorded_trial<F, Fut>(name: &str, test: F) -> Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    Trial::test(name, move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .on_thread_start(|| {
+                // Never restored: the thread ends with this trial's runtime.
+                std::mem::forget(metrics::set_default_local_recorder(recorder()));
+            })
+            .build()
+            .expect("a Tokio runtime for the test");
+        metrics::with_local_recorder(recorder(), || runtime.block_on(test()));
+        Ok(())
     })
 }
 

@@ -1,11 +1,8 @@
 //! The conformance suite on [`SqliteStore`] (a real file in a temporary directory, a
 //! multi-connection pool, a manual clock), plus what only SQLite has: opening files,
 //! migrations, journal mode.
-#![cfg(feature = "sqlite")]
-
-mod sqlite_group_commit;
-mod sqlite_leases;
-mod transaction;
+pub(crate) mod group_commit;
+pub(crate) mod leases;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +16,8 @@ use idempotent_runtime::{
 };
 use sqlx::Row;
 use tempfile::TempDir;
+
+use crate::transaction;
 
 const START: i64 = 1_700_000_000_000;
 
@@ -62,11 +61,7 @@ impl Harness for SqliteHarness {
     }
 }
 
-fn main() {
-    // The real-process clock test runs this binary again as the process that retries.
-    if let Ok(path) = std::env::var(sqlite_leases::CHILD_CLAIM) {
-        return sqlite_leases::child_claim(&path);
-    }
+pub(crate) fn trials() -> Vec<Trial> {
     let own: Vec<Trial> = vec![
         async_trial(
             "open_in_a_missing_directory_is_an_open_error_naming_the_path",
@@ -112,9 +107,9 @@ fn main() {
     let mut trials = conformance::trials::<SqliteHarness>();
     trials.extend(transaction::trials::<SqliteHarness, sqlx::Sqlite>());
     trials.extend(own);
-    trials.extend(sqlite_group_commit::trials());
-    trials.extend(sqlite_leases::trials());
-    idempotent_runtime::testing::run(trials)
+    trials.extend(group_commit::trials());
+    trials.extend(leases::trials());
+    trials
 }
 
 fn fingerprint() -> Fingerprint {

@@ -6,11 +6,7 @@
 //! without it every database test is reported *ignored* (the reason printed once). Each
 //! test works in a fresh schema with a random name, dropped again when the test ends, so
 //! tests run in parallel and leave nothing behind.
-#![cfg(feature = "postgres")]
-
-#[path = "store_postgres/group_commit.rs"]
 mod group_commit;
-mod transaction;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +21,8 @@ use idempotent_runtime::{
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
+
+use crate::transaction;
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_POSTGRES_URL";
 
@@ -226,7 +224,7 @@ impl Harness for PostgresHarness {
     }
 }
 
-fn main() {
+pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<PostgresHarness>();
     trials.extend(transaction::trials::<PostgresHarness, sqlx::Postgres>());
     // Without a database.
@@ -282,7 +280,7 @@ fn main() {
         .chain(group_commit::trials())
         .collect(),
     ));
-    idempotent_runtime::testing::run(trials)
+    trials
 }
 
 const FINGERPRINT: Fingerprint = Fingerprint {

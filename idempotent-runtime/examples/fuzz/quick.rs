@@ -1,10 +1,8 @@
-//! The fuzz harness of `examples/fuzz` (key parser, fingerprint framing, canonical JSON)
-//! on a few thousand inputs per target, in the default test run. The long run is
-//! `cargo run --release -p idempotent-runtime --example fuzz -- --cases 10000000`.
+//! The fuzz harness (key parser, fingerprint framing, canonical JSON) on a few thousand
+//! inputs per target, in the default test run (the example is built as a test too). The
+//! long run is `cargo run --release -p idempotent-runtime --example fuzz -- --cases 10000000`.
 
-#[allow(dead_code)] // the harness's `main` and flags are for the example
-#[path = "../examples/fuzz/main.rs"]
-mod fuzz;
+use crate::{TARGETS, fuzz};
 
 /// Fixed, so a failure here reproduces with `--seed 20250101 --target T --case K`.
 const SEED: u64 = 20_250_101;
@@ -21,9 +19,9 @@ fn every_target_passes_its_properties_on_generated_inputs() {
 }
 
 fn run_every_target() {
-    for target in &fuzz::TARGETS {
+    for target in &TARGETS {
         let cases = if target.name == "json" { 6_000 } else { 7_000 };
-        let (tally, failures) = fuzz::fuzz(target, SEED, 0, cases);
+        let (tally, failures) = fuzz(target, SEED, 0, cases);
         assert!(
             failures.is_empty(),
             "{}: {} of {} inputs failed; first: {failures:?}",

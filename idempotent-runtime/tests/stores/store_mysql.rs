@@ -7,8 +7,6 @@
 //! printed once). Each test works in a fresh database with a random name, dropped again
 //! when the test ends, so tests run in parallel and leave nothing behind.
 
-mod transaction;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,6 +19,8 @@ use idempotent_runtime::{
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
+
+use crate::transaction;
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_MYSQL_URL";
 
@@ -207,7 +207,7 @@ impl Harness for MySqlHarness {
     }
 }
 
-fn main() {
+pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<MySqlHarness>();
     trials.extend(transaction::trials::<MySqlHarness, sqlx::MySql>());
     // Without a database.
@@ -254,7 +254,7 @@ fn main() {
         ),
     ];
     trials.extend(ignored_if(unavailable(), with_database));
-    idempotent_runtime::testing::run(trials)
+    trials
 }
 
 const FINGERPRINT: Fingerprint = Fingerprint {

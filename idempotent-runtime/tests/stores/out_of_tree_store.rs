@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::testing::Trial;
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, ManualClock, RecordInfo, Store,
@@ -124,6 +125,6 @@ impl Harness for CountingHarness {
     }
 }
 
-fn main() {
-    conformance::run::<CountingHarness>()
+pub(crate) fn trials() -> Vec<Trial> {
+    conformance::trials::<CountingHarness>()
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::testing::Trial;
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::{ManualClock, Store};
 
@@ -35,6 +36,6 @@ impl Harness for MemoryHarness {
     }
 }
 
-fn main() {
-    conformance::run::<MemoryHarness>()
+pub(crate) fn trials() -> Vec<Trial> {
+    conformance::trials::<MemoryHarness>()
 }

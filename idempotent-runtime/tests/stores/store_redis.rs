@@ -7,7 +7,6 @@
 //! key prefix of its own (`idem-test:<unix seconds>:<random>`) whose keys are deleted when
 //! the test ends, so tests run in parallel and leave nothing behind (and every record
 //! carries a Redis expiry, so even a killed run's keys go away on their own).
-#![cfg_attr(not(feature = "redis"), allow(unused))]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use idempotent_runtime::store::RedisStore;
 use idempotent_runtime::testing::conformance::{self, Harness};
-use idempotent_runtime::testing::{Trial, async_trial, ignored_if, run};
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoreError, StoredResponse,
 };
@@ -735,7 +734,7 @@ async fn every_outcome_of_a_claim_is_one_round_trip() {
     }
 }
 
-fn main() {
+pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<RedisHarness>();
     // Without a server.
     trials.push(async_trial(
@@ -785,5 +784,5 @@ fn main() {
         ),
     ];
     trials.extend(ignored_if(unavailable(), with_server));
-    run(trials)
+    trials
 }

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use idempotent_runtime::store::{ClaimWatch, MemoryStore};
-use idempotent_runtime::testing::{Trial, async_trial, ignored_if, run};
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
     Idempotency, IdempotencyKey, RecordInfo, Store, StoreError, StoredResponse, TxSupport,
@@ -569,7 +569,7 @@ mod postgres {
     }
 }
 
-fn main() {
+pub(crate) fn trials() -> Vec<Trial> {
     let mut trials: Vec<Trial> = vec![
         async_trial("memory::one_run_and_replays", || {
             one_run_and_replays(vec![memory()])
@@ -638,5 +638,5 @@ fn main() {
         ));
         trials.extend(ignored_if(postgres::unavailable(), pg));
     }
-    run(trials)
+    trials
 }

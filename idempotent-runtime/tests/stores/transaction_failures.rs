@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use idempotent_runtime::store::{PostgresStore, SqliteStore};
-use idempotent_runtime::testing::{Trial, async_trial, ignored_if, run};
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{Fingerprint, HandlerConfig, Idempotency, Postgres, Sqlite, Tx};
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_POSTGRES_URL";
@@ -327,7 +327,7 @@ async fn on_sqlite_a_failed_statement_leaves_the_transaction_usable() {
     assert_eq!(payers, 3, "both handlers' other writes committed");
 }
 
-fn main() {
+pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = vec![async_trial(
         "on_sqlite_a_failed_statement_leaves_the_transaction_usable",
         on_sqlite_a_failed_statement_leaves_the_transaction_usable,
@@ -347,5 +347,5 @@ fn main() {
         ),
     ];
     trials.extend(ignored_if(unavailable(), postgres));
-    run(trials)
+    trials
 }
