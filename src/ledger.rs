@@ -1,11 +1,12 @@
-//! The ledger demo: `cargo run --example ledger` (see `-- --help` for the flags), on
-//! SQLite.
+//! The ledger demo app on SQLite, served by `cargo run --example ledger` (see `-- --help`
+//! for the flags); the `ledger-demo` binary also runs its twins for Postgres
+//! ([`postgres`]) and MySQL ([`mysql`]), chosen by the database URL.
 //!
 //! - `POST /deposits` `{"amount": 500}` — requires `Idempotency-Key`; inserts one ledger
 //!   row for the caller and answers `201` with the entry. The row and the stored response
 //!   commit in ONE transaction: both or neither;
 //! - `GET /balance` — `{"balance": n, "entries": k}` for the caller;
-//! - `GET /metrics` — the engine's metrics, Prometheus text (`idempotent_demo::prometheus`).
+//! - `GET /metrics` — the engine's metrics, Prometheus text ([`crate::prometheus`]).
 //! - `GET /openapi.json` — the API in OpenAPI 3.1, `POST /deposits` with its published
 //!   idempotency policy.
 //!
@@ -16,7 +17,6 @@
 //! aborts after writing a deposit's ledger row and before the transaction commits, to
 //! show that a crash there leaves no row behind (the crash tests use it).
 
-use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::extract::{FromRef, State};
@@ -24,9 +24,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::{HeaderValue, StatusCode, header};
-use idempotent_demo::auth::Caller;
-use idempotent_demo::cli::DemoArgs;
-use idempotent_demo::serve::{self, Banner, BoxError};
 use idempotent_runtime::openapi::PublishedPolicy;
 use idempotent_runtime::rejection::AsProblem;
 use idempotent_runtime::store::SqliteStore;
@@ -34,6 +31,15 @@ use idempotent_runtime::{Idempotency, Problem, Sqlite, Tx, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
 use utoipa::OpenApi;
+
+use crate::auth::Caller;
+use crate::cli::DemoArgs;
+use crate::serve::{self, Banner, BoxError};
+
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 
 /// The router state: the engine, and the database it shares with the ledger.
 #[derive(Debug, Clone)]
@@ -290,12 +296,6 @@ pub const BANNER: Banner = Banner {
     body: r#"{"amount": 500}"#,
     get: "/balance",
 };
-
-#[tokio::main]
-pub async fn main() -> ExitCode {
-    let args = serve::start();
-    serve::exit_code(run(args).await)
-}
 
 /// Opens the SQLite file, creates the ledger table, wires the engine and serves until
 /// Ctrl-C.

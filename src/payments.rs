@@ -1,20 +1,20 @@
-//! The payments demo: `cargo run --example payments` (see `-- --help` for the flags).
+//! The payments demo app, served by `cargo run --example payments` and the `payments-demo`
+//! binary (see `-- --help` for the flags).
 //!
 //! - `POST /payments` `{"amount": 10000, "currency": "BRL"}` — requires `Idempotency-Key`;
 //!   charges the (fake) payment gateway once per key and answers `201` with `Location`;
 //! - `GET /payments` — the caller's charges as the gateway recorded them;
 //! - `GET /payments/{id}` — one of them;
 //! - `GET /metrics` — the engine's counters and latencies in the Prometheus text format
-//!   (added by the serve loop, `idempotent_demo::prometheus`).
+//!   (added by the serve loop, [`crate::prometheus`]).
 //! - `GET /openapi.json` — the API in OpenAPI 3.1, `POST /payments` with its published
 //!   idempotency policy (key header, problem answers, TTL and lease as configured).
 //!
 //! What a user of `idempotent` writes is all here: the `#[idempotent]` handler, the
 //! router state with the engine in it (`FromRef`), the engine wiring and the router. The
-//! plumbing (bearer auth, flags, the fake gateway, the serve loop) is in the
-//! `idempotent_demo` support library.
+//! plumbing (bearer auth, flags, the fake gateway, the serve loop) is in the other
+//! modules of this library.
 
-use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::extract::{FromRef, Path, State};
@@ -22,16 +22,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::{HeaderValue, StatusCode, header};
-use idempotent_demo::auth::Caller;
-use idempotent_demo::cli::DemoArgs;
-use idempotent_demo::database;
-use idempotent_demo::gateway::{Charge, Gateway, GatewayError};
-use idempotent_demo::serve::{self, Banner, BoxError};
 use idempotent_runtime::openapi::PublishedPolicy;
 use idempotent_runtime::rejection::AsProblem;
 use idempotent_runtime::{Idempotency, IdempotencyKey, Problem, idempotent};
 use serde::{Deserialize, Serialize};
 use utoipa::OpenApi;
+
+use crate::auth::Caller;
+use crate::cli::DemoArgs;
+use crate::database;
+use crate::gateway::{Charge, Gateway, GatewayError};
+use crate::serve::{self, Banner, BoxError};
 
 /// The router state: the idempotency engine and the payment gateway.
 #[derive(Debug, Clone)]
@@ -310,12 +311,6 @@ impl IntoResponse for ApiError {
         };
         problem.into_response()
     }
-}
-
-#[tokio::main]
-pub async fn main() -> ExitCode {
-    let args = serve::start();
-    serve::exit_code(run(args).await)
 }
 
 /// Opens the database, wires the engine and serves until Ctrl-C.

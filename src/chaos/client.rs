@@ -11,50 +11,54 @@ use rand::Rng;
 
 /// How the client retries.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct RetryPolicy {
+pub struct RetryPolicy {
     /// How long one attempt may take before the client gives up on it.
-    pub(crate) attempt_timeout: Duration,
+    pub attempt_timeout: Duration,
     /// Attempts per payment, the first included.
-    pub(crate) max_attempts: u32,
+    pub max_attempts: u32,
     /// The first backoff step; doubled per attempt up to `max_backoff`.
-    pub(crate) base_backoff: Duration,
-    pub(crate) max_backoff: Duration,
+    pub base_backoff: Duration,
+    /// The longest backoff step.
+    pub max_backoff: Duration,
     /// The longest `Retry-After` the client honours (longer ones are cut to this).
-    pub(crate) max_retry_after: Duration,
+    pub max_retry_after: Duration,
 }
 
 /// One payment to make.
 #[derive(Debug, Clone)]
-pub(crate) struct Payment {
-    pub(crate) api_key: &'static str,
-    pub(crate) idempotency_key: String,
-    pub(crate) body: String,
+pub struct Payment {
+    /// The caller's demo API key (its idempotency scope).
+    pub api_key: &'static str,
+    /// The key sent on every attempt of this payment.
+    pub idempotency_key: String,
+    /// The JSON body of `POST /payments`.
+    pub body: String,
 }
 
 /// How a payment ended for the client.
 #[derive(Debug, Clone)]
-pub(crate) struct Outcome {
+pub struct Outcome {
     /// The final answer's status, or `None` when every attempt failed or was retryable.
-    pub(crate) status: Option<u16>,
+    pub status: Option<u16>,
     /// The final answer's body.
-    pub(crate) body: String,
+    pub body: String,
     /// Requests sent.
-    pub(crate) attempts: u32,
+    pub attempts: u32,
     /// `409`s seen.
-    pub(crate) in_progress: u32,
+    pub in_progress: u32,
     /// Transport failures (connection errors and timeouts) seen.
-    pub(crate) transport_errors: u32,
+    pub transport_errors: u32,
     /// `429`, `502`, `503` and `504` answers seen (retried like a transport failure).
-    pub(crate) unavailable: u32,
+    pub unavailable: u32,
     /// What each attempt met, in order (`200`, `409`, `timeout`, `connect`, …), so a
     /// payment left without an answer can be read back attempt by attempt.
-    pub(crate) history: Vec<String>,
+    pub history: Vec<String>,
     /// Answers replayed (`Idempotent-Replayed: true`).
-    pub(crate) replayed: bool,
+    pub replayed: bool,
 }
 
 /// Makes `payment` through `proxies`, starting at `first`, retrying as the policy says.
-pub(crate) async fn pay(
+pub async fn pay(
     http: &reqwest::Client,
     proxies: &[SocketAddr],
     first: usize,

@@ -22,13 +22,17 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// How often each fault is injected, in percent of connections.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct FaultRates {
-    pub(crate) dropped: u32,
-    pub(crate) cut_in_flight: u32,
-    pub(crate) answer_lost: u32,
-    pub(crate) stalled: u32,
+pub struct FaultRates {
+    /// Requests read and dropped before the server sees them.
+    pub dropped: u32,
+    /// Connections cut while the handler runs.
+    pub cut_in_flight: u32,
+    /// Answers discarded after the server sent them.
+    pub answer_lost: u32,
+    /// Requests held past the client's timeout, then delivered.
+    pub stalled: u32,
     /// How long a stalled request is held (longer than the client's timeout).
-    pub(crate) stall: Duration,
+    pub stall: Duration,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -42,26 +46,33 @@ enum Fate {
 
 /// What the proxies did, counted across all of them.
 #[derive(Debug, Default)]
-pub(crate) struct ProxyStats {
-    pub(crate) connections: AtomicU64,
-    pub(crate) passed: AtomicU64,
-    pub(crate) dropped: AtomicU64,
-    pub(crate) cut_in_flight: AtomicU64,
-    pub(crate) answer_lost: AtomicU64,
-    pub(crate) stalled: AtomicU64,
+pub struct ProxyStats {
+    /// Connections accepted.
+    pub connections: AtomicU64,
+    /// Connections relayed both ways.
+    pub passed: AtomicU64,
+    /// Requests dropped (see [`FaultRates::dropped`]).
+    pub dropped: AtomicU64,
+    /// Connections cut in flight.
+    pub cut_in_flight: AtomicU64,
+    /// Answers lost.
+    pub answer_lost: AtomicU64,
+    /// Requests stalled.
+    pub stalled: AtomicU64,
     /// Connections still being handled (a stalled request may outlive its client).
-    pub(crate) active: AtomicU64,
+    pub active: AtomicU64,
 }
 
 impl ProxyStats {
-    pub(crate) fn get(counter: &AtomicU64) -> u64 {
+    /// The value of one of the counters.
+    pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::SeqCst)
     }
 }
 
 /// Starts a proxy to `upstream` on a free loopback port; returns its address. The proxy
 /// runs until the runtime stops.
-pub(crate) async fn start(
+pub async fn start(
     upstream: SocketAddr,
     rates: FaultRates,
     stats: Arc<ProxyStats>,

@@ -13,68 +13,81 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use http::Method;
-use idempotent_demo::gateway::DECLINED_AMOUNT;
 use idempotent_runtime::{Fingerprint, FingerprintMode, IdempotencyKey};
 use sqlx::Connection;
 
 use super::client::{self, Outcome, Payment, RetryPolicy};
 use super::proxy::{self, FaultRates, ProxyStats};
+use crate::gateway::DECLINED_AMOUNT;
 
 /// Any error that ends a run early.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What to run.
 #[derive(Debug, Clone)]
-pub(crate) struct ChaosConfig {
+pub struct ChaosConfig {
     /// A Postgres URL whose user may create databases; the run makes its own.
-    pub(crate) admin_url: String,
-    pub(crate) instances: usize,
-    pub(crate) payments: usize,
+    pub admin_url: String,
+    /// Demo instances, each behind its own proxy.
+    pub instances: usize,
+    /// Payments to make.
+    pub payments: usize,
     /// Payments in flight at once.
-    pub(crate) concurrency: usize,
-    pub(crate) gateway_latency: Duration,
-    pub(crate) rates: FaultRates,
-    pub(crate) policy: RetryPolicy,
+    pub concurrency: usize,
+    /// The fake gateway's latency (how long each handler runs).
+    pub gateway_latency: Duration,
+    /// The proxies' faults.
+    pub rates: FaultRates,
+    /// The clients' retries.
+    pub policy: RetryPolicy,
     /// The whole client phase must end within this.
-    pub(crate) time_limit: Duration,
+    pub time_limit: Duration,
     /// Where the instances' logs go.
-    pub(crate) log_dir: PathBuf,
+    pub log_dir: PathBuf,
 }
 
 /// The figures of a run.
 #[derive(Debug)]
-pub(crate) struct Report {
-    pub(crate) config: ChaosConfig,
-    pub(crate) database: String,
-    pub(crate) outcomes: Vec<Outcome>,
-    pub(crate) executions: Vec<i64>,
-    pub(crate) connections: u64,
-    pub(crate) passed: u64,
-    pub(crate) dropped: u64,
-    pub(crate) cut_in_flight: u64,
-    pub(crate) answer_lost: u64,
-    pub(crate) stalled: u64,
+pub struct Report {
+    /// What was run.
+    pub config: ChaosConfig,
+    /// The database the run made.
+    pub database: String,
+    /// How each payment ended for its client, in payment order.
+    pub outcomes: Vec<Outcome>,
+    /// Handler executions per payment, in payment order.
+    pub executions: Vec<i64>,
+    /// Connections the proxies accepted.
+    pub connections: u64,
+    /// Connections relayed both ways.
+    pub passed: u64,
+    /// Requests dropped before the server.
+    pub dropped: u64,
+    /// Connections cut in flight.
+    pub cut_in_flight: u64,
+    /// Answers lost.
+    pub answer_lost: u64,
+    /// Requests stalled.
+    pub stalled: u64,
     /// Gateway calls whose downstream key no payment of this run derives.
-    pub(crate) unattributed_calls: i64,
+    pub unattributed_calls: i64,
     /// What broke the guarantee, one line each.
-    pub(crate) violations: Vec<String>,
-    pub(crate) elapsed: Duration,
+    pub violations: Vec<String>,
+    /// How long the run took.
+    pub elapsed: Duration,
 }
 
 impl Report {
     /// No payment ran twice, every answered payment ran exactly once, and every `201`
     /// showed the charge the gateway recorded.
-    pub(crate) fn passed(&self) -> bool {
+    pub fn passed(&self) -> bool {
         self.violations.is_empty()
     }
 }
 
 /// Runs the chaos check; `instance` builds the command of one demo instance (the
 /// payments demo; `--addr`, `--database-url` and `--gateway-latency-ms` are appended).
-pub(crate) async fn run(
-    config: ChaosConfig,
-    instance: &dyn Fn() -> Command,
-) -> Result<Report, BoxError> {
+pub async fn run(config: ChaosConfig, instance: &dyn Fn() -> Command) -> Result<Report, BoxError> {
     let database = format!("chaos_{:016x}", rand::random::<u64>());
     let mut admin = sqlx::PgConnection::connect(&config.admin_url).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!(

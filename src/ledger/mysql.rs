@@ -1,8 +1,7 @@
-//! The ledger example (`examples/ledger.rs`, SQLite) on MySQL/MariaDB: the same deposit
-//! handler with `Tx<MySql>`, the same routes on a `MySqlPool`, with the statements in
-//! MySQL's dialect (`?` placeholders, `SIGNED`, an indexable `VARCHAR` key). Compiled
-//! into the `ledger-demo` binary (so the crash tests can run it on MySQL) and into
-//! `tests/ledger.rs`, next to the example as `crate::ledger`.
+//! The ledger app ([`crate::ledger`], SQLite) on MySQL/MariaDB: the same deposit handler
+//! with `Tx<MySql>`, the same routes on a `MySqlPool`, with the statements in MySQL's
+//! dialect (`?` placeholders, `SIGNED`, an indexable `VARCHAR` key). The `ledger-demo`
+//! binary runs it for a `mysql://` URL (so the crash tests can run it on MySQL).
 
 use std::time::Duration;
 
@@ -10,17 +9,17 @@ use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idempotent_demo::auth::Caller;
-use idempotent_demo::cli::DemoArgs;
-use idempotent_demo::serve::{self, BoxError};
 use idempotent_runtime::rejection::AsProblem;
 use idempotent_runtime::store::MySqlStore;
 use idempotent_runtime::{Idempotency, MySql, Tx, idempotent};
 use sqlx::MySqlPool;
 
+use crate::auth::Caller;
+use crate::cli::DemoArgs;
 use crate::ledger::{
     BANNER, Balance, DepositRequest, Entry, LedgerError, crash_if_asked, now_millis,
 };
+use crate::serve::{self, BoxError};
 
 /// The example's `SCHEMA` for MySQL.
 pub const SCHEMA: &str = "
@@ -44,7 +43,10 @@ pub const BALANCE: &str = "SELECT CAST(COALESCE(SUM(amount), 0) AS SIGNED) AS ba
 /// The router state: the engine, and the database it shares with the ledger.
 #[derive(Debug, Clone)]
 pub struct AppState {
+    /// The idempotency engine; its store is in `db`, so a deposit and its response can
+    /// commit together.
     pub idempotency: Idempotency,
+    /// The database holding the ledger and the idempotency records.
     pub db: MySqlPool,
 }
 

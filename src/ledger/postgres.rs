@@ -1,7 +1,7 @@
-//! The ledger example (`examples/ledger.rs`, SQLite) on Postgres, so its tests cover both
-//! databases: the same deposit handler with `Tx<Postgres>`, the same routes on a
-//! `PgPool`. Compiled into the `ledger-demo` binary (so the crash tests can run it on
-//! Postgres) and into `tests/ledger.rs`, next to the example as `crate::ledger`.
+//! The ledger app ([`crate::ledger`], SQLite) on Postgres, so its tests cover every SQL
+//! database: the same deposit handler with `Tx<Postgres>`, the same routes on a `PgPool`.
+//! The `ledger-demo` binary runs it for a `postgres://` URL (so the crash tests can run it
+//! on Postgres).
 
 use std::time::Duration;
 
@@ -9,23 +9,26 @@ use axum::extract::{FromRef, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idempotent_demo::auth::Caller;
-use idempotent_demo::cli::DemoArgs;
-use idempotent_demo::serve::{self, BoxError};
 use idempotent_runtime::rejection::AsProblem;
 use idempotent_runtime::store::PostgresStore;
 use idempotent_runtime::{Idempotency, Postgres, Tx, idempotent};
 use sqlx::PgPool;
 
+use crate::auth::Caller;
+use crate::cli::DemoArgs;
 use crate::ledger::{
     BALANCE, BANNER, Balance, DepositRequest, Entry, INSERT_ENTRY, LedgerError, SCHEMA,
     crash_if_asked, now_millis,
 };
+use crate::serve::{self, BoxError};
 
 /// The router state: the engine, and the database it shares with the ledger.
 #[derive(Debug, Clone)]
 pub struct AppState {
+    /// The idempotency engine; its store is in `db`, so a deposit and its response can
+    /// commit together.
     pub idempotency: Idempotency,
+    /// The database holding the ledger and the idempotency records.
     pub db: PgPool,
 }
 

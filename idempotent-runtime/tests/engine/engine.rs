@@ -657,7 +657,9 @@ async fn completion_is_retried_until_the_store_answers() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The store runs on a manual clock, so the sweeper's interval and the polling run on
+// tokio's paused time.
+#[tokio::test(start_paused = true)]
 async fn sweeper_purges_expired_records() {
     let clock = idempotent_runtime::ManualClock::new();
     let store = MemoryStore::with_clock(Arc::new(clock.clone()));

@@ -16,8 +16,8 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -59,7 +59,10 @@ pub(crate) fn trials() -> Vec<Trial> {
     )];
     trials.extend(ignored_if(
         sqlite_unavailable,
-        vec![recorded_trial("sqlite_counts_every_outcome_exactly", sqlite)],
+        vec![recorded_trial(
+            "sqlite_counts_every_outcome_exactly",
+            sqlite,
+        )],
     ));
     trials.extend(ignored_if(
         postgres_unavailable,

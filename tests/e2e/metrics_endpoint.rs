@@ -1,17 +1,22 @@
 //! The payments demo's `GET /metrics`, end to end: a real demo process on an SQLite file
 //! serves the engine's counters and histograms in the Prometheus text format.
 
-#[path = "support/process.rs"]
-mod process;
-
-use process::Instance;
+use idempotent_runtime::testing::{Trial, async_trial};
 use reqwest::StatusCode;
+
+use crate::support::process::Instance;
+
+pub(crate) fn trials() -> Vec<Trial> {
+    vec![async_trial(
+        "payments_demo_serves_its_counters_in_prometheus_text",
+        payments_demo_serves_its_counters_in_prometheus_text,
+    )]
+}
 
 const DEMO: &str = env!("CARGO_BIN_EXE_payments-demo");
 
-/// `idempotent-demo`'s `payments-demo` binary compiles `examples/payments.rs` as its
-/// module `payments`: the attribute names the handler after that path.
-const HANDLER: &str = "payments_demo::payments::create_payment";
+/// The attribute names the handler after its module path in the demo library.
+const HANDLER: &str = "idempotent_demo::payments::create_payment";
 
 async fn charge(client: &reqwest::Client, demo: &Instance, key: Option<&str>) -> StatusCode {
     let mut request = client
@@ -25,7 +30,6 @@ async fn charge(client: &reqwest::Client, demo: &Instance, key: Option<&str>) ->
     request.send().await.expect("the demo answers").status()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_demo_serves_its_counters_in_prometheus_text() {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}", dir.path().join("payments.db").display());

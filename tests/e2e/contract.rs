@@ -3,13 +3,7 @@
 //! `IdempotencyLayer` (`tests/support/contract.rs`). Each check below becomes
 //! `attribute::<check>` and `layer::<check>`.
 
-mod support;
-
-#[path = "support/contract.rs"]
 mod apps;
-
-#[path = "support/process.rs"]
-mod process;
 
 use std::time::Duration;
 
@@ -17,8 +11,10 @@ use axum::body::Body;
 use http::{Request, StatusCode};
 use tokio::io::AsyncWriteExt;
 
+use idempotent_runtime::testing::{Trial, async_trial};
+
+use crate::support::{Answer, process, send};
 use apps::{BODY_LIMIT, ContractApp, Protection};
-use support::{Answer, send};
 
 const CHARGE: &str = r#"{"amount": 10000, "currency": "BRL"}"#;
 
@@ -54,22 +50,22 @@ macro_rules! contract {
             async fn $name($protection: Protection) $body
         )*
 
-        mod attribute {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Protection::Attribute).await
-                }
-            )*
-        }
-
-        mod layer {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Protection::Layer).await
-                }
-            )*
+        /// Each check on each app, then what only the layer has.
+        pub(crate) fn trials() -> Vec<Trial> {
+            let mut trials = Vec::new();
+            for (app, protection) in [
+                ("attribute", Protection::Attribute),
+                ("layer", Protection::Layer),
+            ] {
+                $(
+                    trials.push(async_trial(
+                        format!("{app}::{}", stringify!($name)),
+                        move || $name(protection),
+                    ));
+                )*
+            }
+            trials.extend(layer_only::trials());
+            trials
         }
     };
 }
@@ -410,9 +406,39 @@ mod layer_only {
     use http::{Method, Request, StatusCode};
     use idempotent_runtime::layer::IdempotencyLayer;
     use idempotent_runtime::store::MemoryStore;
+    use idempotent_runtime::testing::{Trial, async_trial};
     use idempotent_runtime::{Idempotency, IdempotencyKey};
 
     use crate::support::send;
+
+    pub(super) fn trials() -> Vec<Trial> {
+        vec![
+            async_trial(
+                "layer_only::a_missing_scope_is_500_and_runs_nothing",
+                a_missing_scope_is_500_and_runs_nothing,
+            ),
+            async_trial(
+                "layer_only::scopes_from_a_function_separate_callers_and_the_handler_gets_the_key",
+                scopes_from_a_function_separate_callers_and_the_handler_gets_the_key,
+            ),
+            async_trial(
+                "layer_only::other_methods_pass_straight_through",
+                other_methods_pass_straight_through,
+            ),
+            async_trial(
+                "layer_only::a_tower_http_body_limit_is_413_problem_and_claims_nothing",
+                a_tower_http_body_limit_is_413_problem_and_claims_nothing,
+            ),
+            async_trial(
+                "layer_only::extractor_rejections_behind_the_layer_are_the_handlers_answer",
+                extractor_rejections_behind_the_layer_are_the_handlers_answer,
+            ),
+            async_trial(
+                "layer_only::extractor_rejections_through_as_problem_release_the_key_behind_the_layer",
+                extractor_rejections_through_as_problem_release_the_key_behind_the_layer,
+            ),
+        ]
+    }
 
     /// Counts its runs and echoes the key it was handed.
     async fn counted(
@@ -469,7 +495,6 @@ mod layer_only {
         })
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_missing_scope_is_500_and_runs_nothing() {
         #[derive(Clone)]
         struct Caller(String);
@@ -497,7 +522,6 @@ mod layer_only {
         assert_eq!(runs.load(Ordering::SeqCst), 0);
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn scopes_from_a_function_separate_callers_and_the_handler_gets_the_key() {
         let (router, runs) = app(account_header);
         let alice = send(&router, request(Method::POST, Some("k"), Some("alice"), "")).await;
@@ -516,7 +540,6 @@ mod layer_only {
         assert_eq!(runs.load(Ordering::SeqCst), 2);
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn other_methods_pass_straight_through() {
         let (router, runs) = app(account_header);
         // GET and PUT are not protected by default: no key needed, nothing replayed.
@@ -546,7 +569,6 @@ mod layer_only {
         );
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_tower_http_body_limit_is_413_problem_and_claims_nothing() {
         let runs = Arc::new(AtomicUsize::new(0));
         let router = Router::new()
@@ -588,7 +610,6 @@ mod layer_only {
     /// Unlike the attribute, which extracts everything before it claims, the layer cannot
     /// see the handler's extractors: their rejections are the handler's answer, stored and
     /// replayed like any 4xx.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn extractor_rejections_behind_the_layer_are_the_handlers_answer() {
         async fn json(Json(value): Json<serde_json::Value>) -> String {
             value.to_string()
@@ -615,7 +636,6 @@ mod layer_only {
     /// Wrapped in `AsProblem`, an extractor's rejection behind the layer is not recorded:
     /// the key is released, so the corrected request runs under the same key — as with
     /// the attribute.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn extractor_rejections_through_as_problem_release_the_key_behind_the_layer() {
         async fn json(
             idempotent_runtime::AsProblem(Json(value)): idempotent_runtime::AsProblem<

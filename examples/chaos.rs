@@ -8,8 +8,8 @@
 //!   cargo run --release --example chaos -- --payments 300
 //! ```
 //!
-//! Each instance is this program again (`chaos instance …`, the payments example
-//! compiled in), a separate OS process with its own engine and connection pool. The run
+//! Each instance is this program again (`chaos instance …`, serving
+//! `idempotent_demo::payments`), a separate OS process with its own engine and connection pool. The run
 //! creates its own database and drops it at the end. Everything is on loopback.
 
 use std::path::PathBuf;
@@ -17,14 +17,8 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use clap::Parser;
-
-mod client;
-mod proxy;
-mod run;
-
-#[allow(dead_code, unreachable_pub)] // the example's own `main`
-#[path = "../payments.rs"]
-mod payments;
+use idempotent_demo::chaos::{client, proxy, run};
+use idempotent_demo::payments;
 
 /// Chaos check of the payments demo.
 #[derive(Debug, Parser)]
@@ -129,7 +123,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Serves the payments example with the demo's flags (after `instance`).
+/// Serves the payments demo with the demo's flags (after `instance`).
 fn instance() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -8,17 +8,15 @@
 //!
 //! Needs `IDEMPOTENT_TEST_POSTGRES_URL`; without it the test is reported ignored.
 
-#[path = "support/process.rs"]
-mod process;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idempotent_runtime::testing::{async_trial, ignored_if, run};
-use process::{Instance, Server, TestDatabase};
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use reqwest::StatusCode;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+
+use crate::support::process::{self, Instance, Server, TestDatabase};
 
 const DEMO: &str = env!("CARGO_BIN_EXE_payments-demo");
 
@@ -136,14 +134,14 @@ async fn post(
     (status, body, replayed)
 }
 
-fn main() {
-    run(ignored_if(
+pub(crate) fn trials() -> Vec<Trial> {
+    ignored_if(
         Server::Postgres.unavailable(),
         vec![async_trial(
             "database_outage_is_503_then_recovers_without_double_execution",
             database_outage_is_503_then_recovers_without_double_execution,
         )],
-    ))
+    )
 }
 
 async fn database_outage_is_503_then_recovers_without_double_execution() {

@@ -1,30 +1,11 @@
-//! The ledger example (`examples/ledger.rs`, SQLite) and its Postgres and MySQL twins
-//! (`support/ledger_postgres.rs`, `support/ledger_mysql.rs`): deposits and their stored
+//! The ledger demo (`idempotent_demo::ledger`, SQLite) and its Postgres and MySQL twins
+//! (`ledger::postgres`, `ledger::mysql`): deposits and their stored
 //! responses commit together; a crash between the write and the commit leaves nothing.
 //!
 //! The Postgres and MySQL tests need `IDEMPOTENT_TEST_POSTGRES_URL` /
 //! `IDEMPOTENT_TEST_MYSQL_URL`; without them they are reported ignored.
 
-mod support;
-
-#[path = "support/process.rs"]
-mod process;
-
 /// The ledger example itself, so the tests drive the handler a reader sees.
-#[allow(dead_code, unreachable_pub)] // its `main` and `run` are for the binaries
-#[path = "../examples/ledger.rs"]
-mod ledger;
-
-#[cfg(feature = "postgres")]
-#[allow(dead_code, unreachable_pub)]
-#[path = "support/ledger_postgres.rs"]
-mod ledger_postgres;
-
-#[cfg(feature = "mysql")]
-#[allow(dead_code, unreachable_pub)]
-#[path = "support/ledger_mysql.rs"]
-mod ledger_mysql;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,10 +13,12 @@ use axum::Router;
 use axum::body::Body;
 use http::{Request, StatusCode};
 use idempotent_demo::database::{self, Database};
+use idempotent_demo::ledger;
 use idempotent_runtime::Idempotency;
-use idempotent_runtime::testing::{Trial, async_trial, ignored_if, run};
-use process::{Instance, Server, TestBackend};
-use support::send;
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
+
+use crate::support::process::{Instance, Server, TestBackend};
+use crate::support::send;
 
 const LEDGER: &str = env!("CARGO_BIN_EXE_ledger-demo");
 
@@ -45,7 +28,7 @@ async fn ledger_app(url: &str) -> (Router, Database) {
     let (db, store) = database::open(url).await.expect("open ledger database");
     let schema = match &db {
         #[cfg(feature = "mysql")]
-        Database::MySql(_) => ledger_mysql::SCHEMA,
+        Database::MySql(_) => ledger::mysql::SCHEMA,
         _ => ledger::SCHEMA,
     };
     db.execute_script(schema).await.expect("ledger schema");
@@ -56,12 +39,12 @@ async fn ledger_app(url: &str) -> (Router, Database) {
             db: pool.clone(),
         }),
         #[cfg(feature = "postgres")]
-        Database::Postgres(pool) => ledger_postgres::router(ledger_postgres::AppState {
+        Database::Postgres(pool) => ledger::postgres::router(ledger::postgres::AppState {
             idempotency,
             db: pool.clone(),
         }),
         #[cfg(feature = "mysql")]
-        Database::MySql(pool) => ledger_mysql::router(ledger_mysql::AppState {
+        Database::MySql(pool) => ledger::mysql::router(ledger::mysql::AppState {
             idempotency,
             db: pool.clone(),
         }),
@@ -235,7 +218,7 @@ const TESTS: [(&str, Test); 3] = [
     }),
 ];
 
-fn main() {
+pub(crate) fn trials() -> Vec<Trial> {
     let mut trials: Vec<Trial> = TESTS
         .into_iter()
         .map(|(name, test)| {
@@ -257,5 +240,5 @@ fn main() {
             .collect();
         trials.extend(ignored_if(server.unavailable(), on_server));
     }
-    run(trials)
+    trials
 }

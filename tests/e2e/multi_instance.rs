@@ -7,15 +7,13 @@
 //! reported ignored (the reason printed once). Each test creates and removes its own
 //! database (or Redis key prefix).
 
-#[path = "support/process.rs"]
-mod process;
-
 use std::future::Future;
 use std::time::Duration;
 
-use idempotent_runtime::testing::{async_trial, ignored_if, run};
-use process::{Instance, Server, TestBackend};
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use reqwest::StatusCode;
+
+use crate::support::process::{self, Instance, Server, TestBackend};
 
 const DEMO: &str = env!("CARGO_BIN_EXE_payments-demo");
 const CHARGE: &str = r#"{"amount": 10000, "currency": "BRL"}"#;
@@ -39,7 +37,7 @@ async fn start(backend: &TestBackend, flags: &[&str]) -> Instance {
     Instance::start(DEMO, &backend.url, &all).await
 }
 
-fn main() {
+pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = Vec::new();
     for server in [Server::Postgres, Server::MySql, Server::Redis] {
         let on = |name: &str, test: fn(Server) -> std::pin::Pin<Box<dyn Future<Output = ()>>>| {
@@ -103,7 +101,7 @@ fn main() {
             )],
         ));
     }
-    run(trials)
+    trials
 }
 
 /// 50 requests with one key spread over three instances, at once: the answers (status,

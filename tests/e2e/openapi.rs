@@ -4,12 +4,23 @@
 //! parameter, the problem answers, `Idempotent-Replayed` and the policy with the TTL and
 //! lease the process was started with, while the unprotected operations carry none of it.
 
-#[path = "support/process.rs"]
-mod process;
-
+use idempotent_runtime::testing::{Trial, async_trial};
 use serde_json::Value;
 
-use process::Instance;
+use crate::support::process::Instance;
+
+pub(crate) fn trials() -> Vec<Trial> {
+    vec![
+        async_trial(
+            "the_payments_demo_publishes_its_policy",
+            the_payments_demo_publishes_its_policy,
+        ),
+        async_trial(
+            "the_ledger_demo_publishes_its_policy",
+            the_ledger_demo_publishes_its_policy,
+        ),
+    ]
+}
 
 const PAYMENTS: &str = env!("CARGO_BIN_EXE_payments-demo");
 const LEDGER: &str = env!("CARGO_BIN_EXE_ledger-demo");
@@ -172,7 +183,6 @@ fn assert_unprotected(doc: &Value, path: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn the_payments_demo_publishes_its_policy() {
     let doc = published(PAYMENTS, "/payments").await;
     assert_protected(&doc, "/payments");
@@ -206,7 +216,6 @@ async fn the_payments_demo_publishes_its_policy() {
     assert!(get.get("x-idempotency").is_none(), "{get}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
 async fn the_ledger_demo_publishes_its_policy() {
     let doc = published(LEDGER, "/deposits").await;
     assert_protected(&doc, "/deposits");

@@ -1,11 +1,8 @@
-//! Helpers shared by the end-to-end tests: the payments example on a real SQLite file,
-//! request builders, and response readers.
-#![allow(dead_code)] // each test file uses a different subset
+//! Helpers shared by the end-to-end tests: the payments demo on a real SQLite file,
+//! request builders, and response readers; demo processes and test databases in
+//! [`process`].
 
-/// The payments example itself, so the tests drive the handlers a reader sees.
-#[allow(dead_code, unreachable_pub)] // its `main` and `run` are for the binaries
-#[path = "../../examples/payments.rs"]
-pub(crate) mod payments;
+pub(crate) mod process;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +16,7 @@ use idempotent_demo::gateway::Gateway;
 use idempotent_runtime::{Idempotency, Store};
 use tower::ServiceExt;
 
-use payments::{AppState, router};
+use idempotent_demo::payments::{AppState, router};
 
 /// The payments demo on an SQLite file in `dir`.
 pub(crate) async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, Gateway) {

@@ -9,20 +9,14 @@
 use std::process::Command;
 use std::time::Duration;
 
-#[path = "../examples/chaos/client.rs"]
-mod client;
-#[path = "../examples/chaos/proxy.rs"]
-mod proxy;
-#[path = "../examples/chaos/run.rs"]
-mod run;
-
-use idempotent_runtime::testing::{async_trial, ignored_if, run as run_trials};
+use idempotent_demo::chaos::{client, proxy, run};
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 
 const DEMO: &str = env!("CARGO_BIN_EXE_payments-demo");
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_POSTGRES_URL";
 
-fn main() {
+pub(crate) fn trials() -> Vec<Trial> {
     let unavailable = match std::env::var(URL_VAR) {
         Ok(url) if !url.is_empty() => None,
         _ => Some(format!(
@@ -33,7 +27,7 @@ fn main() {
         "faults_between_clients_and_instances_never_run_a_payment_twice",
         faults_between_clients_and_instances_never_run_a_payment_twice,
     )];
-    run_trials(ignored_if(unavailable, trials))
+    ignored_if(unavailable, trials)
 }
 
 async fn faults_between_clients_and_instances_never_run_a_payment_twice() {

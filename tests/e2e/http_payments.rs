@@ -3,16 +3,40 @@
 //! its read endpoints). The contract itself is checked in `tests/contract.rs`, through
 //! the attribute and through `IdempotencyLayer`.
 
-mod support;
-
 use std::time::Duration;
 
 use http::StatusCode;
-use support::{payments_app, post_payment, send};
+use idempotent_runtime::testing::{Trial, async_trial};
+
+use crate::support::{self, payments_app, post_payment, send};
 
 const CHARGE: &str = r#"{"amount": 10000, "currency": "BRL"}"#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(crate) fn trials() -> Vec<Trial> {
+    vec![
+        async_trial(
+            "unauthenticated_is_401_and_bad_json_is_rejected_without_claiming",
+            unauthenticated_is_401_and_bad_json_is_rejected_without_claiming,
+        ),
+        async_trial(
+            "validation_400_and_declined_402_are_stored_and_replayed",
+            validation_400_and_declined_402_are_stored_and_replayed,
+        ),
+        async_trial(
+            "gateway_503_releases_the_claim",
+            gateway_503_releases_the_claim,
+        ),
+        async_trial(
+            "records_survive_a_restart_on_the_sqlite_file",
+            records_survive_a_restart_on_the_sqlite_file,
+        ),
+        async_trial(
+            "listing_and_fetching_payments",
+            listing_and_fetching_payments,
+        ),
+    ]
+}
+
 async fn unauthenticated_is_401_and_bad_json_is_rejected_without_claiming() {
     let dir = tempfile::tempdir().unwrap();
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
@@ -53,7 +77,6 @@ async fn send_twice(app: &axum::Router, key: &str, body: &str) -> support::Answe
     first
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn validation_400_and_declined_402_are_stored_and_replayed() {
     let dir = tempfile::tempdir().unwrap();
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
@@ -78,7 +101,6 @@ async fn validation_400_and_declined_402_are_stored_and_replayed() {
     assert_eq!(charges[0].status, "declined");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_503_releases_the_claim() {
     let dir = tempfile::tempdir().unwrap();
     let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
@@ -95,7 +117,6 @@ async fn gateway_503_releases_the_claim() {
     assert_eq!(gateway.calls().await.unwrap(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_survive_a_restart_on_the_sqlite_file() {
     let dir = tempfile::tempdir().unwrap();
     let first_body = {
@@ -111,7 +132,6 @@ async fn records_survive_a_restart_on_the_sqlite_file() {
     assert_eq!(gateway.calls().await.unwrap(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listing_and_fetching_payments() {
     let dir = tempfile::tempdir().unwrap();
     let (app, _) = payments_app(dir.path(), Duration::ZERO).await;

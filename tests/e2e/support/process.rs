@@ -1,6 +1,6 @@
 //! Demo instances as real OS processes, and throwaway places for them on the servers the
 //! tests can use (a database on Postgres or MySQL, a key prefix on Redis).
-#![allow(dead_code)]
+#![allow(dead_code)] // a build without a server feature leaves some of it unused
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -399,7 +399,6 @@ fn on_own_runtime(cleanup: impl std::future::Future<Output = ()> + Send + 'stati
 }
 
 #[cfg(feature = "postgres")]
-#[allow(unused_imports)] // not every test file that shares this module needs it
 pub(crate) use postgres::TestDatabase;
 
 #[cfg(feature = "postgres")]
