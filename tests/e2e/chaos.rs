@@ -1,4 +1,4 @@
-//! The chaos check of `examples/chaos`, short: three payments demo processes on one
+//! The chaos check (`idempotent_demo::chaos`), short: three payments demo processes on one
 //! Postgres, a fault proxy in front of each, retrying clients; every answered payment
 //! ran its handler exactly once and none ran twice, counted from the gateway's call log.
 //! The full run is `cargo run --release --example chaos` (see the README).
@@ -31,7 +31,7 @@ pub(crate) fn trials() -> Vec<Trial> {
 }
 
 async fn faults_between_clients_and_instances_never_run_a_payment_twice() {
-    let admin_url = std::env::var(URL_VAR).expect("checked in main");
+    let admin_url = std::env::var(URL_VAR).expect("checked in `trials`");
     let attempt_timeout = Duration::from_millis(800);
     let config = run::ChaosConfig {
         admin_url,

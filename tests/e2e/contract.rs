@@ -1,6 +1,6 @@
 //! The contract (README, "The contract") end to end, one set of checks run against two
 //! apps with the same routes and handler logic: one protected by `#[idempotent]`, one by
-//! `IdempotencyLayer` (`tests/support/contract.rs`). Each check below becomes
+//! `IdempotencyLayer` (module `apps`, `contract/apps.rs`). Each check below becomes
 //! `attribute::<check>` and `layer::<check>`.
 
 mod apps;
