@@ -1,7 +1,11 @@
-//! Support for the demo applications in `examples/`: the plumbing both demos share, so
-//! each example file shows only what a user of `idempotent` writes (its handlers, its
-//! state and engine wiring, its router).
+//! The demo applications and the plumbing they share. The apps show what a user of
+//! `idempotent` writes (handlers, state and engine wiring, router); the binaries
+//! (`src/bin/`), the examples (`examples/`) and the end-to-end tests all run this code, so
+//! the tests drive the very handlers a reader sees.
 //!
+//! - [`payments`]: the payments API over a fake gateway;
+//! - [`ledger`]: a transactional handler (SQLite, with twins for Postgres and MySQL);
+//! - `chaos` (feature `postgres`): the chaos check of the payments demo;
 //! - [`auth`]: bearer-token authentication with fixed demo API keys (the idempotency
 //!   scope);
 //! - [`cli`]: the flags, each with an environment fallback;
@@ -9,15 +13,15 @@
 //! - [`gateway`]: a fake payment provider that deduplicates on the key it is sent;
 //! - [`prometheus`]: `GET /metrics`, the engine's metrics in the Prometheus text format;
 //! - [`serve`]: logging, the serve loop and a graceful shutdown that drains the engine.
-//!
-//! The example files are also compiled into the `*-demo` binaries and the end-to-end
-//! tests (`#[path = "../examples/payments.rs"] mod payments;`), so the tests drive the
-//! very handlers a reader sees.
 
 pub mod auth;
+#[cfg(feature = "postgres")]
+pub mod chaos;
 pub mod cli;
 pub mod database;
 pub mod gateway;
+pub mod ledger;
+pub mod payments;
 pub mod prometheus;
 pub mod serve;
 

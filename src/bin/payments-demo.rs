@@ -1,11 +1,12 @@
-//! The payments example as a binary target, so multi-process tests can start it through
-//! `CARGO_BIN_EXE_payments-demo`. Same program as `cargo run --example payments`: the
-//! example file itself is compiled in.
+//! The payments demo as a binary target, so multi-process tests can start it through
+//! `CARGO_BIN_EXE_payments-demo`. Same program as `cargo run --example payments`.
 
-#[allow(dead_code, unreachable_pub)] // the example's items, used by its own `main`
-#[path = "../../examples/payments.rs"]
-mod payments;
+use std::process::ExitCode;
 
-fn main() -> std::process::ExitCode {
-    payments::main()
+use idempotent_demo::{payments, serve};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = serve::start();
+    serve::exit_code(payments::run(args).await)
 }

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 mod framing;
 mod json;
 mod key_header;
+#[cfg(test)]
+mod quick;
 mod rng;
 
 use rng::Rng;

@@ -1,0 +1,41 @@
+//! The conformance suite on [`MemoryStore`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::testing::Trial;
+use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::{ManualClock, Store};
+
+/// A fresh [`MemoryStore`] on a [`ManualClock`].
+struct MemoryHarness {
+    store: Arc<MemoryStore>,
+    clock: ManualClock,
+}
+
+#[async_trait::async_trait]
+impl Harness for MemoryHarness {
+    async fn new() -> Self {
+        let clock = ManualClock::at_millis(1_700_000_000_000);
+        let store = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+        Self { store, clock }
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    async fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    async fn step_wall(&self, by_millis: i64) -> bool {
+        self.clock.step_wall(by_millis);
+        true
+    }
+}
+
+pub(crate) fn trials() -> Vec<Trial> {
+    conformance::trials::<MemoryHarness>()
+}

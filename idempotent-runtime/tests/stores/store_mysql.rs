@@ -1,0 +1,710 @@
+//! The conformance and transactional suites on [`MySqlStore`], plus what only MySQL has:
+//! connection errors, concurrent migrations, several pools (instances) on one table, the
+//! database clock, replays that write nothing.
+//!
+//! Needs `IDEMPOTENT_TEST_MYSQL_URL` (e.g. `mysql://root@127.0.0.1:3306/test`; MySQL 8
+//! or MariaDB 10.6+); without it every database test is reported *ignored* (the reason
+//! printed once). Each test works in a fresh database with a random name, dropped again
+//! when the test ends, so tests run in parallel and leave nothing behind.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idempotent_runtime::store::MySqlStore;
+use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
+use idempotent_runtime::{
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoreError, StoredResponse,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Row};
+
+use crate::transaction;
+
+const URL_VAR: &str = "IDEMPOTENT_TEST_MYSQL_URL";
+
+/// Test databases are named `idem_test_<unix seconds>_<random>`.
+const DATABASE_PREFIX: &str = "idem_test_";
+
+/// Why the database tests cannot run here, if they cannot.
+fn unavailable() -> Option<String> {
+    match std::env::var(URL_VAR) {
+        Ok(url) if !url.is_empty() => None,
+        _ => Some(format!(
+            "{URL_VAR} is not set (e.g. mysql://root@127.0.0.1:3306/test)"
+        )),
+    }
+}
+
+/// The server's URL; only called by tests that run when [`unavailable`] said nothing.
+fn server_url() -> String {
+    match std::env::var(URL_VAR) {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!("{URL_VAR} is not set"),
+    }
+}
+
+fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+/// `url` with its database replaced by `database`.
+fn url_for_database(url: &str, database: &str) -> String {
+    let mut parsed = url::Url::parse(url).unwrap_or_else(|e| panic!("{URL_VAR}: {e}"));
+    parsed.set_path(&format!("/{database}"));
+    parsed.into()
+}
+
+async fn admin_connection(url: &str) -> MySqlConnection {
+    MySqlConnection::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("{URL_VAR} is set but unreachable: {e}"))
+}
+
+/// A database that exists for one test: created at once, dropped (with everything in
+/// it) when the guard is dropped.
+struct TestDatabase {
+    server_url: String,
+    name: String,
+}
+
+impl TestDatabase {
+    /// A fresh, empty database. Also drops databases that crashed earlier runs left
+    /// behind (older than an hour), once per test binary.
+    async fn new() -> Self {
+        let server_url = server_url();
+        static SWEPT: AtomicBool = AtomicBool::new(false);
+        let mut admin = admin_connection(&server_url).await;
+        if !SWEPT.swap(true, Ordering::SeqCst) {
+            sweep_stale_databases(&mut admin).await;
+        }
+        let name = format!(
+            "{DATABASE_PREFIX}{}_{:016x}",
+            unix_secs(),
+            rand::random::<u64>()
+        );
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+            .execute(&mut admin)
+            .await
+            .expect("create the test database");
+        let _ = admin.close().await;
+        Self { server_url, name }
+    }
+
+    /// The URL of this database.
+    fn url(&self) -> String {
+        url_for_database(&self.server_url, &self.name)
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        // Drop cannot await, and the test's runtime may be shutting down: run the cleanup
+        // on a thread of its own with its own runtime, and wait for it.
+        let url = self.server_url.clone();
+        let name = self.name.clone();
+        let outcome = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let mut conn = MySqlConnection::connect(&url)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS `{name}`")))
+                    .execute(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _ = conn.close().await;
+                Ok::<(), String>(())
+            })
+        })
+        .join();
+        match outcome {
+            Ok(Ok(())) => {}
+            // Never panic in Drop (the test may already be unwinding); say it loudly.
+            Ok(Err(e)) => eprintln!("warning: could not drop test database {}: {e}", self.name),
+            Err(_) => eprintln!("warning: cleanup of test database {} panicked", self.name),
+        }
+    }
+}
+
+/// Drops `idem_test_*` databases older than an hour (left by a crashed or killed run).
+async fn sweep_stale_databases(admin: &mut MySqlConnection) {
+    let Ok(names) = sqlx::query_scalar::<_, String>(
+        "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
+         WHERE schema_name LIKE 'idem\\_test\\_%'",
+    )
+    .fetch_all(&mut *admin)
+    .await
+    else {
+        return;
+    };
+    let cutoff = unix_secs().saturating_sub(3600);
+    for name in names {
+        let created = name
+            .strip_prefix(DATABASE_PREFIX)
+            .and_then(|rest| rest.split('_').next())
+            .and_then(|secs| secs.parse::<u64>().ok());
+        if created.is_some_and(|secs| secs < cutoff) {
+            let _ = sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS `{name}`")))
+                .execute(&mut *admin)
+                .await;
+        }
+    }
+}
+
+/// A fresh [`MySqlStore`] in its own database (so are the tables the transactional
+/// suite's ledger creates). Time moves by shifting the stored timestamps back, which to
+/// the store (deciding by the database's `UTC_TIMESTAMP(6)`) is the same as the database
+/// clock moving forward.
+struct MySqlHarness {
+    store: Arc<MySqlStore>,
+    // Dropped after the store's pool (fields drop in order).
+    database: TestDatabase,
+}
+
+#[async_trait::async_trait]
+impl Harness for MySqlHarness {
+    fn unavailable() -> Option<String> {
+        unavailable()
+    }
+
+    async fn new() -> Self {
+        let database = TestDatabase::new().await;
+        let store = MySqlStore::connect(&database.url())
+            .await
+            .unwrap_or_else(|e| panic!("{URL_VAR} is set but the store cannot open: {e}"));
+        Self {
+            store: Arc::new(store),
+            database,
+        }
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    async fn advance(&self, by: Duration) {
+        let micros = i64::try_from(by.as_micros()).expect("test durations fit");
+        sqlx::query(
+            "UPDATE idempotency_records SET \
+             expires_at = expires_at - INTERVAL ? MICROSECOND, \
+             lease_expires_at = lease_expires_at - INTERVAL ? MICROSECOND, \
+             created_at = created_at - INTERVAL ? MICROSECOND",
+        )
+        .bind(micros)
+        .bind(micros)
+        .bind(micros)
+        .execute(self.store.pool())
+        .await
+        .expect("shift timestamps");
+    }
+}
+
+pub(crate) fn trials() -> Vec<Trial> {
+    let mut trials = conformance::trials::<MySqlHarness>();
+    trials.extend(transaction::trials::<MySqlHarness, sqlx::MySql>());
+    // Without a database.
+    trials.push(async_trial(
+        "unreachable_server_is_an_open_error_naming_the_redacted_url",
+        unreachable_server_is_an_open_error_naming_the_redacted_url,
+    ));
+    let with_database: Vec<Trial> = vec![
+        async_trial(
+            "concurrent_starts_migrate_one_fresh_database_once",
+            concurrent_starts_migrate_one_fresh_database_once,
+        ),
+        async_trial(
+            "concurrent_claims_across_two_pools_have_one_winner",
+            concurrent_claims_across_two_pools_have_one_winner,
+        ),
+        async_trial(
+            "timestamps_come_from_the_database_clock",
+            timestamps_come_from_the_database_clock,
+        ),
+        async_trial(
+            "the_session_time_zone_does_not_matter",
+            the_session_time_zone_does_not_matter,
+        ),
+        async_trial(
+            "replays_duplicates_and_mismatches_write_nothing",
+            replays_duplicates_and_mismatches_write_nothing,
+        ),
+        async_trial(
+            "shares_a_pool_and_uses_its_own_migrations_table",
+            shares_a_pool_and_uses_its_own_migrations_table,
+        ),
+        async_trial(
+            "purge_leaves_records_claimed_again",
+            purge_leaves_records_claimed_again,
+        ),
+        async_trial(
+            "test_databases_are_dropped_when_the_harness_is",
+            test_databases_are_dropped_when_the_harness_is,
+        ),
+        async_trial(
+            "debug_names_the_location_without_a_password",
+            debug_names_the_location_without_a_password,
+        ),
+    ];
+    trials.extend(ignored_if(unavailable(), with_database));
+    trials
+}
+
+const FINGERPRINT: Fingerprint = Fingerprint {
+    version: 1,
+    digest: [42; 32],
+};
+const TTL: Duration = Duration::from_secs(3600);
+const LEASE: Duration = Duration::from_secs(30);
+
+fn claim_request(key: &str, token: FencingToken) -> ClaimRequest<'_> {
+    ClaimRequest {
+        scope: "acct_alice",
+        key,
+        fingerprint: &FINGERPRINT,
+        ttl: TTL,
+        lease: LEASE,
+        token,
+    }
+}
+
+async fn unreachable_server_is_an_open_error_naming_the_redacted_url() {
+    // Needs no database: nothing listens on port 1.
+    for (url, shown) in [
+        (
+            "mysql://idem_user:hunter2@127.0.0.1:1/payments",
+            "mysql://idem_user:***@127.0.0.1:1/payments",
+        ),
+        (
+            "mysql://idem_user@127.0.0.1:1/payments?password=hunter2",
+            "mysql://idem_user@127.0.0.1:1/payments?password=***",
+        ),
+    ] {
+        let error = MySqlStore::connect(url)
+            .await
+            .expect_err("nothing listens on port 1");
+        let message = error.to_string();
+        match &error {
+            StoreError::Open { location, reason } => {
+                assert_eq!(location, shown);
+                assert!(!reason.is_empty());
+            }
+            other => panic!("expected StoreError::Open, got {other:?}"),
+        }
+        assert!(message.contains(shown), "{message}");
+        assert!(!message.contains("hunter2"), "{message}");
+        assert!(!format!("{error:?}").contains("hunter2"));
+    }
+}
+
+async fn concurrent_starts_migrate_one_fresh_database_once() {
+    let database = TestDatabase::new().await;
+    let url = database.url();
+    let starts = (0..4).map(|_| MySqlStore::connect(&url));
+    let stores: Vec<MySqlStore> = futures_util::future::join_all(starts)
+        .await
+        .into_iter()
+        .map(|started| started.expect("every concurrent start succeeds"))
+        .collect();
+
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _idempotent_migrations ORDER BY version")
+            .fetch_all(stores[0].pool())
+            .await
+            .expect("migrations table");
+    assert_eq!(applied, vec![1], "each migration applied exactly once");
+
+    // All of them see one table.
+    let token = FencingToken::random();
+    assert_eq!(
+        stores[0]
+            .claim(&claim_request("k", token))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
+    );
+    for store in &stores[1..] {
+        let outcome = store
+            .claim(&claim_request("k", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome;
+        assert!(
+            matches!(outcome, ClaimOutcome::InProgress { .. }),
+            "{outcome:?}"
+        );
+    }
+}
+
+async fn concurrent_claims_across_two_pools_have_one_winner() {
+    let database = TestDatabase::new().await;
+    // Two stores = two pools = two app instances sharing the table.
+    let a = Arc::new(MySqlStore::connect(&database.url()).await.unwrap());
+    let b = Arc::new(MySqlStore::connect(&database.url()).await.unwrap());
+
+    for round in 0..3 {
+        let key = format!("race-{round}");
+        let barrier = Arc::new(tokio::sync::Barrier::new(64));
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let barrier = barrier.clone();
+                let key = key.clone();
+                tokio::spawn(async move {
+                    let token = FencingToken::random();
+                    barrier.wait().await;
+                    let outcome = store
+                        .claim(&claim_request(&key, token))
+                        .await
+                        .map(|answer| answer.outcome);
+                    (outcome.expect("claim"), token)
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for task in tasks {
+            match task.await.expect("task") {
+                (
+                    ClaimOutcome::Claimed {
+                        token: won,
+                        takeover: None,
+                    },
+                    token,
+                ) => {
+                    assert_eq!(won, token);
+                    winners.push(token);
+                }
+                (ClaimOutcome::InProgress { retry_after }, _) => {
+                    assert!(retry_after >= Duration::from_secs(1) && retry_after <= LEASE);
+                }
+                (other, _) => panic!("unexpected outcome {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: exactly one Claimed");
+    }
+}
+
+async fn timestamps_come_from_the_database_clock() {
+    let database = TestDatabase::new().await;
+    let store = MySqlStore::connect(&database.url()).await.unwrap();
+    let token = FencingToken::random();
+    store.claim(&claim_request("clock", token)).await.unwrap();
+    let row = sqlx::query(
+        "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, expires_at) AS ttl,
+                TIMESTAMPDIFF(MICROSECOND, created_at, lease_expires_at) AS lease,
+                ABS(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6))) AS age,
+                state, token
+         FROM idempotency_records WHERE scope = 'acct_alice' AND `key` = 'clock'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(row.get::<i64, _>("ttl"), TTL.as_micros() as i64);
+    assert_eq!(row.get::<i64, _>("lease"), LEASE.as_micros() as i64);
+    assert!(
+        row.get::<i64, _>("age") < 5_000_000,
+        "created_at is the database's UTC_TIMESTAMP(6)"
+    );
+    assert_eq!(row.get::<String, _>("state"), "in_progress");
+    assert_eq!(row.get::<i64, _>("token"), token.0);
+
+    // A renew moves the lease from the database's clock, exactly, to the microsecond.
+    assert!(
+        store
+            .renew("acct_alice", "clock", token, Duration::from_millis(1500))
+            .await
+            .unwrap()
+    );
+    let remaining: i64 = sqlx::query_scalar(
+        "SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_expires_at) \
+         FROM idempotency_records WHERE scope = 'acct_alice' AND `key` = 'clock'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert!(remaining > 500_000 && remaining <= 1_500_000, "{remaining}");
+}
+
+/// Two pools whose sessions are in time zones 24 hours apart decide the same: the store
+/// uses UTC_TIMESTAMP(6) and DATETIME, never the session's NOW().
+async fn the_session_time_zone_does_not_matter() {
+    let database = TestDatabase::new().await;
+    let options: MySqlConnectOptions = database.url().parse().unwrap();
+    let pool_in = |zone: &str| {
+        MySqlPoolOptions::new()
+            .max_connections(2)
+            .connect_with(options.clone().timezone(Some(zone.to_owned())))
+    };
+    let east = MySqlStore::from_pool(pool_in("+13:00").await.unwrap())
+        .await
+        .unwrap();
+    let west = MySqlStore::from_pool(pool_in("-11:00").await.unwrap())
+        .await
+        .unwrap();
+    let token = FencingToken::random();
+    assert_eq!(
+        east.claim(&claim_request("tz", token))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
+    );
+    // Seen from 24 hours "earlier", the lease is neither expired nor a day long.
+    match west
+        .claim(&claim_request("tz", FencingToken::random()))
+        .await
+        .unwrap()
+        .outcome
+    {
+        ClaimOutcome::InProgress { retry_after } => {
+            assert!(retry_after <= LEASE, "{retry_after:?}")
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+    assert!(west.renew("acct_alice", "tz", token, LEASE).await.unwrap());
+}
+
+async fn replays_duplicates_and_mismatches_write_nothing() {
+    let database = TestDatabase::new().await;
+    let store = MySqlStore::connect(&database.url()).await.unwrap();
+    // Every row the store inserts, updates or deletes is logged by a trigger (AFTER
+    // triggers fire only for rows actually written; a duplicate-key insert writes none).
+    sqlx::raw_sql(
+        "CREATE TABLE write_log (op VARCHAR(8) NOT NULL);
+         CREATE TRIGGER log_insert AFTER INSERT ON idempotency_records
+             FOR EACH ROW INSERT INTO write_log VALUES ('insert');
+         CREATE TRIGGER log_update AFTER UPDATE ON idempotency_records
+             FOR EACH ROW INSERT INTO write_log VALUES ('update');
+         CREATE TRIGGER log_delete AFTER DELETE ON idempotency_records
+             FOR EACH ROW INSERT INTO write_log VALUES ('delete');",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let writes = || {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM write_log")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let other = Fingerprint {
+        version: 1,
+        digest: [9; 32],
+    };
+    let mismatch = |key: &'static str| ClaimRequest {
+        fingerprint: &other,
+        ..claim_request(key, FencingToken::random())
+    };
+
+    let token = FencingToken::random();
+    store.claim(&claim_request("running", token)).await.unwrap();
+    assert_eq!(writes().await, 1, "the claim inserted its record");
+    let duplicate = store
+        .claim(&claim_request("running", FencingToken::random()))
+        .await
+        .unwrap()
+        .outcome;
+    assert!(matches!(duplicate, ClaimOutcome::InProgress { .. }));
+    assert_eq!(
+        store.claim(&mismatch("running")).await.unwrap().outcome,
+        ClaimOutcome::Mismatch
+    );
+    assert_eq!(writes().await, 1, "in progress: nothing written");
+
+    assert!(
+        store
+            .complete(
+                "acct_alice",
+                "running",
+                token,
+                &StoredResponse {
+                    status: 201,
+                    headers: Vec::new(),
+                    body: None,
+                },
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(writes().await, 2, "the completion updated it");
+    for _ in 0..3 {
+        let replay = store
+            .claim(&claim_request("running", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome;
+        assert!(matches!(replay, ClaimOutcome::Replay(_)));
+    }
+    assert_eq!(
+        store.claim(&mismatch("running")).await.unwrap().outcome,
+        ClaimOutcome::Mismatch
+    );
+    assert_eq!(writes().await, 2, "completed: nothing written");
+}
+
+async fn shares_a_pool_and_uses_its_own_migrations_table() {
+    let database = TestDatabase::new().await;
+    let app_pool = MySqlPoolOptions::new()
+        .max_connections(3)
+        .connect(&database.url())
+        .await
+        .unwrap();
+    // The app's own sqlx migrations in the same database, before and after the store's.
+    sqlx::query("CREATE TABLE _sqlx_migrations (version BIGINT PRIMARY KEY)")
+        .execute(&app_pool)
+        .await
+        .unwrap();
+    let store = MySqlStore::from_pool(app_pool.clone()).await.unwrap();
+    let token = FencingToken::random();
+    assert_eq!(
+        store
+            .claim(&claim_request("shared", token))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
+    );
+    let mut tables: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
+         WHERE table_schema = DATABASE()",
+    )
+    .fetch_all(&app_pool)
+    .await
+    .unwrap();
+    tables.sort();
+    assert_eq!(
+        tables,
+        [
+            "_idempotent_migrations",
+            "_sqlx_migrations",
+            "idempotency_records"
+        ]
+    );
+    // A second store on the same pool finds everything applied.
+    let again = MySqlStore::from_pool(app_pool.clone()).await.unwrap();
+    let outcome = again
+        .claim(&claim_request("shared", FencingToken::random()))
+        .await
+        .unwrap()
+        .outcome;
+    assert!(
+        matches!(outcome, ClaimOutcome::InProgress { .. }),
+        "{outcome:?}"
+    );
+    // The app's pool is still usable.
+    let one: i64 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&app_pool)
+        .await
+        .unwrap();
+    assert_eq!(one, 1);
+}
+
+/// A purge racing a claim: a record claimed again between the purge's read and its
+/// delete is kept (the delete re-checks expiry on the locked row).
+async fn purge_leaves_records_claimed_again() {
+    let harness = MySqlHarness::new().await;
+    let store = harness.store.clone();
+    let stored = StoredResponse {
+        status: 200,
+        headers: Vec::new(),
+        body: None,
+    };
+    for i in 0..20 {
+        let key = format!("k{i}");
+        let token = FencingToken::random();
+        store.claim(&claim_request(&key, token)).await.unwrap();
+        assert!(
+            store
+                .complete("acct_alice", &key, token, &stored)
+                .await
+                .unwrap()
+        );
+    }
+    harness.advance(TTL).await;
+    // Claimed again (expired takeover) while purges run: each ends up either purged
+    // (then claimed as new) or taken over, never deleted from under its new owner.
+    let purges = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut purged = 0;
+            for _ in 0..20 {
+                purged += store.purge_expired(1).await.unwrap();
+            }
+            purged
+        })
+    };
+    let mut owners = Vec::new();
+    for i in 0..20 {
+        let key = format!("k{i}");
+        let token = FencingToken::random();
+        match store
+            .claim(&claim_request(&key, token))
+            .await
+            .unwrap()
+            .outcome
+        {
+            ClaimOutcome::Claimed { token: won, .. } => owners.push((key, won)),
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    let purged = purges.await.unwrap();
+    assert!(purged <= 20);
+    for (key, token) in owners {
+        assert!(
+            store.renew("acct_alice", &key, token, LEASE).await.unwrap(),
+            "{key}: the new owner still owns it"
+        );
+    }
+    assert_eq!(store.purge_expired(100).await.unwrap(), 0);
+}
+
+async fn test_databases_are_dropped_when_the_harness_is() {
+    let url = server_url();
+    let harness = MySqlHarness::new().await;
+    let name = harness.database.name.clone();
+    let exists = |url: String, name: String| async move {
+        let mut conn = admin_connection(&url).await;
+        let found: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?",
+        )
+        .bind(name)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        let _ = conn.close().await;
+        found == 1
+    };
+    assert!(exists(url.clone(), name.clone()).await);
+    drop(harness);
+    assert!(!exists(url, name).await, "the database was dropped");
+}
+
+async fn debug_names_the_location_without_a_password() {
+    let database = TestDatabase::new().await;
+    let store = MySqlStore::connect(&database.url()).await.unwrap();
+    let options: MySqlConnectOptions = database.url().parse().unwrap();
+    let debug = format!("{store:?}");
+    assert!(debug.contains(&database.name), "{debug}");
+    assert!(debug.contains(options.get_host()), "{debug}");
+    assert!(!debug.contains("password"), "{debug}");
+}

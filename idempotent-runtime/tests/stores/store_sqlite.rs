@@ -1,0 +1,401 @@
+//! The conformance suite on [`SqliteStore`] (a real file in a temporary directory, a
+//! multi-connection pool, a manual clock), plus what only SQLite has: opening files,
+//! migrations, journal mode.
+pub(crate) mod group_commit;
+pub(crate) mod leases;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotent_runtime::store::SqliteStore;
+use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::{Trial, async_trial};
+use idempotent_runtime::{
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ManualClock, Store, StoreError,
+    StoredResponse,
+};
+use sqlx::Row;
+use tempfile::TempDir;
+
+use crate::transaction;
+
+const START: i64 = 1_700_000_000_000;
+
+/// A fresh [`SqliteStore`] in its own temporary directory, on a [`ManualClock`].
+struct SqliteHarness {
+    store: Arc<SqliteStore>,
+    clock: ManualClock,
+    _dir: TempDir,
+}
+
+#[async_trait::async_trait]
+impl Harness for SqliteHarness {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = ManualClock::at_millis(START);
+        let path = dir.path().join("idempotency.db");
+        let store = SqliteStore::open_with_clock(
+            path.to_str().expect("utf-8 path"),
+            Arc::new(clock.clone()),
+        )
+        .await
+        .expect("open sqlite store");
+        Self {
+            store: Arc::new(store),
+            clock,
+            _dir: dir,
+        }
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    async fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+
+    async fn step_wall(&self, by_millis: i64) -> bool {
+        self.clock.step_wall(by_millis);
+        true
+    }
+}
+
+pub(crate) fn trials() -> Vec<Trial> {
+    let own: Vec<Trial> = vec![
+        async_trial(
+            "open_in_a_missing_directory_is_an_open_error_naming_the_path",
+            open_in_a_missing_directory_is_an_open_error_naming_the_path,
+        ),
+        async_trial(
+            "open_of_a_directory_or_a_non_database_is_an_open_error",
+            open_of_a_directory_or_a_non_database_is_an_open_error,
+        ),
+        async_trial(
+            "open_accepts_a_sqlite_url_and_creates_the_file",
+            open_accepts_a_sqlite_url_and_creates_the_file,
+        ),
+        async_trial(
+            "records_survive_closing_and_reopening_the_file",
+            records_survive_closing_and_reopening_the_file,
+        ),
+        async_trial(
+            "migrations_are_idempotent_on_reopen",
+            migrations_are_idempotent_on_reopen,
+        ),
+        async_trial(
+            "concurrent_first_opens_of_one_file_all_succeed",
+            concurrent_first_opens_of_one_file_all_succeed,
+        ),
+        async_trial(
+            "the_store_uses_wal_a_busy_timeout_and_normal_sync",
+            the_store_uses_wal_a_busy_timeout_and_normal_sync,
+        ),
+        async_trial(
+            "times_are_milliseconds_from_the_injected_clock",
+            times_are_milliseconds_from_the_injected_clock,
+        ),
+        async_trial(
+            "an_app_can_share_its_pool_with_the_store",
+            an_app_can_share_its_pool_with_the_store,
+        ),
+        async_trial(
+            "a_corrupt_record_is_an_error_not_a_panic",
+            a_corrupt_record_is_an_error_not_a_panic,
+        ),
+    ];
+    let mut trials = conformance::trials::<SqliteHarness>();
+    trials.extend(transaction::trials::<SqliteHarness, sqlx::Sqlite>());
+    trials.extend(own);
+    trials.extend(group_commit::trials());
+    trials.extend(leases::trials());
+    trials
+}
+
+fn fingerprint() -> Fingerprint {
+    Fingerprint {
+        version: 1,
+        digest: [42; 32],
+    }
+}
+
+fn claim_request(token: FencingToken) -> ClaimRequest<'static> {
+    static FINGERPRINT: Fingerprint = Fingerprint {
+        version: 1,
+        digest: [42; 32],
+    };
+    ClaimRequest {
+        scope: "acct_alice",
+        key: "key-1",
+        fingerprint: &FINGERPRINT,
+        ttl: Duration::from_secs(3600),
+        lease: Duration::from_secs(30),
+        token,
+    }
+}
+
+fn path_in(dir: &TempDir, name: &str) -> String {
+    dir.path()
+        .join(name)
+        .to_str()
+        .expect("utf-8 path")
+        .to_owned()
+}
+
+async fn open_in_a_missing_directory_is_an_open_error_naming_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = path_in(&dir, "no-such-dir/idempotency.db");
+    match SqliteStore::open(&path).await {
+        Err(StoreError::Open { location, reason }) => {
+            assert_eq!(location, path);
+            assert!(!reason.is_empty());
+            let message = StoreError::Open { location, reason }.to_string();
+            assert!(message.contains(&path), "{message}");
+        }
+        other => panic!("expected StoreError::Open, got {other:?}"),
+    }
+}
+
+async fn open_of_a_directory_or_a_non_database_is_an_open_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let as_dir = dir.path().to_str().unwrap().to_owned();
+    assert!(
+        matches!(SqliteStore::open(&as_dir).await, Err(StoreError::Open { ref location, .. }) if *location == as_dir)
+    );
+    let junk = path_in(&dir, "junk.db");
+    std::fs::write(&junk, vec![b'x'; 8192]).unwrap();
+    assert!(
+        matches!(SqliteStore::open(&junk).await, Err(StoreError::Open { ref location, .. }) if *location == junk)
+    );
+}
+
+async fn open_accepts_a_sqlite_url_and_creates_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = path_in(&dir, "from-url.db");
+    let store = SqliteStore::open(&format!("sqlite://{path}"))
+        .await
+        .expect("open url");
+    assert!(std::path::Path::new(&path).exists());
+    let token = FencingToken::random();
+    assert_eq!(
+        store.claim(&claim_request(token)).await.unwrap().outcome,
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
+    );
+}
+
+async fn records_survive_closing_and_reopening_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = path_in(&dir, "durable.db");
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![("location".to_owned(), b"/payments/1".to_vec())],
+        body: Some(bytes::Bytes::from_static(b"{\"id\":1}")),
+    };
+    let running = FencingToken::random();
+    {
+        let store = SqliteStore::open(&path).await.unwrap();
+        let token = FencingToken::random();
+        assert_eq!(
+            store.claim(&claim_request(token)).await.unwrap().outcome,
+            ClaimOutcome::Claimed {
+                token,
+                takeover: None
+            }
+        );
+        assert!(
+            store
+                .complete("acct_alice", "key-1", token, &stored)
+                .await
+                .unwrap()
+        );
+        let running_claim = ClaimRequest {
+            key: "key-2",
+            ..claim_request(running)
+        };
+        assert!(matches!(
+            store.claim(&running_claim).await.unwrap().outcome,
+            ClaimOutcome::Claimed { .. }
+        ));
+        store.pool().close().await;
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(
+        store
+            .claim(&claim_request(FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Replay(stored)
+    );
+    // The in-progress claim and its token survived too.
+    assert!(
+        store
+            .renew("acct_alice", "key-2", running, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+}
+
+async fn migrations_are_idempotent_on_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = path_in(&dir, "migrate.db");
+    for _ in 0..3 {
+        let store = SqliteStore::open(&path).await.expect("reopen");
+        let applied: i64 =
+            sqlx::query("SELECT COUNT(*) FROM _idempotent_sqlite_migrations WHERE success")
+                .fetch_one(store.pool())
+                .await
+                .unwrap()
+                .get(0);
+        assert_eq!(applied, SqliteStore::migrator().iter().count() as i64);
+        store.pool().close().await;
+    }
+}
+
+async fn concurrent_first_opens_of_one_file_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = path_in(&dir, "race.db");
+    let opens: Vec<_> = (0..4)
+        .map(|_| {
+            let path = path.clone();
+            tokio::spawn(async move { SqliteStore::open(&path).await })
+        })
+        .collect();
+    for open in opens {
+        open.await.unwrap().expect("concurrent open");
+    }
+}
+
+async fn the_store_uses_wal_a_busy_timeout_and_normal_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&path_in(&dir, "pragmas.db"))
+        .await
+        .unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
+    let mode: String = sqlx::query("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mode, "wal");
+    let busy: i64 = sqlx::query("PRAGMA busy_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(busy, 5000);
+    let sync: i64 = sqlx::query("PRAGMA synchronous")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(sync, 1, "NORMAL");
+}
+
+async fn times_are_milliseconds_from_the_injected_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::at_millis(START);
+    let store = SqliteStore::open_with_clock(&path_in(&dir, "clock.db"), Arc::new(clock.clone()))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .claim(&claim_request(FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed { .. }
+    ));
+    let row = sqlx::query(
+        "SELECT created_at, lease_expires_at, expires_at, fingerprint, fingerprint_version \
+         FROM idempotency_records",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(row.get::<i64, _>("created_at"), START);
+    assert_eq!(row.get::<i64, _>("lease_expires_at"), START + 30_000);
+    assert_eq!(row.get::<i64, _>("expires_at"), START + 3_600_000);
+    assert_eq!(
+        row.get::<Vec<u8>, _>("fingerprint"),
+        fingerprint().digest.to_vec()
+    );
+    assert_eq!(row.get::<i64, _>("fingerprint_version"), 1);
+}
+
+async fn an_app_can_share_its_pool_with_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = SqliteStore::connect_options(&path_in(&dir, "shared.db")).unwrap();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    // The app's own table (and, in real apps, its own migrations) live beside the store's.
+    sqlx::query("CREATE TABLE charges (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = SqliteStore::from_pool(pool.clone(), Arc::new(ManualClock::at_millis(START)))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .claim(&claim_request(FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed { .. }
+    ));
+    let records: i64 = sqlx::query("SELECT COUNT(*) FROM idempotency_records")
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(records, 1);
+    let tables: i64 = sqlx::query(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(
+        tables, 0,
+        "the store leaves sqlx's default migrations table to the app"
+    );
+}
+
+async fn a_corrupt_record_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&path_in(&dir, "corrupt.db"))
+        .await
+        .unwrap();
+    let token = FencingToken::random();
+    store.claim(&claim_request(token)).await.unwrap();
+    let response = StoredResponse {
+        status: 200,
+        headers: Vec::new(),
+        body: None,
+    };
+    assert!(
+        store
+            .complete("acct_alice", "key-1", token, &response)
+            .await
+            .unwrap()
+    );
+    sqlx::query("UPDATE idempotency_records SET headers = x'0000'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .claim(&claim_request(FencingToken::random()))
+            .await
+            .map(|answer| answer.outcome),
+        Err(StoreError::Corrupt(_))
+    ));
+}

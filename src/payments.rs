@@ -1,0 +1,348 @@
+//! The payments demo app, served by `cargo run --example payments` and the `payments-demo`
+//! binary (see `-- --help` for the flags).
+//!
+//! - `POST /payments` `{"amount": 10000, "currency": "BRL"}` — requires `Idempotency-Key`;
+//!   charges the (fake) payment gateway once per key and answers `201` with `Location`;
+//! - `GET /payments` — the caller's charges as the gateway recorded them;
+//! - `GET /payments/{id}` — one of them;
+//! - `GET /metrics` — the engine's counters and latencies in the Prometheus text format
+//!   (added by the serve loop, [`crate::prometheus`]).
+//! - `GET /openapi.json` — the API in OpenAPI 3.1, `POST /payments` with its published
+//!   idempotency policy (key header, problem answers, TTL and lease as configured).
+//!
+//! What a user of `idempotent` writes is all here: the `#[idempotent]` handler, the
+//! router state with the engine in it (`FromRef`), the engine wiring and the router. The
+//! plumbing (bearer auth, flags, the fake gateway, the serve loop) is in the other
+//! modules of this library.
+
+use std::time::Duration;
+
+use axum::extract::{FromRef, Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::{HeaderValue, StatusCode, header};
+use idempotent_runtime::openapi::PublishedPolicy;
+use idempotent_runtime::rejection::AsProblem;
+use idempotent_runtime::{Idempotency, IdempotencyKey, Problem, idempotent};
+use serde::{Deserialize, Serialize};
+use utoipa::OpenApi;
+
+use crate::auth::Caller;
+use crate::cli::DemoArgs;
+use crate::database;
+use crate::gateway::{Charge, Gateway, GatewayError};
+use crate::serve::{self, Banner, BoxError};
+
+/// The router state: the idempotency engine and the payment gateway.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The idempotency engine (`#[idempotent]` handlers find it through `FromRef`).
+    pub idempotency: Idempotency,
+    /// The payment provider.
+    pub gateway: Gateway,
+}
+
+impl FromRef<AppState> for Idempotency {
+    fn from_ref(state: &AppState) -> Self {
+        state.idempotency.clone()
+    }
+}
+
+impl FromRef<AppState> for Gateway {
+    fn from_ref(state: &AppState) -> Self {
+        state.gateway.clone()
+    }
+}
+
+/// The payments API.
+pub fn router(state: AppState) -> Router {
+    let doc = Json(openapi(&state.idempotency));
+    Router::new()
+        .route("/payments", post(create_payment).get(list_payments))
+        .route("/payments/{id}", get(get_payment))
+        .route("/openapi.json", get(move || async move { doc }))
+        .with_state(state)
+}
+
+/// The operations, as `#[utoipa::path]` describes them.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Payments demo",
+        description = "Charges a (fake) payment gateway once per idempotency key."
+    ),
+    paths(create_payment, list_payments, get_payment)
+)]
+struct ApiDoc;
+
+/// The OpenAPI document, with the idempotency policy `POST /payments` runs with on
+/// `idempotency` (the handler's `policy = CREATE_PAYMENT_POLICY`, the engine's TTL and
+/// lease).
+pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    PublishedPolicy::new(idempotency)
+        .operation(http::Method::POST, "/payments", CREATE_PAYMENT_POLICY)
+        .apply(&mut doc)
+        .expect("every protected operation is in ApiDoc");
+    doc
+}
+
+/// `POST /payments`: charges the gateway once per idempotency key and caller.
+///
+/// `scope = caller`: keys are unique per authenticated account. `key` is the claimed key;
+/// `key.derive("charge")` is the gateway's own idempotency key, the same on every retry of
+/// this request, so a retry after a crash is deduplicated by the provider too.
+/// `AsProblem` answers malformed JSON as problem+json, before the key is claimed.
+#[utoipa::path(
+    post,
+    path = "/payments",
+    summary = "Charge a card",
+    description = "Charges the gateway once per idempotency key and caller.",
+    request_body = ChargeRequest,
+    responses(
+        (status = 201, description = "Charged", body = Payment,
+            headers(("Location" = String, description = "The new payment"))),
+        (status = 400, description = "Invalid amount or currency (`invalid_request`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 402, description = "The card was declined (`card_declined`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The gateway is down (`gateway_unavailable`); nothing was charged.",
+            body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[idempotent(scope = caller, policy = CREATE_PAYMENT_POLICY)]
+async fn create_payment(
+    caller: Caller,
+    key: IdempotencyKey,
+    State(gateway): State<Gateway>,
+    AsProblem(Json(request)): AsProblem<Json<ChargeRequest>>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (amount, currency) = request.validate()?;
+    let charge = gateway
+        .charge(caller.account(), amount, &currency, &key.derive("charge"))
+        .await?;
+    let payment = Payment::from(charge);
+    let location = HeaderValue::try_from(format!("/payments/{}", payment.id))
+        .map_err(|err| ApiError::Internal(err.to_string()))?;
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(payment),
+    ))
+}
+
+/// `GET /payments`: the caller's charges. Reads need no idempotency key.
+#[utoipa::path(
+    get,
+    path = "/payments",
+    summary = "List the caller's payments",
+    responses((status = 200, description = "The caller's payments", body = Vec<Payment>))
+)]
+async fn list_payments(
+    caller: Caller,
+    State(gateway): State<Gateway>,
+) -> Result<Json<Vec<Payment>>, ApiError> {
+    let charges = gateway.list(caller.account()).await?;
+    Ok(Json(charges.into_iter().map(Payment::from).collect()))
+}
+
+/// `GET /payments/{id}`: one of the caller's charges.
+#[utoipa::path(
+    get,
+    path = "/payments/{id}",
+    summary = "One payment",
+    params(("id" = String, Path, description = "`pay_…`")),
+    responses(
+        (status = 200, description = "The payment", body = Payment),
+        (status = 404, description = "No such payment for this caller (`not_found`).",
+            body = Problem, content_type = "application/problem+json"),
+    )
+)]
+async fn get_payment(
+    caller: Caller,
+    State(gateway): State<Gateway>,
+    Path(id): Path<String>,
+) -> Result<Json<Payment>, ApiError> {
+    let charge = gateway
+        .get(caller.account(), &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(Json(charge.into()))
+}
+
+/// The body of `POST /payments`. The fields are validated in the handler, so a `400` for
+/// a bad amount is stored and replayed like any other answer; malformed JSON is refused
+/// by the extractor before the key is claimed.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+struct ChargeRequest {
+    /// Minor units; a positive integer.
+    #[serde(default)]
+    #[schema(value_type = i64, example = 10000)]
+    amount: serde_json::Value,
+    /// Three upper-case letters.
+    #[serde(default)]
+    #[schema(value_type = String, example = "BRL")]
+    currency: serde_json::Value,
+}
+
+impl ChargeRequest {
+    fn validate(&self) -> Result<(i64, String), ApiError> {
+        let amount = self
+            .amount
+            .as_i64()
+            .filter(|amount| *amount > 0)
+            .ok_or_else(|| {
+                ApiError::Invalid(
+                    "Amount must be a positive integer in minor units, e.g. 10000.".into(),
+                )
+            })?;
+        match self.currency.as_str() {
+            Some(currency)
+                if currency.len() == 3 && currency.bytes().all(|b| b.is_ascii_uppercase()) =>
+            {
+                Ok((amount, currency.to_owned()))
+            }
+            _ => Err(ApiError::Invalid(
+                "Currency must be three upper-case letters, e.g. \"BRL\".".into(),
+            )),
+        }
+    }
+}
+
+/// A payment as the API shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+struct Payment {
+    /// `pay_…`
+    id: String,
+    /// Minor units.
+    amount: i64,
+    /// ISO 4217 code.
+    currency: String,
+    /// `succeeded` or `declined`.
+    status: String,
+}
+
+impl From<Charge> for Payment {
+    fn from(charge: Charge) -> Self {
+        Self {
+            id: charge.id,
+            amount: charge.amount,
+            currency: charge.currency,
+            status: charge.status,
+        }
+    }
+}
+
+/// The API's errors, answered as problem+json like the library's own.
+#[derive(Debug)]
+enum ApiError {
+    /// A request that does not validate (`400`).
+    Invalid(String),
+    /// The card was declined (`402`); the payment is recorded as declined.
+    Declined(Payment),
+    /// The gateway is down (`503`); nothing happened, retry with the same key.
+    GatewayUnavailable,
+    /// No such payment for this caller (`404`).
+    NotFound,
+    /// The demo's database failed (`500`).
+    Internal(String),
+}
+
+impl From<GatewayError> for ApiError {
+    fn from(err: GatewayError) -> Self {
+        match err {
+            GatewayError::Declined(charge) => ApiError::Declined(charge.into()),
+            GatewayError::Unavailable => ApiError::GatewayUnavailable,
+            GatewayError::Ledger(err) => err.into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(err: sqlx::Error) -> Self {
+        ApiError::Internal(err.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = match self {
+            ApiError::Invalid(detail) => Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "Invalid request",
+                detail,
+            ),
+            ApiError::Declined(payment) => Problem::new(
+                StatusCode::PAYMENT_REQUIRED,
+                "card_declined",
+                "Card declined",
+                format!(
+                    "The card was declined; payment {} is recorded as declined.",
+                    payment.id
+                ),
+            )
+            // A machine code, like the library's reasons; the payment id is in `detail`
+            // and in `GET /payments`.
+            .with_reason("generic_decline"),
+            ApiError::GatewayUnavailable => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "gateway_unavailable",
+                "Payment gateway unavailable",
+                "Nothing was charged. Retry with the same Idempotency-Key.",
+            )
+            .with_retry_after(1),
+            ApiError::NotFound => Problem::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "Not found",
+                "No such payment for this account.",
+            ),
+            ApiError::Internal(detail) => {
+                tracing::error!(%detail, "internal error");
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    "Internal error",
+                    "Something went wrong.",
+                )
+            }
+        };
+        problem.into_response()
+    }
+}
+
+/// Opens the database, wires the engine and serves until Ctrl-C.
+pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
+    // The store by URL scheme: SQLite for `sqlite://…` (the default), Postgres for
+    // `postgres://…`, MySQL/MariaDB for `mysql://…` — the gateway keeps its charges in
+    // the same database — or Redis for `redis://…`, with the gateway's charges in
+    // `--gateway-database-url` (an SQLite file by default).
+    if database::is_key_value_store(&args.database_url) {
+        tracing::info!(
+            gateway_database = %database::redact_url(&args.gateway_database_url),
+            "the store keeps only idempotency records; the gateway's charges go here"
+        );
+    }
+    let (db, store) = database::open_store(&args.database_url, &args.gateway_database_url).await?;
+    let idempotency = Idempotency::builder_shared(store)
+        .default_lease(args.lease)
+        .default_ttl(args.ttl)
+        .default_wait(args.wait.unwrap_or_default())
+        .build();
+    // Purges expired keys every minute, in the background.
+    let _sweeper = idempotency.spawn_sweeper(Duration::from_secs(60));
+    let gateway = Gateway::new(db, args.gateway_latency()).await?;
+    let app = router(AppState {
+        idempotency: idempotency.clone(),
+        gateway,
+    });
+    let banner = Banner {
+        name: "payments",
+        post: "/payments",
+        body: r#"{"amount": 10000, "currency": "BRL"}"#,
+        get: "/payments",
+    };
+    serve::serve(app, &idempotency, &args, banner).await
+}

@@ -1,0 +1,159 @@
+//! The payments example end to end on a real SQLite file: what the demo adds to the
+//! contract (its gateway, its problem+json for bad JSON, its records across a restart,
+//! its read endpoints). The contract itself is checked in `tests/contract.rs`, through
+//! the attribute and through `IdempotencyLayer`.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use idempotent_runtime::testing::{Trial, async_trial};
+
+use crate::support::{self, payments_app, post_payment, send};
+
+const CHARGE: &str = r#"{"amount": 10000, "currency": "BRL"}"#;
+
+pub(crate) fn trials() -> Vec<Trial> {
+    vec![
+        async_trial(
+            "unauthenticated_is_401_and_bad_json_is_rejected_without_claiming",
+            unauthenticated_is_401_and_bad_json_is_rejected_without_claiming,
+        ),
+        async_trial(
+            "validation_400_and_declined_402_are_stored_and_replayed",
+            validation_400_and_declined_402_are_stored_and_replayed,
+        ),
+        async_trial(
+            "gateway_503_releases_the_claim",
+            gateway_503_releases_the_claim,
+        ),
+        async_trial(
+            "records_survive_a_restart_on_the_sqlite_file",
+            records_survive_a_restart_on_the_sqlite_file,
+        ),
+        async_trial(
+            "listing_and_fetching_payments",
+            listing_and_fetching_payments,
+        ),
+    ]
+}
+
+async fn unauthenticated_is_401_and_bad_json_is_rejected_without_claiming() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
+    let anonymous = send(&app, post_payment("sk_test_mallory", Some("k"), CHARGE)).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        anonymous.header("content-type"),
+        Some("application/problem+json")
+    );
+    let garbage = send(&app, post_payment("sk_test_alice", Some("k"), "{not json")).await;
+    assert_eq!(garbage.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        garbage.header("content-type"),
+        Some("application/problem+json"),
+        "the JSON extractor's rejection is a problem like every other error"
+    );
+    assert_eq!(garbage.code(), "bad_request");
+    let detail = garbage.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.starts_with("Failed to parse the request body as JSON"),
+        "{detail}"
+    );
+    // Nothing was stored: the same key now works with a good body.
+    let good = send(&app, post_payment("sk_test_alice", Some("k"), CHARGE)).await;
+    assert_eq!(good.status, StatusCode::CREATED);
+    assert!(!good.replayed());
+    assert_eq!(gateway.calls().await.unwrap(), 1);
+}
+
+/// Sends the same charge twice under `key`; asserts the second is a byte-identical
+/// replay of the first, and returns the first.
+async fn send_twice(app: &axum::Router, key: &str, body: &str) -> support::Answer {
+    let first = send(app, post_payment("sk_test_alice", Some(key), body)).await;
+    let again = send(app, post_payment("sk_test_alice", Some(key), body)).await;
+    assert!(!first.replayed());
+    assert!(again.replayed(), "the second answer is a replay");
+    assert_eq!((again.status, &again.body), (first.status, &first.body));
+    first
+}
+
+async fn validation_400_and_declined_402_are_stored_and_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
+    let invalid = send_twice(&app, "bad", r#"{"amount": -5, "currency": "brl"}"#).await;
+    assert_eq!(invalid.status, StatusCode::BAD_REQUEST);
+    assert_eq!(invalid.code(), "invalid_request");
+    assert_eq!(
+        invalid.json()["detail"],
+        "Amount must be a positive integer in minor units, e.g. 10000."
+    );
+
+    let declined = send_twice(&app, "dec", r#"{"amount": 40200, "currency": "BRL"}"#).await;
+    assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(declined.code(), "card_declined");
+    assert_eq!(
+        declined.json()["reason"],
+        "generic_decline",
+        "a machine code"
+    );
+    let charges = gateway.all().await.unwrap();
+    assert_eq!(charges.len(), 1, "the declined charge is recorded once");
+    assert_eq!(charges[0].status, "declined");
+}
+
+async fn gateway_503_releases_the_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
+    let body = r#"{"amount": 50300, "currency": "BRL"}"#;
+    for _ in 0..2 {
+        let answer = send(&app, post_payment("sk_test_alice", Some("flaky"), body)).await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            !answer.replayed(),
+            "released: the retry ran the handler again"
+        );
+        assert_eq!(answer.code(), "gateway_unavailable");
+    }
+    assert_eq!(gateway.calls().await.unwrap(), 0);
+}
+
+async fn records_survive_a_restart_on_the_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let first_body = {
+        let (app, _) = payments_app(dir.path(), Duration::ZERO).await;
+        send(&app, post_payment("sk_test_alice", Some("order-1"), CHARGE))
+            .await
+            .body
+    };
+    let (app, gateway) = payments_app(dir.path(), Duration::ZERO).await;
+    let after_restart = send(&app, post_payment("sk_test_alice", Some("order-1"), CHARGE)).await;
+    assert!(after_restart.replayed());
+    assert_eq!(after_restart.body, first_body);
+    assert_eq!(gateway.calls().await.unwrap(), 1);
+}
+
+async fn listing_and_fetching_payments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, _) = payments_app(dir.path(), Duration::ZERO).await;
+    let created = send(&app, post_payment("sk_test_alice", Some("order-1"), CHARGE)).await;
+    let location = created.header("location").unwrap().to_owned();
+    let get = |uri: &str, key: &str| {
+        http::Request::get(uri)
+            .header("authorization", format!("Bearer {key}"))
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let one = send(&app, get(&location, "sk_test_alice")).await;
+    assert_eq!(one.status, StatusCode::OK);
+    assert_eq!(one.body, created.body);
+    assert_eq!(
+        send(&app, get(&location, "sk_test_bob")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let list = send(&app, get("/payments", "sk_test_alice")).await.json();
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(
+        send(&app, get("/payments", "sk_test_bob")).await.json(),
+        serde_json::json!([])
+    );
+}

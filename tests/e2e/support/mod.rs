@@ -1,0 +1,96 @@
+//! Helpers shared by the end-to-end tests: the payments demo on a real SQLite file,
+//! request builders, and response readers; demo processes and test databases in
+//! [`process`].
+
+pub(crate) mod process;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
+use idempotent_demo::database::{self, Database};
+use idempotent_demo::gateway::Gateway;
+use idempotent_runtime::{Idempotency, Store};
+use tower::ServiceExt;
+
+use idempotent_demo::payments::{AppState, router};
+
+/// The payments demo on an SQLite file in `dir`.
+pub(crate) async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, Gateway) {
+    let url = format!("sqlite://{}", dir.join("payments.db").display());
+    let (db, store) = database::open(&url).await.expect("open demo database");
+    payments_app_on(db, store, latency).await
+}
+
+async fn payments_app_on(
+    db: Database,
+    store: Arc<dyn Store>,
+    latency: Duration,
+) -> (Router, Gateway) {
+    let gateway = Gateway::new(db, latency).await.expect("gateway schema");
+    let idempotency = Idempotency::builder_shared(store).build();
+    let app = router(AppState {
+        idempotency,
+        gateway: gateway.clone(),
+    });
+    (app, gateway)
+}
+
+/// `POST /payments` as `api_key` with `idempotency_key` (raw header value) and `body`.
+pub(crate) fn post_payment(
+    api_key: &str,
+    idempotency_key: Option<&str>,
+    body: &str,
+) -> Request<Body> {
+    let mut request = Request::post("/payments")
+        .header("authorization", format!("Bearer {api_key}"))
+        .header("content-type", "application/json");
+    if let Some(key) = idempotency_key {
+        request = request.header("idempotency-key", key);
+    }
+    request.body(Body::from(body.to_owned())).expect("request")
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Answer {
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|_| panic!("JSON body, got {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub(crate) fn code(&self) -> String {
+        self.json()["code"].as_str().unwrap_or_default().to_owned()
+    }
+
+    pub(crate) fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// Sends `request` to `app` in-process.
+pub(crate) async fn send(app: &Router, request: Request<Body>) -> Answer {
+    let response = app.clone().oneshot(request).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes().to_vec();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
