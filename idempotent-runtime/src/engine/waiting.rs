@@ -31,7 +31,7 @@ use super::Inner;
 use crate::config::HandlerConfig;
 use crate::metrics;
 use crate::sharded::{Id, Identified, Sharded, Table};
-use crate::store::{ClaimWatch, FencingToken};
+use crate::store::FencingToken;
 
 /// The first poll step on a store without change notifications, doubled up to
 /// [`MAX_POLL`].
@@ -104,7 +104,7 @@ where
     let mut waited = false;
     loop {
         // Before the claim, so that an end between the claim and the wait wakes it.
-        let store_watch = store_watch(inner, scope, key, poll);
+        let store_watch = inner.capabilities.watch_claim(scope, key, poll);
         let (retry_after, handler) = match attempt(execute).await {
             Attempt::Done(settled, response) => {
                 if waited {
@@ -131,15 +131,6 @@ where
                 poll = (poll * 2).min(MAX_POLL);
             }
         }
-    }
-}
-
-/// A watch on `(scope, key)` for the end of its claim: the store's change notifications,
-/// or on a store that offers none, the next poll step.
-fn store_watch(inner: &Inner, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
-    match &inner.capabilities.watch {
-        Some(watch) => watch.watch_claim(scope, key, poll),
-        None => Box::pin(tokio::time::sleep(poll)),
     }
 }
 

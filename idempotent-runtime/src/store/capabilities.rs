@@ -67,6 +67,15 @@ impl Capabilities {
         Self::default()
     }
 
+    /// What a duplicate waiting on `(scope, key)` waits on: the store's change
+    /// notifications ([`watch`](Self::watch)), or on a store that offers none, `poll`.
+    pub fn watch_claim(&self, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
+        match &self.watch {
+            Some(watch) => watch.watch_claim(scope, key, poll),
+            None => Box::pin(tokio::time::sleep(poll)),
+        }
+    }
+
     /// With [`clock`](Self::clock).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);

@@ -86,8 +86,7 @@ mod operator;
 
 use crate::fingerprint::Fingerprint;
 use crate::store::{
-    ClaimAnswer, ClaimOutcome, ClaimRequest, ClaimWatch, FencingToken, Store, StoredResponse,
-    Takeover,
+    ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, Store, StoredResponse, Takeover,
 };
 pub use faults::{
     check_fault_backward_wall_step_keeps_no_lease_alive,
@@ -1180,7 +1179,7 @@ pub async fn check_watch_wakes_after_complete_and_release<H: Harness>() {
 
     // Ended before the watch is first awaited.
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
-    let watch = watch_claim(&*store, SCOPE, KEY, poll);
+    let watch = store.capabilities().watch_claim(SCOPE, KEY, poll);
     assert_in_progress(&claim(&*store, fp(1)).await.0, LEASE);
     assert!(complete(&*store, first, &response("first")).await);
     tokio::time::timeout(BOUND, watch)
@@ -1192,7 +1191,7 @@ pub async fn check_watch_wakes_after_complete_and_release<H: Harness>() {
     // Ended by another task while the watch is pending.
     let other = "watch-release";
     let holder = must_claim(&*store, SCOPE, other, fp(2)).await;
-    let watch = watch_claim(&*store, SCOPE, other, poll);
+    let watch = store.capabilities().watch_claim(SCOPE, other, poll);
     let releasing = {
         let store = store.clone();
         tokio::spawn(async move { store.release(SCOPE, other, holder).await })
@@ -1202,15 +1201,6 @@ pub async fn check_watch_wakes_after_complete_and_release<H: Harness>() {
         .expect("the watch resolves after the claim was released");
     assert!(releasing.await.expect("release task").expect("release"));
     must_claim(&*store, SCOPE, other, fp(2)).await;
-}
-
-/// What a waiting duplicate waits on: the store's change notifications, or, on a store
-/// that offers none, the poll step the engine falls back to.
-fn watch_claim(store: &dyn Store, scope: &str, key: &str, poll: Duration) -> ClaimWatch {
-    match store.capabilities().watch {
-        Some(watch) => watch.watch_claim(scope, key, poll),
-        None => Box::pin(tokio::time::sleep(poll)),
-    }
 }
 
 /// The store's [`Capabilities`](crate::store::Capabilities) agree with how it behaves:
