@@ -132,8 +132,8 @@ impl ReplayCacheConfig {
     /// (default: no). Without it, a key's first replay asks the store (one read) and
     /// its later replays are answered from the cache; with it, the first replay is
     /// answered from memory too, and every fresh key pays for an entry it will most
-    /// likely never use: an insertion and an eviction of an older entry, which cost the
-    /// SQLite store's fresh keys about 15% of their rate in the HTTP benchmark. Worth it
+    /// likely never use: an insertion and an eviction of an older entry, a cost the
+    /// HTTP benchmark shows on the SQLite store's fresh keys. Worth it
     /// where retries typically arrive within [`max_age`](Self::max_age) of the original
     /// and the store is far away. Over a store that keeps its records in memory itself
     /// ([`Capabilities::in_process`](crate::store::Capabilities::in_process)) completions are never

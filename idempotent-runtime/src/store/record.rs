@@ -13,8 +13,7 @@ use super::{StoreError, StoredResponse};
 /// allocation (as the SQL stores keep them in a column) and the body shared, instead of a
 /// `String` and a `Vec` per header. A record outlives the requests around it, and every
 /// allocation it holds is one more chunk that keeps the allocator from merging the
-/// requests' freed memory (glibc's malloc then spends far longer on every allocation:
-/// see the README's benchmark section).
+/// requests' freed memory (glibc's malloc then spends far longer on every allocation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CompactResponse {
     /// HTTP status code.
