@@ -1,6 +1,6 @@
 //! The published policy against a real OpenAPI fuzzer: schemathesis (PyPI, 4.x; its path
 //! in `IDEMPOTENT_TEST_SCHEMATHESIS`, else the test is reported ignored; `.ci/run` installs
-//! it) reads the payments demo's `/openapi.json`, generates requests from it (examples,
+//! it) reads each demo's `/openapi.json`, generates requests from it (examples,
 //! boundary values, random and schema-violating data, and sequences following the
 //! document's links) and runs every check it has on the answers: no 5xx, every status,
 //! content type, header and body as documented, schema-violating requests refused,
@@ -29,6 +29,7 @@ use crate::support::process::Instance;
 const ENV: &str = "IDEMPOTENT_TEST_SCHEMATHESIS";
 
 const PAYMENTS: &str = env!("CARGO_BIN_EXE_payments-demo");
+const LEDGER: &str = env!("CARGO_BIN_EXE_ledger-demo");
 
 /// Test cases per operation and phase: enough to reach every documented answer of the
 /// demo (and the key reuse) in each run, few enough to finish in well under a minute.
@@ -44,18 +45,34 @@ pub(crate) fn trials() -> Vec<Trial> {
     };
     ignored_if(
         unavailable,
-        vec![async_trial(
-            "the_payments_demo_answers_as_its_document_says",
-            the_payments_demo_answers_as_its_document_says,
-        )],
+        vec![
+            async_trial(
+                "the_payments_demo_answers_as_its_document_says",
+                the_payments_demo_answers_as_its_document_says,
+            ),
+            async_trial(
+                "the_ledger_demo_answers_as_its_document_says",
+                the_ledger_demo_answers_as_its_document_says,
+            ),
+        ],
     )
 }
 
 async fn the_payments_demo_answers_as_its_document_says() {
+    // No gateway latency: thousands of charges, each as fast as the store allows.
+    fuzz(PAYMENTS, &["--gateway-latency-ms", "0"], 3).await;
+}
+
+async fn the_ledger_demo_answers_as_its_document_says() {
+    fuzz(LEDGER, &[], 2).await;
+}
+
+/// Starts `binary` with `args` on a fresh SQLite file and judges a schemathesis run
+/// against its document, which has `operations` operations.
+async fn fuzz(binary: &str, args: &[&str], operations: u64) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("demo.db").display());
-    // No gateway latency: thousands of charges, each as fast as the store allows.
-    let demo = Instance::start(PAYMENTS, &url, &["--gateway-latency-ms", "0"]).await;
+    let demo = Instance::start(binary, &url, args).await;
     let document = demo.url("/openapi.json");
     let reports = dir.path().to_owned();
     let started = Instant::now();
@@ -68,7 +85,7 @@ async fn the_payments_demo_answers_as_its_document_says() {
         started.elapsed()
     );
     drop(demo);
-    run.judge();
+    run.judge(operations);
 }
 
 /// One finished schemathesis run: what it printed and its reports.
@@ -147,7 +164,7 @@ impl Finding {
 impl Run {
     /// Fails (with the report) on any finding but the intended one, on any error, and on
     /// a run that did not reach the demo's main answers.
-    fn judge(&self) {
+    fn judge(&self, operations: u64) {
         let verdict = |problem: String| -> ! {
             panic!("{problem}\n\nschemathesis' report:\n{}", self.printed)
         };
@@ -162,9 +179,9 @@ impl Run {
         {
             verdict(format!("the run did not complete cleanly: {report}"));
         }
-        if report["operations"]["tested"] != 3 {
+        if report["operations"]["tested"] != operations {
             verdict(format!(
-                "not all 3 operations tested: {}",
+                "not all {operations} operations tested: {}",
                 report["operations"]
             ));
         }
