@@ -700,8 +700,9 @@ async fn pump(
                 }
                 header.push(byte);
                 if header.len() == 4 {
-                    payload_left =
-                        usize::from(header[0]) | usize::from(header[1]) << 8 | usize::from(header[2]) << 16;
+                    payload_left = usize::from(header[0])
+                        | usize::from(header[1]) << 8
+                        | usize::from(header[2]) << 16;
                     if header[3] == 0 {
                         commands.fetch_add(1, Ordering::SeqCst);
                     }

@@ -49,9 +49,10 @@ use tokio::time::Instant;
 
 use crate::store::sql::batcher::{self, MAX_BATCH, Waiting};
 
-/// Bytes of responses per completion request at most (a first element is always taken).
-/// Each byte travels as two hexadecimal digits, so a request stays well within
-/// `max_allowed_packet` at its smallest common setting.
+/// Bytes of responses per completion request at most; a response larger than this does
+/// not join a batch. Each byte travels as two hexadecimal digits, so a request stays well
+/// within the server's `max_allowed_packet` (16 MiB by default on MariaDB, 64 MiB on
+/// MySQL 8).
 pub(super) const MAX_BATCH_BYTES: usize = 512 * 1024;
 
 /// How long one batch may take to get its connection and run: a connection whose server
@@ -120,7 +121,10 @@ pub(super) enum Value<'a> {
 pub(super) fn inline(statement: &str, values: &[Value<'_>]) -> String {
     let mut sql = String::with_capacity(statement.len() + 64 * values.len());
     let mut values = values.iter();
-    for line in statement.lines().filter(|line| !line.trim_start().starts_with("--")) {
+    for line in statement
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+    {
         let mut parts = line.split('?');
         if let Some(first) = parts.next() {
             sql.push_str(first);

@@ -63,7 +63,10 @@
 //! statement back (error 1213), and its claims, like those of one that waited out
 //! `innodb_lock_wait_timeout` (1205), simply run again — contention, answered `409` if it
 //! persists, never an error. Sorting each batch by primary key keeps concurrent batches
-//! of different instances locking rows in one order.
+//! of different instances locking rows in one order. READ COMMITTED would not change
+//! this: InnoDB keeps the gap lock of a duplicate-key check at that level too, the read
+//! is a consistent read at either, and the completions' `UPDATE`s find their rows by
+//! primary key (a record lock, no gap); the connections keep the server's level.
 //!
 //! # Completions, and everything else
 //!
@@ -171,14 +174,15 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 /// - **Round trips.** Concurrent claims share one request, and so do concurrent
 ///   completions (group commit): alone, a fresh request costs two round trips (claim,
 ///   complete), a replay, an in-progress duplicate or a mismatch one (and writes
-///   nothing), a takeover two; under load, fewer per request. The batches run on two
-///   connections the store takes from the pool and keeps.
+///   nothing); a takeover adds its fenced `UPDATE`. Under load, fewer per request. The
+///   batches run on two connections the store takes from the pool and keeps, detached
+///   from it (so beyond its `max_connections`).
 /// - **Migrations on connect**, embedded in the binary, serialised across instances by
 ///   a named lock (`GET_LOCK`), recorded in `_idempotent_migrations`.
 /// - **Transactional handlers** (`Tx<MySql>`): the handler's writes and the completion
 ///   commit in one InnoDB transaction.
 ///
-/// Cheap to clone (the pool is reference counted).
+/// Cheap to clone (the pool and the batchers' queues are shared).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), idempotent_runtime::StoreError> {
