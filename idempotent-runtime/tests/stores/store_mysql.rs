@@ -245,6 +245,14 @@ pub(crate) fn trials() -> Vec<Trial> {
             a_claim_and_a_completion_are_one_request_each_and_batches_share_one,
         ),
         async_trial(
+            "a_scope_too_long_for_its_column_is_refused_not_cut_short",
+            a_scope_too_long_for_its_column_is_refused_not_cut_short,
+        ),
+        async_trial(
+            "batched_completions_of_every_byte_value_replay_exactly",
+            batched_completions_of_every_byte_value_replay_exactly,
+        ),
+        async_trial(
             "purge_leaves_records_claimed_again",
             purge_leaves_records_claimed_again,
         ),
@@ -840,6 +848,80 @@ async fn a_claim_and_a_completion_are_one_request_each_and_batches_share_one() {
         (1..=KEYS / 4).contains(&completion_requests),
         "{completion_requests} requests for {KEYS} concurrent completions"
     );
+}
+
+/// The claim inserts with `INSERT IGNORE`, which would store a value too long for its
+/// `BLOB` column cut short (with a warning) instead of failing: such a scope is refused
+/// before it is sent, and nothing is stored.
+async fn a_scope_too_long_for_its_column_is_refused_not_cut_short() {
+    let harness = MySqlHarness::new().await;
+    let scope = "s".repeat(65_536);
+    let claim = ClaimRequest {
+        scope: &scope,
+        ..claim_request("k", FencingToken::random())
+    };
+    let error = harness.store.claim(&claim).await.expect_err("too long");
+    assert!(error.to_string().contains("65536 bytes"), "{error}");
+    let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
+        .fetch_one(harness.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(stored, 0, "nothing stored, not even cut short");
+    // The longest that fits is stored whole.
+    let scope = "s".repeat(65_535);
+    let token = FencingToken::random();
+    let claim = ClaimRequest {
+        scope: &scope,
+        ..claim_request("k", token)
+    };
+    assert_eq!(
+        harness.store.claim(&claim).await.unwrap().outcome,
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
+    );
+}
+
+/// Responses travel inside a batch's text as hexadecimal literals: concurrent
+/// completions of bodies of every byte value, up to just under a batch's byte limit,
+/// replay exactly.
+async fn batched_completions_of_every_byte_value_replay_exactly() {
+    let harness = MySqlHarness::new().await;
+    let store = harness.store.clone();
+    let sizes = [0usize, 1, 255, 256, 4096, 500 * 1024];
+    let tasks: Vec<_> = sizes
+        .iter()
+        .map(|&size| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let key = format!("body-{size}");
+                let token = FencingToken::random();
+                store.claim(&claim_request(&key, token)).await.unwrap();
+                let body: Vec<u8> = (0..size).map(|i| (i % 256) as u8).collect();
+                let response = StoredResponse {
+                    status: 200,
+                    headers: vec![("x-bytes".into(), (0..=255u8).collect())],
+                    body: Some(body.into()),
+                };
+                assert!(
+                    store
+                        .complete("acct_alice", &key, token, &response)
+                        .await
+                        .unwrap()
+                );
+                let replay = store
+                    .claim(&claim_request(&key, FencingToken::random()))
+                    .await
+                    .unwrap()
+                    .outcome;
+                assert_eq!(replay, ClaimOutcome::Replay(response), "{size} bytes");
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
 }
 
 /// A purge racing a claim: a record claimed again between the purge's read and its
