@@ -241,6 +241,18 @@ pub(crate) fn trials() -> Vec<Trial> {
             shares_a_pool_and_uses_its_own_migrations_table,
         ),
         async_trial(
+            "a_claim_and_a_completion_are_one_request_each_and_batches_share_one",
+            a_claim_and_a_completion_are_one_request_each_and_batches_share_one,
+        ),
+        async_trial(
+            "a_scope_too_long_for_its_column_is_refused_not_cut_short",
+            a_scope_too_long_for_its_column_is_refused_not_cut_short,
+        ),
+        async_trial(
+            "batched_completions_of_every_byte_value_replay_exactly",
+            batched_completions_of_every_byte_value_replay_exactly,
+        ),
+        async_trial(
             "purge_leaves_records_claimed_again",
             purge_leaves_records_claimed_again,
         ),
@@ -617,6 +629,299 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
         .await
         .unwrap();
     assert_eq!(one, 1);
+}
+
+/// Counts the commands a client sends to the MySQL server: a TCP proxy on loopback in
+/// front of the server that reads the client's side of the protocol packet by packet. A
+/// packet with sequence number 0 starts a command (a query, a prepared statement's
+/// execution, a ping); the handshake's packets have others. One command is one round
+/// trip.
+struct CommandCounter {
+    commands: Arc<std::sync::atomic::AtomicUsize>,
+    /// The server's URL with the proxy's address (and TLS off, so packets can be read).
+    url: String,
+}
+
+impl CommandCounter {
+    async fn in_front_of(url: &str) -> Self {
+        let mut parsed = url::Url::parse(url).unwrap();
+        let upstream = format!(
+            "{}:{}",
+            parsed.host_str().unwrap(),
+            parsed.port().unwrap_or(3306)
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = listener.local_addr().unwrap();
+        parsed.set_host(Some("127.0.0.1")).unwrap();
+        parsed.set_port(Some(proxy.port())).unwrap();
+        parsed.query_pairs_mut().append_pair("ssl-mode", "disabled");
+        let commands = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = commands.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                let counted = counted.clone();
+                tokio::spawn(pump(client_read, server_write, Some(counted)));
+                tokio::spawn(pump(server_read, client_write, None));
+            }
+        });
+        Self {
+            commands,
+            url: parsed.into(),
+        }
+    }
+
+    fn commands(&self) -> usize {
+        self.commands.load(Ordering::SeqCst)
+    }
+}
+
+/// Copies `from` to `to` until either closes; with `commands`, counts the packets with
+/// sequence number 0 in what it copies.
+async fn pump(
+    from: tokio::net::tcp::OwnedReadHalf,
+    to: tokio::net::tcp::OwnedWriteHalf,
+    commands: Option<Arc<std::sync::atomic::AtomicUsize>>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    // The packet header being read (3 bytes of length, 1 of sequence), then the bytes of
+    // payload left to skip.
+    let mut header = Vec::with_capacity(4);
+    let mut payload_left = 0usize;
+    loop {
+        if from.readable().await.is_err() {
+            return;
+        }
+        let n = match from.try_read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
+        };
+        if let Some(commands) = &commands {
+            for &byte in &buf[..n] {
+                if payload_left > 0 {
+                    payload_left -= 1;
+                    continue;
+                }
+                header.push(byte);
+                if header.len() == 4 {
+                    payload_left = usize::from(header[0])
+                        | usize::from(header[1]) << 8
+                        | usize::from(header[2]) << 16;
+                    if header[3] == 0 {
+                        commands.fetch_add(1, Ordering::SeqCst);
+                    }
+                    header.clear();
+                }
+            }
+        }
+        let mut sent = 0;
+        while sent < n {
+            if to.writable().await.is_err() {
+                return;
+            }
+            match to.try_write(&buf[sent..n]) {
+                Ok(written) => sent += written,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Round trips, counted as the commands the store sends: a fresh key's claim and its
+/// completion are one each, a replay and a duplicate one; and 64 concurrent fresh keys
+/// share a few requests for their claims and a few for their completions (group
+/// commit), where one request per claim would be 64 at least.
+async fn a_claim_and_a_completion_are_one_request_each_and_batches_share_one() {
+    let database = TestDatabase::new().await;
+    let counter = CommandCounter::in_front_of(&database.url()).await;
+    let store = Arc::new(MySqlStore::connect(&counter.url).await.unwrap());
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: Some(bytes::Bytes::from_static(b"{\"id\":1}")),
+    };
+    // Opens the connections the store keeps, so what follows counts statements only.
+    let token = FencingToken::random();
+    store.claim(&claim_request("warm-up", token)).await.unwrap();
+    assert!(
+        store
+            .complete("acct_alice", "warm-up", token, &response)
+            .await
+            .unwrap()
+    );
+
+    let before = counter.commands();
+    let token = FencingToken::random();
+    let claimed = store.claim(&claim_request("alone", token)).await.unwrap();
+    assert_eq!(
+        claimed.outcome,
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
+    );
+    assert_eq!(counter.commands() - before, 1, "a fresh key's claim");
+    let before = counter.commands();
+    let duplicate = store
+        .claim(&claim_request("alone", FencingToken::random()))
+        .await
+        .unwrap();
+    assert!(matches!(duplicate.outcome, ClaimOutcome::InProgress { .. }));
+    assert_eq!(counter.commands() - before, 1, "an in-progress duplicate");
+    let before = counter.commands();
+    assert!(
+        store
+            .complete("acct_alice", "alone", token, &response)
+            .await
+            .unwrap()
+    );
+    assert_eq!(counter.commands() - before, 1, "a completion");
+    let before = counter.commands();
+    let replay = store
+        .claim(&claim_request("alone", FencingToken::random()))
+        .await
+        .unwrap();
+    assert_eq!(replay.outcome, ClaimOutcome::Replay(response.clone()));
+    assert_eq!(counter.commands() - before, 1, "a replay");
+
+    const KEYS: usize = 64;
+    let before = counter.commands();
+    let barrier = Arc::new(tokio::sync::Barrier::new(KEYS));
+    let claims: Vec<_> = (0..KEYS)
+        .map(|i| {
+            let store = store.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                let key = format!("fresh-{i}");
+                let token = FencingToken::random();
+                barrier.wait().await;
+                let answer = store.claim(&claim_request(&key, token)).await.unwrap();
+                assert_eq!(
+                    answer.outcome,
+                    ClaimOutcome::Claimed {
+                        token,
+                        takeover: None
+                    }
+                );
+                (key, token)
+            })
+        })
+        .collect();
+    let mut claimed = Vec::new();
+    for claim in claims {
+        claimed.push(claim.await.unwrap());
+    }
+    let claim_requests = counter.commands() - before;
+    let before = counter.commands();
+    let barrier = Arc::new(tokio::sync::Barrier::new(KEYS));
+    let completions: Vec<_> = claimed
+        .into_iter()
+        .map(|(key, token)| {
+            let store = store.clone();
+            let barrier = barrier.clone();
+            let response = response.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store
+                    .complete("acct_alice", &key, token, &response)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for completion in completions {
+        assert!(completion.await.unwrap(), "each completion took effect");
+    }
+    let completion_requests = counter.commands() - before;
+    // A batch takes what is waiting when the previous one finishes; 64 callers released
+    // at once fill a few batches, far below one request each.
+    assert!(
+        (1..=KEYS / 4).contains(&claim_requests),
+        "{claim_requests} requests for {KEYS} concurrent claims"
+    );
+    assert!(
+        (1..=KEYS / 4).contains(&completion_requests),
+        "{completion_requests} requests for {KEYS} concurrent completions"
+    );
+}
+
+/// The claim inserts with `INSERT IGNORE`, which would store a value too long for its
+/// `BLOB` column cut short (with a warning) instead of failing: such a scope is refused
+/// before it is sent, and nothing is stored.
+async fn a_scope_too_long_for_its_column_is_refused_not_cut_short() {
+    let harness = MySqlHarness::new().await;
+    let scope = "s".repeat(65_536);
+    let claim = ClaimRequest {
+        scope: &scope,
+        ..claim_request("k", FencingToken::random())
+    };
+    let error = harness.store.claim(&claim).await.expect_err("too long");
+    assert!(error.to_string().contains("65536 bytes"), "{error}");
+    let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
+        .fetch_one(harness.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(stored, 0, "nothing stored, not even cut short");
+    // The longest that fits is stored whole.
+    let scope = "s".repeat(65_535);
+    let token = FencingToken::random();
+    let claim = ClaimRequest {
+        scope: &scope,
+        ..claim_request("k", token)
+    };
+    assert_eq!(
+        harness.store.claim(&claim).await.unwrap().outcome,
+        ClaimOutcome::Claimed {
+            token,
+            takeover: None
+        }
+    );
+}
+
+/// Responses travel inside a batch's text as hexadecimal literals: concurrent
+/// completions of bodies of every byte value, up to just under a batch's byte limit,
+/// replay exactly.
+async fn batched_completions_of_every_byte_value_replay_exactly() {
+    let harness = MySqlHarness::new().await;
+    let store = harness.store.clone();
+    let sizes = [0usize, 1, 255, 256, 4096, 500 * 1024];
+    let tasks: Vec<_> = sizes
+        .iter()
+        .map(|&size| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let key = format!("body-{size}");
+                let token = FencingToken::random();
+                store.claim(&claim_request(&key, token)).await.unwrap();
+                let body: Vec<u8> = (0..size).map(|i| (i % 256) as u8).collect();
+                let response = StoredResponse {
+                    status: 200,
+                    headers: vec![("x-bytes".into(), (0..=255u8).collect())],
+                    body: Some(body.into()),
+                };
+                assert!(
+                    store
+                        .complete("acct_alice", &key, token, &response)
+                        .await
+                        .unwrap()
+                );
+                let replay = store
+                    .claim(&claim_request(&key, FencingToken::random()))
+                    .await
+                    .unwrap()
+                    .outcome;
+                assert_eq!(replay, ClaimOutcome::Replay(response), "{size} bytes");
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
 }
 
 /// A purge racing a claim: a record claimed again between the purge's read and its

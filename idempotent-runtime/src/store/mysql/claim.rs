@@ -1,114 +1,99 @@
-//! The MySQL claim: read the record first (a replay, `409` or `422` is that one
-//! non-locking read), then insert a new key or take the record over for the
-//! reason the takeover rule gives — each write one atomic statement on the database
-//! clock (see the module docs for why not `ON DUPLICATE KEY UPDATE` or `FOR UPDATE`).
+//! The MySQL claim: for a whole batch of claims in one round trip (group commit,
+//! `group_commit.rs`), insert the record of every key that has none and read back every
+//! claim's record (`sql/claim_batch.sql`): the claims whose record carries their token
+//! are claimed; the others are judged by the shared takeover rule — replay, in progress
+//! or mismatch from that one read. Only a takeover costs a second statement, a fenced
+//! `UPDATE` of its own (see the module docs for why not `ON DUPLICATE KEY UPDATE` or
+//! `FOR UPDATE`).
 
-use sqlx::Row;
-use sqlx::mysql::MySqlDatabaseError;
+use sqlx::mysql::{MySqlConnection, MySqlRow};
+use sqlx::{Either, Row};
 
+use super::group_commit::{self, Answer, Batch, Value, inline, run_request};
 use super::{MySqlStore, micros, scope_key_sha256};
+use crate::fingerprint::Fingerprint;
 use crate::store::sql::{self, Classified, FoundRow};
-use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
+use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, StoreError, Takeover};
 
-const CLAIM_NEW: &str = include_str!("sql/claim_new.sql");
-const CLAIM_READ: &str = include_str!("sql/claim_read.sql");
+const CLAIM_BATCH: &str = include_str!("sql/claim_batch.sql");
+const CLAIM_BATCH_ELEMENT: &str = include_str!("sql/claim_batch_element.sql");
 const TAKE_OVER_EXPIRED: &str = include_str!("sql/take_over_expired.sql");
 const TAKE_OVER_LEASE_LOST: &str = include_str!("sql/take_over_lease_lost.sql");
 
-/// `ER_LOCK_DEADLOCK`: InnoDB rolled the statement back to break a deadlock.
-const LOCK_DEADLOCK: u16 = 1213;
-/// `ER_LOCK_WAIT_TIMEOUT`: the statement waited `innodb_lock_wait_timeout` for a row lock.
-const LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// The longest `scope` or `key` the schema's `BLOB` columns hold, in bytes. The batch
+/// inserts with `INSERT IGNORE`, which would store a longer value cut short (with a
+/// warning) instead of failing, so longer ones are refused before they are sent.
+const MAX_COLUMN_BYTES: usize = 65_535;
 
-/// How a claim statement's error reads for the claim.
-enum Failure {
-    /// A record of the key exists (the `INSERT` hit the primary key).
-    Duplicate,
-    /// Another statement on the same row won a lock race: claim again.
-    Contention,
-    /// Anything else: the store's error.
-    Other(StoreError),
+/// One claim, owned so it can wait for its batch.
+pub(super) struct QueuedClaim {
+    id: Vec<u8>,
+    scope: String,
+    key: String,
+    fingerprint: Fingerprint,
+    token: FencingToken,
+    lease_micros: i64,
+    ttl_micros: i64,
+    /// The lease in milliseconds: the most `Retry-After` a record in progress reports.
+    lease_millis: i64,
 }
 
-fn failure(error: sqlx::Error) -> Failure {
-    if let sqlx::Error::Database(db) = &error {
-        if db.is_unique_violation() {
-            return Failure::Duplicate;
-        }
-        let number = db
-            .try_downcast_ref::<MySqlDatabaseError>()
-            .map(MySqlDatabaseError::number);
-        if matches!(number, Some(LOCK_DEADLOCK | LOCK_WAIT_TIMEOUT)) {
-            return Failure::Contention;
-        }
-    }
-    Failure::Other(error.into())
+/// What the batch found for one claim.
+#[derive(Debug, Clone)]
+pub(super) enum ClaimStep {
+    /// Claimed as a new key, or refused by the record found.
+    Decided(sql::Answer),
+    /// The record found may be taken over, for this reason: the fenced `UPDATE` decides.
+    TakeOver(Takeover),
+    /// No record after the insert (released or purged in between), or the batch was
+    /// rolled back on a lock conflict: claim again.
+    Again,
 }
 
 impl MySqlStore {
-    /// One claim attempt; `None`: the record changed under it (or a lock race was lost),
-    /// try again.
+    /// One claim attempt (in a batch); `None`: the record changed under it (or a lock
+    /// race was lost), try again.
     pub(super) async fn claim_once(
         &self,
         claim: &ClaimRequest<'_>,
     ) -> Result<Option<sql::Answer>, StoreError> {
+        for (what, value) in [("scope", claim.scope), ("key", claim.key)] {
+            if value.len() > MAX_COLUMN_BYTES {
+                return Err(StoreError::backend(std::io::Error::other(format!(
+                    "a {what} of {} bytes is longer than the MySQL store holds ({MAX_COLUMN_BYTES})",
+                    value.len()
+                ))));
+            }
+        }
         let id = scope_key_sha256(claim.scope, claim.key);
-        // Read first: a replay, a `409` or a `422` is answered by this one non-locking
-        // read, with no write and no row lock; only a new key or a takeover writes.
-        let row = sqlx::query(CLAIM_READ)
-            .bind(&claim.fingerprint.digest[..])
-            .bind(claim.fingerprint.version)
-            .bind(id.as_slice())
-            .bind(claim.scope)
-            .bind(claim.key)
-            .fetch_optional(&self.pool)
+        let step = self
+            .claims
+            .ask(QueuedClaim {
+                id: id.clone(),
+                scope: claim.scope.to_owned(),
+                key: claim.key.to_owned(),
+                fingerprint: *claim.fingerprint,
+                token: claim.token,
+                lease_micros: micros(claim.lease),
+                ttl_micros: micros(claim.ttl),
+                lease_millis: i64::try_from(claim.lease.as_millis()).unwrap_or(i64::MAX),
+            })
             .await?;
-        let Some(row) = row else {
-            let inserted = sqlx::query(CLAIM_NEW)
-                .bind(id.as_slice())
-                .bind(claim.scope)
-                .bind(claim.key)
-                .bind(&claim.fingerprint.digest[..])
-                .bind(claim.fingerprint.version)
-                .bind(claim.token.0)
-                .bind(micros(claim.lease))
-                .bind(micros(claim.ttl))
-                .execute(&self.pool)
-                .await;
-            return match inserted.map_err(failure) {
-                Ok(_) => Ok(Some((
-                    ClaimOutcome::Claimed {
-                        token: claim.token,
-                        takeover: None,
-                    },
-                    None,
-                ))),
-                // Inserted by someone else since the read (or a lock conflict): read again.
-                Err(Failure::Duplicate | Failure::Contention) => Ok(None),
-                Err(Failure::Other(error)) => Err(error),
-            };
-        };
-        let status: Option<i16> = row.try_get("status")?;
-        let found = FoundRow {
-            state: row.try_get("state")?,
-            ttl_ran_out: row.try_get("ttl_ran_out")?,
-            lease_ran_out: row.try_get("lease_ran_out")?,
-            same_fingerprint: row.try_get("same_fingerprint")?,
-            // The read's clock is its statement's start, which can precede the commit
-            // of a claim it sees: never report more than a whole lease.
-            lease_remaining_ms: row
-                .try_get::<Option<i64>, _>("lease_remaining_ms")?
-                .map(|ms| ms.min(i64::try_from(claim.lease.as_millis()).unwrap_or(i64::MAX))),
-            ttl_remaining_ms: row.try_get("ttl_remaining_ms")?,
-            status: status.map(i64::from),
-            headers: row.try_get("headers")?,
-            body: row.try_get("body")?,
-        };
-        let reason = match sql::classify(found)? {
-            Classified::Refused(outcome) => return Ok(Some(outcome)),
-            Classified::Claimable(reason) => reason,
-        };
+        match step {
+            ClaimStep::Decided(answer) => Ok(Some(answer)),
+            ClaimStep::Again => Ok(None),
+            ClaimStep::TakeOver(reason) => self.take_over(claim, &id, reason).await,
+        }
+    }
 
+    /// The fenced takeover of a record the batch read as claimable for `reason`; `None`
+    /// when the reason no longer held on the newest version of the row.
+    async fn take_over(
+        &self,
+        claim: &ClaimRequest<'_>,
+        id: &[u8],
+        reason: Takeover,
+    ) -> Result<Option<sql::Answer>, StoreError> {
         let take_over = match reason {
             Takeover::Expired => sqlx::query(TAKE_OVER_EXPIRED)
                 .bind(&claim.fingerprint.digest[..])
@@ -116,20 +101,20 @@ impl MySqlStore {
                 .bind(claim.token.0)
                 .bind(micros(claim.lease))
                 .bind(micros(claim.ttl))
-                .bind(id.as_slice())
+                .bind(id)
                 .bind(claim.scope)
                 .bind(claim.key),
             Takeover::LeaseLost => sqlx::query(TAKE_OVER_LEASE_LOST)
                 .bind(claim.token.0)
                 .bind(micros(claim.lease))
                 .bind(micros(claim.ttl))
-                .bind(id.as_slice())
+                .bind(id)
                 .bind(claim.scope)
                 .bind(claim.key)
                 .bind(&claim.fingerprint.digest[..])
                 .bind(claim.fingerprint.version),
         };
-        match take_over.execute(&self.pool).await.map_err(failure) {
+        match take_over.execute(&self.pool).await {
             // Rows matched: the reason still held on the newest version of the row.
             Ok(done) => Ok((done.rows_affected() == 1).then_some((
                 ClaimOutcome::Claimed {
@@ -138,8 +123,102 @@ impl MySqlStore {
                 },
                 None,
             ))),
-            Err(Failure::Contention | Failure::Duplicate) => Ok(None),
-            Err(Failure::Other(error)) => Err(error),
+            // Another statement on the same row won a lock race: claim again.
+            Err(error) if group_commit::is_lock_conflict(&error) => Ok(None),
+            Err(error) => Err(error.into()),
         }
     }
+}
+
+impl Batch for QueuedClaim {
+    type Reply = ClaimStep;
+
+    fn record_id(&self) -> &[u8] {
+        &self.id
+    }
+
+    async fn run<'c>(
+        db: &'c mut MySqlConnection,
+        batch: &'c [&'c Self],
+    ) -> Result<Vec<Answer<Self>>, sqlx::Error> {
+        let elements: Vec<String> = batch
+            .iter()
+            .enumerate()
+            .map(|(n, claim)| {
+                inline(
+                    CLAIM_BATCH_ELEMENT,
+                    &[
+                        Value::Int(n as i64),
+                        Value::Bytes(&claim.id),
+                        Value::Bytes(claim.scope.as_bytes()),
+                        Value::Bytes(claim.key.as_bytes()),
+                        Value::Bytes(&claim.fingerprint.digest),
+                        Value::Int(i64::from(claim.fingerprint.version)),
+                        Value::Int(claim.token.0),
+                        Value::Int(claim.lease_micros),
+                        Value::Int(claim.ttl_micros),
+                    ],
+                )
+            })
+            .collect();
+        let statement = CLAIM_BATCH.replace("{claims}", &elements.join("\n    UNION ALL "));
+        let results = run_request(db, statement).await?;
+        let mut replies: Vec<Option<Answer<Self>>> = (0..batch.len()).map(|_| None).collect();
+        for row in results.iter().filter_map(|result| match result {
+            Either::Right(row) => Some(row),
+            Either::Left(_) => None,
+        }) {
+            let n: i64 = row.try_get("n")?;
+            let at = usize::try_from(n)
+                .ok()
+                .filter(|&at| at < batch.len())
+                .ok_or_else(|| {
+                    sqlx::Error::Protocol(format!("a row for claim {n} of {}", batch.len()))
+                })?;
+            replies[at] = Some(step(row, batch[at]));
+        }
+        // A claim without a row: its record was gone by the read (released or purged
+        // right after the insert found it): claim again.
+        Ok(replies
+            .into_iter()
+            .map(|reply| reply.unwrap_or(Ok(ClaimStep::Again)))
+            .collect())
+    }
+
+    fn rolled_back() -> Option<ClaimStep> {
+        Some(ClaimStep::Again)
+    }
+}
+
+/// What one claim's row says.
+fn step(row: &MySqlRow, claim: &QueuedClaim) -> Result<ClaimStep, StoreError> {
+    if row.try_get::<bool, _>("claimed")? {
+        return Ok(ClaimStep::Decided((
+            ClaimOutcome::Claimed {
+                token: claim.token,
+                takeover: None,
+            },
+            None,
+        )));
+    }
+    let status: Option<i16> = row.try_get("status")?;
+    let found = FoundRow {
+        state: row.try_get("state")?,
+        ttl_ran_out: row.try_get("ttl_ran_out")?,
+        lease_ran_out: row.try_get("lease_ran_out")?,
+        same_fingerprint: row.try_get("same_fingerprint")?,
+        // The read's clock is its statement's start, which can precede the commit of a
+        // claim it sees: never report more than a whole lease.
+        lease_remaining_ms: row
+            .try_get::<Option<i64>, _>("lease_remaining_ms")?
+            .map(|ms| ms.min(claim.lease_millis)),
+        ttl_remaining_ms: row.try_get("ttl_remaining_ms")?,
+        status: status.map(i64::from),
+        headers: row.try_get("headers")?,
+        body: row.try_get("body")?,
+    };
+    Ok(match sql::classify(found)? {
+        Classified::Refused(answer) => ClaimStep::Decided(answer),
+        Classified::Claimable(reason) => ClaimStep::TakeOver(reason),
+    })
 }

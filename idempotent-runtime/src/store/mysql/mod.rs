@@ -14,46 +14,72 @@
 //! `NOW()` and `TIMESTAMP`: independent of the session's time zone (an app's pool may set
 //! its own), no daylight-saving fold, no year-2038 limit.
 //!
-//! # The claim: atomic single statements, no transaction
+//! # Group commit: a claim and a completion, one round trip each
 //!
-//! `claim` is not one `INSERT … ON DUPLICATE KEY UPDATE`, and not a transaction with
-//! `SELECT … FOR UPDATE`; it runs the SQLite store's sequence of atomic statements on the
-//! database clock:
+//! Concurrent claims are batched into one request to the server, and so are concurrent
+//! completions (`group_commit.rs`, on the batcher skeleton the SQL stores share): a batch
+//! costs one round trip whatever its size, so under load a fresh key costs well under
+//! two, and alone exactly two (claim, complete). A request holds several statements,
+//! sent as text with every value a hexadecimal or decimal literal (a prepared statement
+//! holds only one). The batchers run on connections of their own, taken from the pool and
+//! detached from it, so sqlx's ping of every connection handed back to a pool (one more
+//! round trip per operation) never happens on them.
 //!
-//! 1. Read the record (`sql/claim_read.sql`), a consistent non-locking read, and classify
-//!    it by the shared takeover rule: replay, in progress (`Retry-After` from the lease
-//!    left) or mismatch — answered by this one round trip, without writing or locking
-//!    anything.
-//! 2. No record: `INSERT` the in-progress record (`sql/claim_new.sql`) — claimed. A
-//!    duplicate-key error means another claim inserted it since the read: read again.
+//! # The claim: insert what is new, then read back, no transaction
+//!
+//! A batch of claims is two autocommitted statements in one request
+//! (`sql/claim_batch.sql`), each on the database clock:
+//!
+//! 1. `INSERT IGNORE` every claim's in-progress record (one multi-row statement, rows in
+//!    primary-key order). A key with a record already is skipped: no write, no error.
+//! 2. A consistent (non-locking) read of every claim's record. A record holding the
+//!    claim's token is its own: claimed. Any other is classified by the shared takeover
+//!    rule — replay, in progress (`Retry-After` from the lease left) or mismatch —
+//!    answered by this same round trip, without writing anything. A key twice in one
+//!    batch is therefore decided as if the claims ran one after the other: the first
+//!    inserts, the second finds its record in progress.
 //! 3. Only if the rule allows a takeover: an `UPDATE … WHERE <that reason still holds>`
-//!    (`sql/take_over_*.sql`). InnoDB evaluates an `UPDATE`'s condition on the newest
-//!    committed row under its exclusive lock, so of any number of racing retries exactly
-//!    one matches; the others match nothing and claim again (and then find the winner's
-//!    record).
+//!    (`sql/take_over_*.sql`), a statement of its own. InnoDB evaluates an `UPDATE`'s
+//!    condition on the newest committed row under its exclusive lock, so of any number
+//!    of racing retries exactly one matches; the others match nothing and claim again
+//!    (and then find the winner's record). A record gone between the insert and the read
+//!    (released or purged) makes the claim run again too.
 //!
-//! Why not the alternatives: `INSERT … ON DUPLICATE KEY UPDATE` locks (and with a
-//! conditional `SET`, writes) the row even when it refuses the claim, so every replay and
-//! `409` would be a write queued on that row, and its affected-rows count cannot tell a
-//! fresh insert from a refused one under sqlx's `CLIENT_FOUND_ROWS`; the reason of a
-//! takeover would be lost too. A `SELECT … FOR UPDATE` of a key that does not exist yet
-//! takes a gap lock that does not exclude other gap locks: two first requests both lock
-//! the gap, both insert, and deadlock — on every race for a fresh key.
+//! Why not the alternatives: `INSERT … ON DUPLICATE KEY UPDATE` locks exclusively (and
+//! with a conditional `SET`, writes) the row even when it refuses the claim, so every
+//! replay and `409` would be a write queued on that row, and its affected-rows count
+//! cannot tell a fresh insert from a refused one under sqlx's `CLIENT_FOUND_ROWS`; the
+//! reason of a takeover would be lost too. A `SELECT … FOR UPDATE` of a key that does not
+//! exist yet takes a gap lock that does not exclude other gap locks: two first requests
+//! both lock the gap, both insert, and deadlock — on every race for a fresh key.
+//! `INSERT … RETURNING` (MariaDB only; MySQL has none) names only the rows inserted, so
+//! the read of the others would still be needed. `INSERT IGNORE` turns a value too long
+//! for its column into a warning and stores it cut short, so the claim refuses a scope or
+//! key longer than its `BLOB` column before sending it.
 //!
-//! Under REPEATABLE READ a failed duplicate insert (two first requests racing) still
-//! takes a shared lock on the existing row for the statement, so racing claims and
-//! releases can deadlock; InnoDB
-//! then rolls one statement back (error 1213), and that claim, like one that waited out
-//! `innodb_lock_wait_timeout` (1205), simply runs again — contention, answered `409` if it
-//! persists, never an error.
+//! Under REPEATABLE READ an insert that finds a duplicate key takes a shared lock on the
+//! existing row for the statement, so a replay briefly waits for a completion of the same
+//! row to commit, and racing batches and releases can deadlock; InnoDB then rolls one
+//! statement back (error 1213), and its claims, like those of one that waited out
+//! `innodb_lock_wait_timeout` (1205), simply run again — contention, answered `409` if it
+//! persists, never an error. Sorting each batch by primary key keeps concurrent batches
+//! of different instances locking rows in one order. READ COMMITTED would not change
+//! this: InnoDB keeps the gap lock of a duplicate-key check at that level too, the read
+//! is a consistent read at either, and the completions' `UPDATE`s find their rows by
+//! primary key (a record lock, no gap); the connections keep the server's level.
 //!
-//! `renew`, `complete` and `release` are single statements fenced by
-//! `token = ? AND state = 'in_progress'`, by primary key. `purge_expired` reads a batch
-//! of expired keys without locking, then deletes those rows by primary key, re-checking
-//! their expiry: no range of the expiry index is ever locked, so sweepers on many
-//! instances never make claims wait. The operator tools: `inspect` is one consistent
-//! read; `forget` is that read, then a `DELETE` by primary key fenced by the token and
-//! state it read (run again if the record changed between).
+//! # Completions, and everything else
+//!
+//! A batch of completions is one transaction of fenced `UPDATE`s (`sql/complete_batch.sql`,
+//! each `sql/complete.sql` fenced by `token = ? AND state = 'in_progress'`, by primary
+//! key), whose per-statement counts say which still owned their claim; one commit for the
+//! batch. A response larger than a batch's bytes runs alone as a prepared statement on
+//! the pool. `renew` and `release` are single prepared statements on the pool, fenced the
+//! same way. `purge_expired` reads a batch of expired keys without locking, then deletes
+//! those rows by primary key, re-checking their expiry: no range of the expiry index is
+//! ever locked, so sweepers on many instances never make claims wait. The operator tools:
+//! `inspect` is one consistent read; `forget` is that read, then a `DELETE` by primary key
+//! fenced by the token and state it read (run again if the record changed between).
 //!
 //! # Keys: exact and of any length
 //!
@@ -101,8 +127,14 @@ use super::{
 };
 
 mod claim;
+mod completion;
+mod group_commit;
 mod operator;
 mod transaction;
+
+use claim::QueuedClaim;
+use completion::QueuedCompletion;
+use group_commit::Batcher;
 
 /// The embedded migrations, in version order; the files live in `migrations/mysql/`.
 const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
@@ -112,6 +144,8 @@ const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
 }];
 
 const RENEW: &str = include_str!("sql/renew.sql");
+/// The fenced completion: run alone (prepared), in a handler's transaction, or inlined
+/// into a batch (`completion.rs`).
 const COMPLETE: &str = include_str!("sql/complete.sql");
 const RELEASE: &str = include_str!("sql/release.sql");
 const PURGE_FIND: &str = include_str!("sql/purge_find.sql");
@@ -137,15 +171,18 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 ///
 /// - **The database's clock.** Every expiry and lease decision and every timestamp uses
 ///   the server's `UTC_TIMESTAMP(6)`; instances' clocks may drift without effect.
-/// - **Round trips.** A fresh request costs two (claim, complete); a replay, an
-///   in-progress duplicate or a mismatch two (the insert that found the record, the
-///   read), and writes nothing; a takeover three.
+/// - **Round trips.** Concurrent claims share one request, and so do concurrent
+///   completions (group commit): alone, a fresh request costs two round trips (claim,
+///   complete), a replay, an in-progress duplicate or a mismatch one (and writes
+///   nothing); a takeover adds its fenced `UPDATE`. Under load, fewer per request. The
+///   batches run on two connections the store takes from the pool and keeps, detached
+///   from it (so beyond its `max_connections`).
 /// - **Migrations on connect**, embedded in the binary, serialised across instances by
 ///   a named lock (`GET_LOCK`), recorded in `_idempotent_migrations`.
 /// - **Transactional handlers** (`Tx<MySql>`): the handler's writes and the completion
 ///   commit in one InnoDB transaction.
 ///
-/// Cheap to clone (the pool is reference counted).
+/// Cheap to clone (the pool and the batchers' queues are shared).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), idempotent_runtime::StoreError> {
@@ -161,6 +198,10 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 pub struct MySqlStore {
     pool: MySqlPool,
     transactions: TxSupport,
+    /// Batches concurrent claims into one request (`group_commit.rs`).
+    claims: Batcher<QueuedClaim>,
+    /// Batches concurrent completions into one request and transaction.
+    completions: Batcher<QueuedCompletion>,
 }
 
 impl std::fmt::Debug for MySqlStore {
@@ -239,7 +280,14 @@ impl MySqlStore {
 
     fn with_pool(pool: MySqlPool) -> Self {
         let transactions = transaction::support(pool.clone());
-        Self { pool, transactions }
+        let claims = group_commit::start(pool.clone());
+        let completions = group_commit::start(pool.clone());
+        Self {
+            pool,
+            transactions,
+            claims,
+            completions,
+        }
     }
 
     /// The connection pool, to share with the app (its own queries, or the
@@ -372,10 +420,15 @@ impl Store for MySqlStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let done = completion(scope, key, token, response)?
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        match QueuedCompletion::batchable((scope, key), token, response)? {
+            Some(completion) => self.completions.ask(completion).await,
+            None => {
+                let done = completion(scope, key, token, response)?
+                    .execute(&self.pool)
+                    .await?;
+                Ok(done.rows_affected() == 1)
+            }
+        }
     }
 
     async fn release(

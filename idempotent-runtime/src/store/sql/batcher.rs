@@ -2,8 +2,8 @@
 //! reply channel and wait; one task takes what is waiting, runs it as one batch and
 //! answers each caller. What a batch executes, and how its results map back to its
 //! callers, stays with the store: SQLite's writer and reader (`sqlite/dedicated.rs`, with
-//! `group_commit.rs` and `group_read.rs`), Postgres's claims and completions
-//! (`postgres/group_commit.rs`).
+//! `group_commit.rs` and `group_read.rs`), Postgres's and MySQL's claims and completions
+//! (`postgres/group_commit.rs`, `mysql/group_commit.rs`).
 //!
 //! What every batcher keeps:
 //!
@@ -135,8 +135,8 @@ impl<T, R> Waiting<T, R> {
     /// and the batch has room ([`GATHER_ROUNDS`] times at most). With nothing else ready
     /// a yield comes straight back, so an idle store adds no wait; under load the batch
     /// fills from requests already in flight instead of running the first few alone.
-    /// (Postgres's batchers take what is waiting without yielding: their admission of
-    /// duplicates and bytes is their own.)
+    /// (Postgres's and MySQL's batchers take what is waiting without yielding: their
+    /// admission of duplicates and bytes is their own.)
     #[cfg(feature = "sqlite")]
     pub(crate) async fn gather(&mut self, batch: &mut Vec<Queued<T, R>>) {
         if batch.len() >= MAX_BATCH {

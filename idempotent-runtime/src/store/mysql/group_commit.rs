@@ -1,0 +1,349 @@
+//! Group commit on MySQL: concurrent claims, and concurrent completions, each batched into
+//! one request to the server — one round trip for the batch, and for completions one
+//! transaction (one redo-log flush).
+//!
+//! A caller sends its claim (or completion) with a reply channel to the store's batcher
+//! for it (the batcher skeleton, `store/sql/batcher.rs`); the batcher takes every item
+//! waiting, up to [`MAX_BATCH`], and sends them as one text-protocol request of several
+//! statements (sqlx connects with `CLIENT_MULTI_STATEMENTS`): the server runs them one
+//! after the other and answers with one result per statement, all in one exchange. While
+//! one batch runs, the next one gathers: batches grow with the load, with no added wait
+//! when there is none (a lone claim runs at once, as a batch of one).
+//!
+//! Why the text protocol: a prepared statement holds exactly one statement, so a claim
+//! (an insert, then the read that says what it found) would be two round trips. Every
+//! value is written into the text as a hexadecimal literal (`X'…'`) or a decimal
+//! integer ([`hex`]), never as quoted text, so no value can change the statement.
+//!
+//! What every claim and completion keeps:
+//!
+//! - **Durable before answered.** Each statement autocommits (the completions' one
+//!   transaction commits) before the reply comes back.
+//! - **The same decisions.** Each element is fenced and judged as it was alone; elements
+//!   are sorted by primary key, so batches of different instances lock rows in one order.
+//! - **A lock conflict runs again.** A batch InnoDB rolled back on a deadlock or a lock
+//!   wait timeout committed nothing of the failed statement: its callers are told so
+//!   ([`Batch::rolled_back`]) — a claim runs again — or, without such an answer, each
+//!   element runs alone.
+//! - **One element the server refuses fails alone.** Any other error the server reported
+//!   runs the elements one batch of one each, so only the one at fault gets its error.
+//! - **A lost connection fails its batch.** An I/O error or [`BATCH_TIMEOUT`] answers
+//!   every caller of the batch with an error (`503`) and closes the connection; the next
+//!   batch takes another. Such a batch is not run again: it may have committed.
+//!
+//! Each batcher is a task, spawned on the runtime the store was opened in, that keeps one
+//! connection of its own — taken from the store's pool and detached from it, so the pool's
+//! setup applies and sqlx's ping of every connection handed back to a pool (a round trip)
+//! does not — and ends when the last clone of the store is dropped; if it is gone (that
+//! runtime shut down), claims and completions fail with an error, never a silent success.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult, MySqlRow};
+use sqlx::{AssertSqlSafe, Either};
+use tokio::time::Instant;
+
+use crate::store::sql::batcher::{self, MAX_BATCH, Waiting};
+
+/// Bytes of responses per completion request at most; a response larger than this does
+/// not join a batch. Each byte travels as two hexadecimal digits, so a request stays well
+/// within the server's `max_allowed_packet` (16 MiB by default on MariaDB, 64 MiB on
+/// MySQL 8).
+pub(super) const MAX_BATCH_BYTES: usize = 512 * 1024;
+
+/// How long one batch may take to get its connection and run: a connection whose server
+/// stopped answering must not hold up every claim for as long as TCP takes to give up.
+pub(super) const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection idle this long is closed and replaced before its next batch, rather than
+/// risking one the server closed meanwhile (`wait_timeout`).
+const IDLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// `ER_LOCK_DEADLOCK`: InnoDB rolled the statement back to break a deadlock.
+const LOCK_DEADLOCK: u16 = 1213;
+/// `ER_LOCK_WAIT_TIMEOUT`: the statement waited `innodb_lock_wait_timeout` for a row lock.
+const LOCK_WAIT_TIMEOUT: u16 = 1205;
+
+/// One caller's answer.
+pub(super) type Answer<B> = batcher::Answer<<B as Batch>::Reply>;
+
+/// One caller's item and where its answer goes.
+type Queued<B> = batcher::Queued<B, <B as Batch>::Reply>;
+
+/// The sending side of one batcher task; clones send to the same task, which ends when
+/// the last clone is dropped.
+pub(super) type Batcher<B> = batcher::Batcher<B, <B as Batch>::Reply>;
+
+/// What one batcher batches: claims or completions.
+pub(super) trait Batch: Send + Sync + Sized + 'static {
+    /// What each caller gets back.
+    type Reply: Clone + Send + 'static;
+
+    /// The primary key of the record it is about: the order a batch locks rows in.
+    fn record_id(&self) -> &[u8];
+
+    /// The bytes it adds to a request, counted against [`MAX_BATCH_BYTES`].
+    fn bytes(&self) -> usize {
+        0
+    }
+
+    /// Runs `batch` (sorted by record) as one request on `db`; exactly one reply per
+    /// element, in order. `Err`: a statement failed; what it did is rolled back, and
+    /// the connection is not used again.
+    fn run<'c>(
+        db: &'c mut MySqlConnection,
+        batch: &'c [&'c Self],
+    ) -> impl Future<Output = Result<Vec<Answer<Self>>, sqlx::Error>> + Send + 'c;
+
+    /// The reply of an element whose batch InnoDB rolled back on a lock conflict, when
+    /// the caller acts on that itself; `None`: the element runs alone instead.
+    fn rolled_back() -> Option<Self::Reply>;
+}
+
+/// A value written into a batch request's text.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Value<'a> {
+    /// A binary string, written as a hexadecimal literal: `X'…'`.
+    Bytes(&'a [u8]),
+    /// An integer, written in decimal.
+    Int(i64),
+    /// `NULL`.
+    Null,
+}
+
+/// `statement` (one of the store's `.sql` files) with its comment lines left out and
+/// each `?` replaced by the next of `values`, in order, as a literal. The statements
+/// this is used on have no `?` but their placeholders (no quoted text holds one).
+pub(super) fn inline(statement: &str, values: &[Value<'_>]) -> String {
+    let mut sql = String::with_capacity(statement.len() + 64 * values.len());
+    let mut values = values.iter();
+    for line in statement
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+    {
+        let mut parts = line.split('?');
+        if let Some(first) = parts.next() {
+            sql.push_str(first);
+        }
+        for part in parts {
+            match values.next().expect("a value for every placeholder") {
+                Value::Bytes(bytes) => hex(&mut sql, bytes),
+                // In parentheses when negative, so a `-` before the placeholder never
+                // makes a `--` comment.
+                Value::Int(n) if *n < 0 => {
+                    let _ = write!(sql, "({n})");
+                }
+                Value::Int(n) => {
+                    let _ = write!(sql, "{n}");
+                }
+                Value::Null => sql.push_str("NULL"),
+            }
+            sql.push_str(part);
+        }
+        sql.push('\n');
+    }
+    assert!(values.next().is_none(), "a placeholder for every value");
+    sql
+}
+
+/// Writes `bytes` to `sql` as a hexadecimal literal: `X'…'`.
+fn hex(sql: &mut String, bytes: &[u8]) {
+    sql.push_str("X'");
+    for byte in bytes {
+        let _ = write!(sql, "{byte:02X}");
+    }
+    sql.push('\'');
+}
+
+/// Sends `statements` (one text-protocol request) on `db` and collects every result:
+/// one `Left` per statement, after the rows (`Right`) of a `SELECT`.
+pub(super) async fn run_request(
+    db: &mut MySqlConnection,
+    statements: String,
+) -> Result<Vec<Either<MySqlQueryResult, MySqlRow>>, sqlx::Error> {
+    sqlx::raw_sql(AssertSqlSafe(statements))
+        .fetch_many(db)
+        .try_collect()
+        .await
+}
+
+/// Spawns the batcher for `B` on the current runtime; its connection comes from `pool`.
+pub(super) fn start<B: Batch>(pool: MySqlPool) -> Batcher<B> {
+    let (batcher, waiting) =
+        Batcher::channel("the MySQL store's group commit task is gone (its runtime shut down)");
+    tokio::spawn(serve(BatchConnection { pool, open: None }, waiting));
+    batcher
+}
+
+/// The batcher's own connection, opened on first use and after a failure.
+struct BatchConnection {
+    pool: MySqlPool,
+    /// The connection and when its last batch finished.
+    open: Option<(MySqlConnection, Instant)>,
+}
+
+impl BatchConnection {
+    /// Runs `batch` on the connection, opening one first if there is none; keeps the
+    /// connection only when the request finished cleanly.
+    async fn run<B: Batch>(&mut self, batch: &[&B]) -> Result<Vec<Answer<B>>, sqlx::Error> {
+        let work = async {
+            let mut db = match self.open.take() {
+                Some((db, since)) if since.elapsed() < IDLE_LIMIT => db,
+                // Closed politely in the background; a dead one just drops.
+                stale => {
+                    if let Some((db, _)) = stale {
+                        tokio::spawn(sqlx::Connection::close(db));
+                    }
+                    self.pool.acquire().await?.detach()
+                }
+            };
+            let replies = B::run(&mut db, batch).await?;
+            self.open = Some((db, Instant::now()));
+            Ok(replies)
+        };
+        let replies = tokio::time::timeout(BATCH_TIMEOUT, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "a group commit request did not finish within {}s",
+                        BATCH_TIMEOUT.as_secs()
+                    ),
+                )))
+            })?;
+        if replies.len() != batch.len() {
+            return Err(sqlx::Error::Protocol(format!(
+                "a batch of {} got {} answers",
+                batch.len(),
+                replies.len()
+            )));
+        }
+        Ok(replies)
+    }
+}
+
+/// The batcher's loop: gathers a batch, runs it, answers it; until every sender is gone.
+async fn serve<B: Batch>(mut db: BatchConnection, mut waiting: Waiting<B, B::Reply>) {
+    // Items taken from the queue but past a batch's bytes: they go first next time.
+    let mut deferred: VecDeque<Queued<B>> = VecDeque::new();
+    let mut arrived: Vec<Queued<B>> = Vec::with_capacity(MAX_BATCH);
+    let mut batch: Vec<Queued<B>> = Vec::with_capacity(MAX_BATCH);
+    loop {
+        if deferred.is_empty() {
+            if !waiting.recv(&mut arrived).await {
+                return;
+            }
+            deferred.extend(arrived.drain(..));
+        }
+        let mut bytes = 0;
+        while batch.len() < MAX_BATCH {
+            let Some(next) = deferred.pop_front().or_else(|| waiting.try_next()) else {
+                break;
+            };
+            if next.gave_up() {
+                // Its caller gave up (the engine's store timeout): nobody would act on it.
+                continue;
+            }
+            if !batch.is_empty() && bytes + next.item.bytes() > MAX_BATCH_BYTES {
+                deferred.push_front(next);
+                break;
+            }
+            bytes += next.item.bytes();
+            batch.push(next);
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        // One lock order for every batch (see the module docs).
+        batch.sort_unstable_by(|a, b| a.item.record_id().cmp(b.item.record_id()));
+        run_batch(&mut db, &mut batch).await;
+    }
+}
+
+/// Runs one batch and answers each of its callers; leaves `batch` empty.
+async fn run_batch<B: Batch>(db: &mut BatchConnection, batch: &mut Vec<Queued<B>>) {
+    let items: Vec<&B> = batch.iter().map(|queued| &queued.item).collect();
+    let error = match db.run(&items).await {
+        Ok(replies) => {
+            drop(items);
+            for (queued, reply) in batch.drain(..).zip(replies) {
+                queued.answer(reply);
+            }
+            return;
+        }
+        Err(error) => error,
+    };
+    drop(items);
+    if error.as_database_error().is_none() {
+        batcher::fail_all(batch, FAILED, Vec::new(), error);
+        return;
+    }
+    if is_lock_conflict(&error)
+        && let Some(reply) = B::rolled_back()
+    {
+        for queued in batch.drain(..) {
+            queued.answer(Ok(reply.clone()));
+        }
+        return;
+    }
+    // The server refused a statement, so nothing of the batch took effect; only one
+    // element may be at fault.
+    tracing::debug!(%error, items = batch.len(), "a group commit request was refused; running its items one by one");
+    for queued in batch.drain(..) {
+        let reply = match db.run(&[&queued.item]).await {
+            Ok(mut reply) => reply.pop().expect("one reply for one item"),
+            Err(error) if is_lock_conflict(&error) => match B::rolled_back() {
+                Some(reply) => Ok(reply),
+                None => Err(error.into()),
+            },
+            Err(error) => Err(error.into()),
+        };
+        queued.answer(reply);
+    }
+}
+
+/// A deadlock or lock wait timeout: InnoDB rolled the statement back, and the same
+/// statement may well succeed now.
+pub(super) fn is_lock_conflict(error: &sqlx::Error) -> bool {
+    let number = error
+        .as_database_error()
+        .and_then(|db| db.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number);
+    matches!(number, Some(LOCK_DEADLOCK | LOCK_WAIT_TIMEOUT))
+}
+
+/// What each caller of a batch whose request failed is told.
+const FAILED: &str = "the batch request this claim or completion was part of failed";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_written_as_literals_that_cannot_change_the_statement() {
+        let sql = inline(
+            "-- a comment with a ? in it\nSELECT ?, ?,\n  ?, ? FROM t\n",
+            &[
+                Value::Bytes(b"a'; --\\"),
+                Value::Bytes(b""),
+                Value::Int(i64::MIN),
+                Value::Null,
+            ],
+        );
+        assert_eq!(
+            sql,
+            "SELECT X'61273B202D2D5C', X'',\n  (-9223372036854775808), NULL FROM t\n"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "a value for every placeholder")]
+    fn a_missing_value_is_a_bug_not_a_statement() {
+        inline("SELECT ?, ?", &[Value::Int(1)]);
+    }
+}
