@@ -306,7 +306,7 @@ impl TestBackend {
                     .connect(server_url)
                     .await
                     .expect("connect to Redis");
-                let mut conn = store.connection_manager().clone();
+                let mut conn = store.connection().clone();
                 let state: Option<String> = redis::cmd("HGET")
                     .arg(store.record_key("acct_alice", key))
                     .arg("state")

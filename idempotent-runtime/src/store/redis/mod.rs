@@ -107,7 +107,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, RedisResult, Value};
 
 use super::{
@@ -116,9 +118,12 @@ use super::{
 };
 use crate::clock::millis;
 
+mod connection;
 mod keys;
 mod operator;
 mod scripts;
+
+pub use connection::RedisConnection;
 
 use keys::{DEFAULT_PREFIX, KeyLayout};
 
@@ -141,6 +146,21 @@ const MAX_DURATION_MS: i64 = 1000 * 366 * 24 * 60 * 60 * 1000;
 
 /// The location `Debug` and errors name for a store on an app's own connection manager.
 const APP_CONNECTION: &str = "redis (an app's connection manager)";
+
+/// The location `Debug` and errors name for a store on an app's own cluster connection.
+const APP_CLUSTER_CONNECTION: &str = "redis cluster (an app's cluster connection)";
+
+/// The URL scheme that names a cluster to [`RedisStoreBuilder::connect`] (with `rediss`
+/// for TLS): `redis+cluster://host:port[,host:port…]`.
+const CLUSTER_SCHEME: &str = "redis+cluster";
+
+/// How often the cluster client retries a command that met a moved slot, a node it could
+/// not reach or a cluster still electing a new primary, backing off from
+/// [`CLUSTER_RETRY_MIN_WAIT_MS`] to [`CLUSTER_RETRY_MAX_WAIT_MS`]: a failover that ends
+/// within a few seconds is ridden out, a longer one fails the operation (`503`).
+const CLUSTER_RETRIES: u32 = 6;
+const CLUSTER_RETRY_MIN_WAIT_MS: u64 = 100;
+const CLUSTER_RETRY_MAX_WAIT_MS: u64 = 1000;
 
 /// How many keys one `SCAN` step of `purge_expired` asks for.
 const SCAN_COUNT: u32 = 1000;
@@ -166,7 +186,7 @@ const SCAN_COUNT: u32 = 1000;
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     keys: KeyLayout,
     /// Where the store connects (password redacted), for `Debug`.
     location: Arc<str>,
@@ -192,11 +212,22 @@ impl RedisStoreBuilder {
     }
 
     /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db]`,
-    /// `rediss://` needs a TLS feature of the `redis` crate).
+    /// `rediss://` needs a TLS feature of the `redis` crate), or to a Redis Cluster when
+    /// the scheme is `redis+cluster://[user:password@]host:port[,host:port…]`: each
+    /// `host:port` is a seed node, as in [`connect_cluster`](Self::connect_cluster).
     ///
     /// Fails with [`StoreError::Open`] — naming the URL with its password redacted — when
     /// the URL is invalid, the prefix is refused or the server cannot be reached.
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        if let Some(seeds) = cluster_seeds(url) {
+            return match seeds {
+                Ok(seeds) => self.connect_cluster(seeds).await,
+                Err(reason) => Err(StoreError::Open {
+                    location: "<invalid redis+cluster URL>".to_owned(),
+                    reason,
+                }),
+            };
+        }
         let location = redact_url(url);
         let secrets = url_secrets(url);
         let open_error = |reason: String| StoreError::Open {
@@ -209,9 +240,58 @@ impl RedisStoreBuilder {
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(CONNECT_RETRIES);
-        let mut conn = ConnectionManager::new_with_config(client, config)
+        let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| open_error(e.to_string()))?;
+        let mut conn = RedisConnection::Node(conn);
+        warn_unless_noeviction(&mut conn, &location).await;
+        Ok(RedisStore::with_parts(conn, keys, location))
+    }
+
+    /// Connects to a Redis Cluster through `nodes`, the URLs of one or more of its nodes
+    /// (`redis://[user:password@]host:port`; the client learns every other node from them,
+    /// so one reachable seed is enough, and more seeds ride out a seed that is down).
+    ///
+    /// Every operation goes to the primary owning its record's slot; `purge_expired`
+    /// visits every primary. Fails with [`StoreError::Open`] — naming the seeds with their
+    /// passwords redacted — when a URL is invalid, the prefix is refused or no seed
+    /// answers as a healthy cluster node.
+    pub async fn connect_cluster<I, S>(self, nodes: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let nodes: Vec<String> = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        let location = format!(
+            "{CLUSTER_SCHEME} [{}]",
+            nodes
+                .iter()
+                .map(|n| redact_url(n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let secrets: Vec<String> = nodes.iter().flat_map(|n| url_secrets(n)).collect();
+        let open_error = |reason: String| StoreError::Open {
+            location: location.clone(),
+            reason: scrub(reason, &secrets),
+        };
+        let keys = KeyLayout::new(&self.prefix).map_err(open_error)?;
+        if nodes.is_empty() {
+            return Err(open_error("no cluster node given".to_owned()));
+        }
+        let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .retries(CLUSTER_RETRIES)
+            .min_retry_wait(CLUSTER_RETRY_MIN_WAIT_MS)
+            .max_retry_wait(CLUSTER_RETRY_MAX_WAIT_MS)
+            .build()
+            .map_err(|e| open_error(e.to_string()))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| open_error(e.to_string()))?;
+        let mut conn = RedisConnection::Cluster(conn);
         warn_unless_noeviction(&mut conn, &location).await;
         Ok(RedisStore::with_parts(conn, keys, location))
     }
@@ -228,7 +308,30 @@ impl RedisStoreBuilder {
             location: location.clone(),
             reason,
         })?;
-        Ok(RedisStore::with_parts(conn, keys, location))
+        Ok(RedisStore::with_parts(
+            RedisConnection::Node(conn),
+            keys,
+            location,
+        ))
+    }
+
+    /// A store on a cluster connection the app already has.
+    ///
+    /// Fails with [`StoreError::Open`] when the prefix is refused.
+    pub fn from_cluster_connection(
+        self,
+        conn: ClusterConnection,
+    ) -> Result<RedisStore, StoreError> {
+        let location = APP_CLUSTER_CONNECTION.to_owned();
+        let keys = KeyLayout::new(&self.prefix).map_err(|reason| StoreError::Open {
+            location: location.clone(),
+            reason,
+        })?;
+        Ok(RedisStore::with_parts(
+            RedisConnection::Cluster(conn),
+            keys,
+            location,
+        ))
     }
 }
 
@@ -239,21 +342,33 @@ impl RedisStore {
         Self::builder().connect(url).await
     }
 
+    /// Connects to the Redis Cluster whose seed nodes are `nodes`, with the default key
+    /// prefix; see [`RedisStoreBuilder::connect_cluster`].
+    pub async fn connect_cluster<I, S>(nodes: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::builder().connect_cluster(nodes).await
+    }
+
     /// A store on a connection manager the app already has, with the default key prefix.
     pub fn from_connection_manager(conn: ConnectionManager) -> Self {
         let keys = KeyLayout::new(DEFAULT_PREFIX).expect("the default prefix is valid");
-        Self::with_parts(conn, keys, APP_CONNECTION.to_owned())
+        Self::with_parts(RedisConnection::Node(conn), keys, APP_CONNECTION.to_owned())
     }
 
-    /// Configures a store: key prefix, then [`connect`](RedisStoreBuilder::connect) or
-    /// [`from_connection_manager`](RedisStoreBuilder::from_connection_manager).
+    /// Configures a store: key prefix, then [`connect`](RedisStoreBuilder::connect),
+    /// [`connect_cluster`](RedisStoreBuilder::connect_cluster),
+    /// [`from_connection_manager`](RedisStoreBuilder::from_connection_manager) or
+    /// [`from_cluster_connection`](RedisStoreBuilder::from_cluster_connection).
     pub fn builder() -> RedisStoreBuilder {
         RedisStoreBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
         }
     }
 
-    fn with_parts(conn: ConnectionManager, keys: KeyLayout, location: String) -> Self {
+    fn with_parts(conn: RedisConnection, keys: KeyLayout, location: String) -> Self {
         Self {
             conn,
             keys,
@@ -283,9 +398,18 @@ impl RedisStore {
         self.keys.record(scope, key)
     }
 
-    /// The connection the store uses (a clone shares it).
-    pub fn connection_manager(&self) -> &ConnectionManager {
+    /// The connection the store uses, one server's or a cluster's (a clone shares it).
+    pub fn connection(&self) -> &RedisConnection {
         &self.conn
+    }
+
+    /// The connection manager of a store on one server (a clone shares it); `None` on a
+    /// cluster (see [`connection`](Self::connection)).
+    pub fn connection_manager(&self) -> Option<&ConnectionManager> {
+        match &self.conn {
+            RedisConnection::Node(conn) => Some(conn),
+            RedisConnection::Cluster(_) => None,
+        }
     }
 
     /// Test support: moves the store's notion of "now" forward by `by` (an offset added to
@@ -390,39 +514,24 @@ impl Store for RedisStore {
         Ok(released == 1)
     }
 
-    /// Walks the prefix with `SCAN` and deletes up to `limit` records that are expired by
-    /// the scripts' clock; returns how many it deleted. Records Redis already expired by
-    /// itself are not counted (module docs).
+    /// Walks the prefix with `SCAN` (on a cluster, on every primary in turn) and deletes
+    /// up to `limit` records that are expired by the scripts' clock; returns how many it
+    /// deleted. Records Redis already expired by itself are not counted (module docs).
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         let limit = u64::from(limit);
-        let mut conn = self.conn.clone();
-        let pattern = self.keys.scan_pattern();
-        let mut deleted = 0;
-        let mut cursor = 0_u64;
-        while deleted < limit {
-            let (next, candidates): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            let mut rest = &candidates[..];
-            while !rest.is_empty() && deleted < limit {
-                // Never more candidates than deletions still allowed: each may be expired.
-                let room = usize::try_from(limit - deleted).unwrap_or(usize::MAX);
-                let (chunk, tail) = rest.split_at(rest.len().min(room));
-                rest = tail;
-                deleted += self.purge_candidates(&mut conn, chunk).await?;
+        match &self.conn {
+            RedisConnection::Node(conn) => self.purge_on(&mut conn.clone(), limit).await,
+            RedisConnection::Cluster(conn) => {
+                let mut deleted = 0;
+                for mut primary in connection::primaries(conn).await.map_err(store_error)? {
+                    if deleted >= limit {
+                        break;
+                    }
+                    deleted += self.purge_on(&mut primary, limit - deleted).await?;
+                }
+                Ok(deleted)
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
-        Ok(deleted)
     }
 
     async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
@@ -440,11 +549,48 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// `purge_expired` on one server: `conn` is a standalone server's connection, or a
+    /// cluster connection pinned to one primary (whose `SCAN` returns only its own keys,
+    /// which the pipeline of purge scripts then goes back to).
+    async fn purge_on(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+        limit: u64,
+    ) -> Result<u64, StoreError> {
+        let pattern = self.keys.scan_pattern();
+        let mut deleted = 0;
+        let mut cursor = 0_u64;
+        while deleted < limit {
+            let (next, candidates): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(conn)
+                .await
+                .map_err(store_error)?;
+            let mut rest = &candidates[..];
+            while !rest.is_empty() && deleted < limit {
+                // Never more candidates than deletions still allowed: each may be expired.
+                let room = usize::try_from(limit - deleted).unwrap_or(usize::MAX);
+                let (chunk, tail) = rest.split_at(rest.len().min(room));
+                rest = tail;
+                deleted += self.purge_candidates(conn, chunk).await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(deleted)
+    }
+
     /// Runs the purge script on each candidate, in one pipeline (one script per key, so
     /// each stays within its own Cluster slot); returns how many it deleted.
     async fn purge_candidates(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut (impl ConnectionLike + Send),
         candidates: &[Vec<u8>],
     ) -> Result<u64, StoreError> {
         let mut pipe = redis::pipe();
@@ -563,9 +709,23 @@ fn clamped_millis(d: Duration) -> i64 {
     millis(d).min(MAX_DURATION_MS)
 }
 
-/// Warns when the server may evict records under memory pressure (module docs). Servers
-/// that refuse `CONFIG` (managed services often do) are not blamed.
-async fn warn_unless_noeviction(conn: &mut ConnectionManager, location: &str) {
+/// Warns when a server may evict records under memory pressure (module docs); on a
+/// cluster, asks every primary. Servers that refuse `CONFIG` (managed services often do)
+/// are not blamed.
+async fn warn_unless_noeviction(conn: &mut RedisConnection, location: &str) {
+    match conn {
+        RedisConnection::Node(_) => warn_unless_noeviction_on(conn, location).await,
+        RedisConnection::Cluster(cluster) => {
+            // A cluster that cannot list its primaries fails the first purge loudly; the
+            // warning is only advice.
+            for mut primary in connection::primaries(cluster).await.unwrap_or_default() {
+                warn_unless_noeviction_on(&mut primary, location).await;
+            }
+        }
+    }
+}
+
+async fn warn_unless_noeviction_on(conn: &mut (impl ConnectionLike + Send), location: &str) {
     let reply: RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
@@ -587,6 +747,37 @@ fn evicting_policy(reply: &[String]) -> Option<&str> {
         [_, policy] if policy != "noeviction" => Some(policy),
         _ => None,
     }
+}
+
+/// The seed node URLs (`redis://…` or `rediss://…`) of a `redis+cluster://` or
+/// `rediss+cluster://` URL; `None` for any other URL. User info, path and query are
+/// copied onto every seed.
+fn cluster_seeds(url: &str) -> Option<Result<Vec<String>, String>> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = match scheme {
+        "redis+cluster" => "redis",
+        "rediss+cluster" => "rediss",
+        _ => return None,
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    let (user_info, hosts) = match authority.rsplit_once('@') {
+        Some((user_info, hosts)) => (format!("{user_info}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let seeds: Vec<String> = hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("{scheme}://{user_info}{host}{tail}"))
+        .collect();
+    if seeds.is_empty() {
+        return Some(Err(format!(
+            "a {CLUSTER_SCHEME} URL names no node (expected {CLUSTER_SCHEME}://host:port[,host:port…])"
+        )));
+    }
+    Some(Ok(seeds))
 }
 
 /// `url` for messages (see [`redacted_url`](super::redacted_url)); an unparseable URL is
@@ -657,6 +848,24 @@ mod tests {
             scrub("auth s3cr@t / s3cr%40t / other failed".into(), &secrets),
             "auth *** / *** / *** failed"
         );
+    }
+
+    #[test]
+    fn cluster_urls_name_their_seeds() {
+        assert_eq!(cluster_seeds("redis://127.0.0.1:7000/"), None);
+        assert_eq!(cluster_seeds("redis+unix:///run/redis.sock"), None);
+        assert_eq!(
+            cluster_seeds("redis+cluster://127.0.0.1:7000/"),
+            Some(Ok(vec!["redis://127.0.0.1:7000/".to_owned()]))
+        );
+        assert_eq!(
+            cluster_seeds("rediss+cluster://u:p%40w@a:7000,b:7001?protocol=resp3"),
+            Some(Ok(vec![
+                "rediss://u:p%40w@a:7000?protocol=resp3".to_owned(),
+                "rediss://u:p%40w@b:7001?protocol=resp3".to_owned(),
+            ]))
+        );
+        assert!(matches!(cluster_seeds("redis+cluster:///"), Some(Err(_))));
     }
 
     #[test]
