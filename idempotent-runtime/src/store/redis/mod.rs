@@ -1,4 +1,5 @@
-//! [`RedisStore`]: the store for many instances sharing one Redis (or Valkey) primary.
+//! [`RedisStore`]: the store for many instances sharing one Redis (or Valkey) primary, or
+//! one Redis Cluster.
 //!
 //! Every instance of the app talks to the same Redis, so a retry that lands on another
 //! instance still finds the first attempt's claim or recorded response. Redis is fast and
@@ -18,7 +19,8 @@
 //! Its key is `<prefix>:{<scope length>:<scope>:<key>}` (prefix `idempotent` unless
 //! [`RedisStoreBuilder::key_prefix`] says otherwise). The braces are a Redis Cluster hash
 //! tag over scope and key, so every record maps to one slot and every script touches one
-//! key. See [`RedisStore::record_key`].
+//! key: on a cluster each operation runs whole on the primary owning that slot. See
+//! [`RedisStore::record_key`].
 //!
 //! Every operation is one Lua script, run atomically by the server and sent as `EVALSHA`
 //! (the source only when the server does not know the script yet: two more round trips,
@@ -48,9 +50,11 @@
 //! expired records on its own, so **no sweeper is needed**. [`Store::purge_expired`] still
 //! works: it walks the prefix with `SCAN` and deletes records that are expired by the
 //! scripts' clock but not yet by Redis's, and returns how many *it* deleted — records
-//! Redis expired by itself are not counted, so on a healthy server it returns 0. Each call
-//! walks the whole keyspace of the database (`SCAN` filters by pattern on the server), so
-//! do not run `Idempotency::spawn_sweeper` against a large Redis.
+//! Redis expired by itself are not counted, so on a healthy server it returns 0. On a
+//! cluster it walks every primary in turn (listed with `CLUSTER SLOTS`), each `SCAN` and
+//! its purge scripts pinned to that node; a primary that is down fails the call. Each
+//! call walks the whole keyspace (`SCAN` filters by pattern on the server), so do not run
+//! `Idempotency::spawn_sweeper` against a large Redis.
 //!
 //! # Durability: what a crash or a failover loses
 //!
@@ -85,6 +89,26 @@
 //! primary's clock takes over: a skew between the two shifts leases and TTLs by that
 //! much. Scripts are loaded again automatically on the new primary.
 //!
+//! **Cluster failover.** On a Redis Cluster the same holds per shard, and the store's
+//! cluster tests show it on a local cluster (three primaries, a replica each,
+//! `cluster-node-timeout` 2 s) by killing a primary with `SIGKILL`:
+//!
+//! - Records on the other primaries keep answering throughout.
+//! - Operations on the dead primary's slots fail with [`StoreError::Redis`] (`503`, never
+//!   an unprotected run) until its replica is promoted: about the node timeout plus an
+//!   election (about 4 s there; with Redis's default `cluster-node-timeout` of 15 s,
+//!   expect 15 s or more). The client retries each operation a few times (under a
+//!   second in all, [`CLUSTER_RETRIES`]) and follows the promotion by itself; a longer
+//!   window reaches the caller as those errors.
+//! - A completed record the replica had received is replayed by the new primary.
+//! - **A completion the replica had not received is lost**: replication is asynchronous,
+//!   so the primary acknowledges the completion (and the response goes out) before the
+//!   replica has it. The retry then finds no record, claims the key afresh and **the
+//!   handler runs again** (a claim lost this way lets a duplicate run too). The window
+//!   is the replication lag, normally below a millisecond, longer when the replica lags
+//!   or its link is down — and a replica whose link is down can still be promoted
+//!   within `cluster-replica-validity-factor`.
+//!
 //! **Eviction.** Every record has an expiry, so `volatile-*` eviction policies evict
 //! records as readily as `allkeys-*` ones do, and an evicted record is a lost record. Run
 //! the store on a Redis with `maxmemory-policy noeviction` (a full Redis then refuses
@@ -96,10 +120,18 @@
 //! # Versions and topologies
 //!
 //! Requires Redis 5.0 or newer (scripts replicated by effects), or any Valkey; tested on
-//! Redis 7.0. The store talks to one server through a [`ConnectionManager`] (standalone,
-//! or the primary behind a Sentinel-aware address). Keys are Cluster-ready (one slot per
-//! record), but the store does not take a Cluster client yet, and `purge_expired` scans
-//! the one server it is connected to.
+//! Redis 7.0, standalone and as a Redis Cluster. One store type serves both, through a
+//! [`RedisConnection`]:
+//!
+//! - **One server**: [`RedisStore::connect`] with a `redis://` URL, or
+//!   [`RedisStoreBuilder::from_connection_manager`]; a [`ConnectionManager`] talks to a
+//!   standalone server or the primary behind a Sentinel-aware or proxy address.
+//! - **A Redis Cluster**: [`RedisStore::connect_cluster`] with seed node URLs, or
+//!   [`RedisStore::connect`] with `redis+cluster://host:port[,host:port…]`, or
+//!   [`RedisStoreBuilder::from_cluster_connection`]; the `redis` crate's cluster client
+//!   routes each script to the primary owning its record's slot and follows `MOVED`,
+//!   `ASK` and failovers. Replicas are never read: every operation writes or must see
+//!   the latest write. Cluster mode has one database, so a URL's `/db` must be `0`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -155,9 +187,10 @@ const APP_CLUSTER_CONNECTION: &str = "redis cluster (an app's cluster connection
 const CLUSTER_SCHEME: &str = "redis+cluster";
 
 /// How often the cluster client retries a command that met a moved slot, a node it could
-/// not reach or a cluster still electing a new primary, backing off from
-/// [`CLUSTER_RETRY_MIN_WAIT_MS`] to [`CLUSTER_RETRY_MAX_WAIT_MS`]: a failover that ends
-/// within a few seconds is ridden out, a longer one fails the operation (`503`).
+/// not reach or a cluster still electing a new primary, waiting a random time from
+/// [`CLUSTER_RETRY_MIN_WAIT_MS`] up to at most [`CLUSTER_RETRY_MAX_WAIT_MS`] between
+/// tries: a redirection or a brief outage is ridden out, a failover that takes seconds
+/// fails the operation (`503`) rather than holding the request.
 const CLUSTER_RETRIES: u32 = 6;
 const CLUSTER_RETRY_MIN_WAIT_MS: u64 = 100;
 const CLUSTER_RETRY_MAX_WAIT_MS: u64 = 1000;
@@ -165,8 +198,8 @@ const CLUSTER_RETRY_MAX_WAIT_MS: u64 = 1000;
 /// How many keys one `SCAN` step of `purge_expired` asks for.
 const SCAN_COUNT: u32 = 1000;
 
-/// A [`Store`] on Redis or Valkey, for many instances sharing one server (see the module
-/// docs for the guarantees and what a crash or failover loses).
+/// A [`Store`] on Redis or Valkey, for many instances sharing one server or one Redis
+/// Cluster (see the module docs for the guarantees and what a crash or failover loses).
 ///
 /// Cheap to clone: clones share the connection.
 ///
@@ -182,6 +215,9 @@ const SCAN_COUNT: u32 = 1000;
 ///     .connect("redis://:secret@redis.internal:6379/0")
 ///     .await?;
 /// assert_eq!(store.key_prefix(), "payments-idem");
+/// // A Redis Cluster, through one or more of its nodes:
+/// let store = RedisStore::connect("redis+cluster://10.0.0.1:6379,10.0.0.2:6379/").await?;
+/// let store = RedisStore::connect_cluster(["redis://10.0.0.1:6379/"]).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
