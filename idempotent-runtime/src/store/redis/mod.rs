@@ -94,20 +94,20 @@
 //! `cluster-node-timeout` 2 s) by killing a primary with `SIGKILL`:
 //!
 //! - Records on the other primaries keep answering throughout.
-//! - Operations on the dead primary's slots fail with [`StoreError::Redis`] (`503`, never
-//!   an unprotected run) until its replica is promoted: about the node timeout plus an
-//!   election (about 4 s there; with Redis's default `cluster-node-timeout` of 15 s,
-//!   expect 15 s or more). The client retries each operation a few times (under a
-//!   second in all, [`CLUSTER_RETRIES`]) and follows the promotion by itself; a longer
-//!   window reaches the caller as those errors.
+//! - Operations on the dead primary's slots fail with [`StoreError::Redis`] — the
+//!   engine answers `503` problem+json and the handler does not run — until its replica
+//!   is promoted, which takes the node timeout plus an election (with Redis's default
+//!   `cluster-node-timeout` of 15 s, more than 15 s). The client retries each operation
+//!   a few times within about a second ([`CLUSTER_RETRIES`]) and follows the promotion
+//!   by itself; a longer outage reaches the caller as those errors.
 //! - A completed record the replica had received is replayed by the new primary.
 //! - **A completion the replica had not received is lost**: replication is asynchronous,
 //!   so the primary acknowledges the completion (and the response goes out) before the
 //!   replica has it. The retry then finds no record, claims the key afresh and **the
 //!   handler runs again** (a claim lost this way lets a duplicate run too). The window
-//!   is the replication lag, normally below a millisecond, longer when the replica lags
-//!   or its link is down — and a replica whose link is down can still be promoted
-//!   within `cluster-replica-validity-factor`.
+//!   is the replication lag: short on a healthy link, as long as the outage when the
+//!   replica's link is down, since such a replica can still be promoted (within
+//!   `cluster-replica-validity-factor`).
 //!
 //! **Eviction.** Every record has an expiry, so `volatile-*` eviction policies evict
 //! records as readily as `allkeys-*` ones do, and an evicted record is a lost record. Run

@@ -8,11 +8,20 @@
 //! `--nocapture` to read it).
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::{Request, StatusCode};
 use redis::aio::MultiplexedConnection;
+use tower::ServiceExt;
 
 use super::{claim_request, must_claim, primaries_of, stored};
+use idempotent_runtime::Idempotency;
+use idempotent_runtime::layer::IdempotencyLayer;
 use idempotent_runtime::store::RedisStore;
 use idempotent_runtime::{ClaimOutcome, FencingToken, Store, StoreError};
 
@@ -126,6 +135,33 @@ fn kill(pid: &str) {
     assert!(status.success(), "kill -9 {pid}");
 }
 
+/// An app whose one route counts its runs, behind the engine on `store`.
+fn app(store: RedisStore, runs: Arc<AtomicU32>) -> Router {
+    let layer = IdempotencyLayer::new(Idempotency::new(store))
+        .scope_with(|_| Some("acct_alice".to_owned()));
+    let pay = post(move || {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async { StatusCode::CREATED }
+    });
+    Router::new().route("/pay", pay.layer(layer))
+}
+
+/// The status and content type of a `POST /pay` with `key`.
+async fn pay(app: &Router, key: &str) -> (StatusCode, String) {
+    let request = Request::post("/pay")
+        .header("idempotency-key", key)
+        .body(Body::from("{}"))
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("infallible");
+    let content_type = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (response.status(), content_type)
+}
+
 /// What the client saw while retrying one claim until the cluster answered it.
 struct Window {
     errors: Vec<String>,
@@ -221,6 +257,9 @@ pub(super) async fn a_killed_primary_keeps_replicated_records_and_loses_unreplic
     let token = FencingToken::random();
     must_claim(&store, &claim_request(&format!("o-{elsewhere}"), token)).await;
 
+    let runs = Arc::new(AtomicU32::new(0));
+    let app = app(store.clone(), Arc::clone(&runs));
+
     kill(&pid_of(&owner).await);
     let killed_at = Instant::now();
     // The other primaries answer at once.
@@ -233,12 +272,44 @@ pub(super) async fn a_killed_primary_keeps_replicated_records_and_loses_unreplic
         .expect("a record on a live primary answers during the failover");
     assert!(matches!(other.outcome, ClaimOutcome::InProgress { .. }));
     let other_after = killed_at.elapsed();
+    // Through the engine, well inside the node timeout (no promotion can have begun):
+    // fresh keys spread over the slots, so some land on the dead primary. Those get
+    // `503` problem+json without their handler running; the others run once each.
+    let answers = futures_util::future::join_all((0..30).map(|i| {
+        let app = &app;
+        async move { pay(app, &format!("http-{i}")).await }
+    }))
+    .await;
+    let http_after = killed_at.elapsed();
+    let created = answers
+        .iter()
+        .filter(|(status, _)| *status == StatusCode::CREATED)
+        .count();
+    let unavailable: Vec<&(StatusCode, String)> = answers
+        .iter()
+        .filter(|(status, _)| *status == StatusCode::SERVICE_UNAVAILABLE)
+        .collect();
+    assert_eq!(created + unavailable.len(), answers.len(), "{answers:?}");
+    assert!(
+        !unavailable.is_empty(),
+        "a key on the dead primary: {answers:?}"
+    );
+    assert!(created > 0, "keys on the live primaries: {answers:?}");
+    assert!(
+        unavailable
+            .iter()
+            .all(|(_, content_type)| content_type == "application/problem+json"),
+        "{unavailable:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst) as usize, created);
     let window = claim_until_answered(&store, "kept", killed_at).await;
     assert_eq!(window.outcome, ClaimOutcome::Replay(stored(b"kept")));
     eprintln!(
         "failover 1 (replicated completion): killed {owner}, replica {replica}; \
-         a record on another primary answered after {other_after:?}; the killed primary's \
-         record answered (replay) after {:?} with {} error(s) before: {:?}",
+         a record on another primary answered after {other_after:?}; 30 HTTP requests with \
+         fresh keys by {http_after:?}: {created} created, {} 503 problem+json; the killed \
+         primary's record answered (replay) after {:?} with {} error(s) before: {:?}",
+        unavailable.len(),
         window.answered_after,
         window.errors.len(),
         window.errors.first()
