@@ -90,8 +90,8 @@ pub async fn open(url: &str) -> Result<(Database, Arc<dyn Store>), DatabaseError
 }
 
 /// Opens the idempotency store at `url`, and the SQL database the demo keeps its own
-/// tables in: the same one for an SQL URL (see [`open`]); for `redis://` (or `rediss://`)
-/// a RedisStore, with the tables in `tables_url` (an SQL URL, e.g. an SQLite file).
+/// tables in: the same one for an SQL URL (see [`open`]); for `redis://` (or `rediss://`,
+/// or `redis+cluster://` for a cluster) a RedisStore, with the tables in `tables_url` (an SQL URL, e.g. an SQLite file).
 ///
 /// A `key_prefix` query parameter on a Redis URL (`redis://host/?key_prefix=shop`) sets
 /// the store's key prefix; it is removed before connecting.
@@ -100,7 +100,7 @@ pub async fn open_store(
     tables_url: &str,
 ) -> Result<(Database, Arc<dyn Store>), DatabaseError> {
     #[cfg(feature = "redis")]
-    if url.starts_with("redis:") || url.starts_with("rediss:") {
+    if is_key_value_store(url) {
         let store = open_redis(url).await?;
         let db = open_tables(tables_url).await?;
         return Ok((db, Arc::new(store)));
@@ -135,9 +135,12 @@ pub async fn open_tables(url: &str) -> Result<Database, DatabaseError> {
     Err(DatabaseError::Unsupported(url.to_owned()))
 }
 
-/// Whether `url` names a store that keeps no tables of the demo (Redis).
+/// Whether `url` names a store that keeps no tables of the demo (Redis, or a Redis
+/// Cluster: `redis+cluster://host:port/`).
 pub fn is_key_value_store(url: &str) -> bool {
-    url.starts_with("redis:") || url.starts_with("rediss:")
+    ["redis:", "rediss:", "redis+cluster:", "rediss+cluster:"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
 }
 
 #[cfg(feature = "redis")]

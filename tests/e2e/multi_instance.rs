@@ -1,11 +1,11 @@
 //! Several OS processes of the payments demo on different ports sharing one store —
-//! Postgres, MySQL/MariaDB or Redis, chosen by the demo's URL: the retry that matters
-//! lands on another instance than the original.
+//! Postgres, MySQL/MariaDB, Redis or a Redis Cluster, chosen by the demo's URL: the retry
+//! that matters lands on another instance than the original.
 //!
 //! Each server's tests need its URL (`IDEMPOTENT_TEST_POSTGRES_URL`,
-//! `IDEMPOTENT_TEST_MYSQL_URL`, `IDEMPOTENT_TEST_REDIS_URL`); without it they are
-//! reported ignored (the reason printed once). Each test creates and removes its own
-//! database (or Redis key prefix).
+//! `IDEMPOTENT_TEST_MYSQL_URL`, `IDEMPOTENT_TEST_REDIS_URL`,
+//! `IDEMPOTENT_TEST_REDIS_CLUSTER_URL`); without it they are reported ignored (the reason
+//! printed once). Each test creates and removes its own database (or Redis key prefix).
 
 use std::future::Future;
 use std::time::Duration;
@@ -39,7 +39,12 @@ async fn start(backend: &TestBackend, flags: &[&str]) -> Instance {
 
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = Vec::new();
-    for server in [Server::Postgres, Server::MySql, Server::Redis] {
+    for server in [
+        Server::Postgres,
+        Server::MySql,
+        Server::Redis,
+        Server::RedisCluster,
+    ] {
         let on = |name: &str, test: fn(Server) -> std::pin::Pin<Box<dyn Future<Output = ()>>>| {
             async_trial(format!("{}::{name}", server.name()), move || test(server))
         };

@@ -61,7 +61,7 @@ pub use record::{decode_headers, encode_headers};
 #[cfg(any(feature = "sql", feature = "redis"))]
 pub use redact::redacted_url;
 #[cfg(feature = "redis")]
-pub use redis::{RedisStore, RedisStoreBuilder};
+pub use redis::{RedisConnection, RedisStore, RedisStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 #[cfg(feature = "sqlite")]

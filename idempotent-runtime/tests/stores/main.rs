@@ -17,6 +17,8 @@ mod store_mysql;
 mod store_postgres;
 #[cfg(feature = "redis")]
 mod store_redis;
+#[cfg(feature = "redis")]
+mod store_redis_cluster;
 #[cfg(feature = "sqlite")]
 mod store_sqlite;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -47,6 +49,8 @@ fn main() {
     add("store_mysql", store_mysql::trials());
     #[cfg(feature = "redis")]
     add("store_redis", store_redis::trials());
+    #[cfg(feature = "redis")]
+    add("store_redis_cluster", store_redis_cluster::trials());
     add("out_of_tree_store", out_of_tree_store::trials());
     #[cfg(all(feature = "sqlite", feature = "postgres"))]
     add("transaction_failures", transaction_failures::trials());

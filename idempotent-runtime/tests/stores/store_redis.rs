@@ -272,7 +272,7 @@ async fn records_are_one_hash_under_the_prefix_with_a_hash_tag_over_scope_and_ke
         std::slice::from_ref(&key),
         "one key per record, nothing else"
     );
-    let mut conn = store.connection_manager().clone();
+    let mut conn = store.connection().clone();
     let kind: String = redis::cmd("TYPE")
         .arg(&key)
         .query_async(&mut conn)
@@ -352,7 +352,7 @@ async fn records_carry_a_redis_expiry_at_the_end_of_their_ttl_or_lease() {
     let url = redis_url();
     let prefix = TestPrefix::new(&url);
     let store = prefix.store().await;
-    let mut conn = store.connection_manager().clone();
+    let mut conn = store.connection().clone();
     let pttl = |key: &str| {
         let key = store.record_key("acct_alice", key);
         let mut conn = conn.clone();
@@ -528,7 +528,7 @@ async fn a_corrupt_record_is_reported_not_overwritten() {
     let prefix = TestPrefix::new(&url);
     let store = prefix.store().await;
     let key = store.record_key("acct_alice", "bad");
-    let mut conn = store.connection_manager().clone();
+    let mut conn = store.connection().clone();
     let () = conn.hset(&key, "state", "bogus").await.unwrap();
     let error = store
         .claim(&claim_request("bad", FencingToken::random()))
@@ -570,7 +570,7 @@ async fn scripts_are_loaded_again_after_the_server_forgets_them() {
     must_claim(&store, &claim_request("k", token)).await;
     // What a restart or a failover to a fresh replica does to the script cache. (Other
     // tests running now simply load their scripts again too.)
-    let mut conn = store.connection_manager().clone();
+    let mut conn = store.connection().clone();
     let () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)

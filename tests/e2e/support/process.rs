@@ -134,6 +134,8 @@ pub(crate) enum Server {
     Postgres,
     MySql,
     Redis,
+    /// A Redis Cluster (`redis+cluster://` URL), the same store type as `Redis`.
+    RedisCluster,
 }
 
 impl Server {
@@ -143,15 +145,17 @@ impl Server {
             Server::Postgres => "IDEMPOTENT_TEST_POSTGRES_URL",
             Server::MySql => "IDEMPOTENT_TEST_MYSQL_URL",
             Server::Redis => "IDEMPOTENT_TEST_REDIS_URL",
+            Server::RedisCluster => "IDEMPOTENT_TEST_REDIS_CLUSTER_URL",
         }
     }
 
-    /// A lower-case name for test names: `postgres`, `mysql`, `redis`.
+    /// A lower-case name for test names: `postgres`, `mysql`, `redis`, `redis_cluster`.
     pub(crate) fn name(self) -> &'static str {
         match self {
             Server::Postgres => "postgres",
             Server::MySql => "mysql",
             Server::Redis => "redis",
+            Server::RedisCluster => "redis_cluster",
         }
     }
 
@@ -161,7 +165,7 @@ impl Server {
         let built = match self {
             Server::Postgres => cfg!(feature = "postgres"),
             Server::MySql => cfg!(feature = "mysql"),
-            Server::Redis => cfg!(feature = "redis"),
+            Server::Redis | Server::RedisCluster => cfg!(feature = "redis"),
         };
         if !built {
             return Some(format!("built without the `{}` feature", self.name()));
@@ -251,7 +255,7 @@ impl TestBackend {
                 }
             }
             #[cfg(feature = "redis")]
-            Server::Redis => {
+            Server::Redis | Server::RedisCluster => {
                 let server_url = server.url();
                 let dir = tempfile::tempdir().expect("temp dir");
                 let tables_url = format!("sqlite://{}", dir.path().join("gateway.db").display());
@@ -306,7 +310,7 @@ impl TestBackend {
                     .connect(server_url)
                     .await
                     .expect("connect to Redis");
-                let mut conn = store.connection_manager().clone();
+                let mut conn = store.connection().clone();
                 let state: Option<String> = redis::cmd("HGET")
                     .arg(store.record_key("acct_alice", key))
                     .arg("state")
@@ -364,12 +368,13 @@ impl Drop for TestBackend {
             } => {
                 let (url, pattern) = (server_url.clone(), format!("{prefix}:*"));
                 on_own_runtime(async move {
-                    let Ok(client) = redis::Client::open(url.as_str()) else {
+                    // The store's own connection: on a cluster it sends KEYS to every
+                    // primary and splits the DEL by slot.
+                    let Ok(store) = idempotent_runtime::store::RedisStore::connect(&url).await
+                    else {
                         return;
                     };
-                    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-                        return;
-                    };
+                    let mut conn = store.connection().clone();
                     let keys: Vec<String> = redis::cmd("KEYS")
                         .arg(&pattern)
                         .query_async(&mut conn)

@@ -1,4 +1,5 @@
-//! [`RedisStore`]: the store for many instances sharing one Redis (or Valkey) primary.
+//! [`RedisStore`]: the store for many instances sharing one Redis (or Valkey) primary, or
+//! one Redis Cluster.
 //!
 //! Every instance of the app talks to the same Redis, so a retry that lands on another
 //! instance still finds the first attempt's claim or recorded response. Redis is fast and
@@ -18,7 +19,8 @@
 //! Its key is `<prefix>:{<scope length>:<scope>:<key>}` (prefix `idempotent` unless
 //! [`RedisStoreBuilder::key_prefix`] says otherwise). The braces are a Redis Cluster hash
 //! tag over scope and key, so every record maps to one slot and every script touches one
-//! key. See [`RedisStore::record_key`].
+//! key: on a cluster each operation runs whole on the primary owning that slot. See
+//! [`RedisStore::record_key`].
 //!
 //! Every operation is one Lua script, run atomically by the server and sent as `EVALSHA`
 //! (the source only when the server does not know the script yet: two more round trips,
@@ -48,9 +50,11 @@
 //! expired records on its own, so **no sweeper is needed**. [`Store::purge_expired`] still
 //! works: it walks the prefix with `SCAN` and deletes records that are expired by the
 //! scripts' clock but not yet by Redis's, and returns how many *it* deleted — records
-//! Redis expired by itself are not counted, so on a healthy server it returns 0. Each call
-//! walks the whole keyspace of the database (`SCAN` filters by pattern on the server), so
-//! do not run `Idempotency::spawn_sweeper` against a large Redis.
+//! Redis expired by itself are not counted, so on a healthy server it returns 0. On a
+//! cluster it walks every primary in turn (listed with `CLUSTER SLOTS`), each `SCAN` and
+//! its purge scripts pinned to that node; a primary that is down fails the call. Each
+//! call walks the whole keyspace (`SCAN` filters by pattern on the server), so do not run
+//! `Idempotency::spawn_sweeper` against a large Redis.
 //!
 //! # Durability: what a crash or a failover loses
 //!
@@ -85,6 +89,26 @@
 //! primary's clock takes over: a skew between the two shifts leases and TTLs by that
 //! much. Scripts are loaded again automatically on the new primary.
 //!
+//! **Cluster failover.** On a Redis Cluster the same holds per shard, and the store's
+//! cluster tests show it on a local cluster (three primaries, a replica each,
+//! `cluster-node-timeout` 2 s) by killing a primary with `SIGKILL`:
+//!
+//! - Records on the other primaries keep answering throughout.
+//! - Operations on the dead primary's slots fail with [`StoreError::Redis`] — the
+//!   engine answers `503` problem+json and the handler does not run — until its replica
+//!   is promoted, which takes the node timeout plus an election (with Redis's default
+//!   `cluster-node-timeout` of 15 s, more than 15 s). The client retries each operation
+//!   a few times within about a second ([`CLUSTER_RETRIES`]) and follows the promotion
+//!   by itself; a longer outage reaches the caller as those errors.
+//! - A completed record the replica had received is replayed by the new primary.
+//! - **A completion the replica had not received is lost**: replication is asynchronous,
+//!   so the primary acknowledges the completion (and the response goes out) before the
+//!   replica has it. The retry then finds no record, claims the key afresh and **the
+//!   handler runs again** (a claim lost this way lets a duplicate run too). The window
+//!   is the replication lag: short on a healthy link, as long as the outage when the
+//!   replica's link is down, since such a replica can still be promoted (within
+//!   `cluster-replica-validity-factor`).
+//!
 //! **Eviction.** Every record has an expiry, so `volatile-*` eviction policies evict
 //! records as readily as `allkeys-*` ones do, and an evicted record is a lost record. Run
 //! the store on a Redis with `maxmemory-policy noeviction` (a full Redis then refuses
@@ -96,10 +120,18 @@
 //! # Versions and topologies
 //!
 //! Requires Redis 5.0 or newer (scripts replicated by effects), or any Valkey; tested on
-//! Redis 7.0. The store talks to one server through a [`ConnectionManager`] (standalone,
-//! or the primary behind a Sentinel-aware address). Keys are Cluster-ready (one slot per
-//! record), but the store does not take a Cluster client yet, and `purge_expired` scans
-//! the one server it is connected to.
+//! Redis 7.0, standalone and as a Redis Cluster. One store type serves both, through a
+//! [`RedisConnection`]:
+//!
+//! - **One server**: [`RedisStore::connect`] with a `redis://` URL, or
+//!   [`RedisStoreBuilder::from_connection_manager`]; a [`ConnectionManager`] talks to a
+//!   standalone server or the primary behind a Sentinel-aware or proxy address.
+//! - **A Redis Cluster**: [`RedisStore::connect_cluster`] with seed node URLs, or
+//!   [`RedisStore::connect`] with `redis+cluster://host:port[,host:port…]`, or
+//!   [`RedisStoreBuilder::from_cluster_connection`]; the `redis` crate's cluster client
+//!   routes each script to the primary owning its record's slot and follows `MOVED`,
+//!   `ASK` and failovers. Replicas are never read: every operation writes or must see
+//!   the latest write. Cluster mode has one database, so a URL's `/db` must be `0`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -107,7 +139,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, RedisResult, Value};
 
 use super::{
@@ -116,9 +150,12 @@ use super::{
 };
 use crate::clock::millis;
 
+mod connection;
 mod keys;
 mod operator;
 mod scripts;
+
+pub use connection::RedisConnection;
 
 use keys::{DEFAULT_PREFIX, KeyLayout};
 
@@ -142,11 +179,27 @@ const MAX_DURATION_MS: i64 = 1000 * 366 * 24 * 60 * 60 * 1000;
 /// The location `Debug` and errors name for a store on an app's own connection manager.
 const APP_CONNECTION: &str = "redis (an app's connection manager)";
 
+/// The location `Debug` and errors name for a store on an app's own cluster connection.
+const APP_CLUSTER_CONNECTION: &str = "redis cluster (an app's cluster connection)";
+
+/// The URL scheme that names a cluster to [`RedisStoreBuilder::connect`] (with `rediss`
+/// for TLS): `redis+cluster://host:port[,host:port…]`.
+const CLUSTER_SCHEME: &str = "redis+cluster";
+
+/// How often the cluster client retries a command that met a moved slot, a node it could
+/// not reach or a cluster still electing a new primary, waiting a random time from
+/// [`CLUSTER_RETRY_MIN_WAIT_MS`] up to at most [`CLUSTER_RETRY_MAX_WAIT_MS`] between
+/// tries: a redirection or a brief outage is ridden out, a failover that takes seconds
+/// fails the operation (`503`) rather than holding the request.
+const CLUSTER_RETRIES: u32 = 6;
+const CLUSTER_RETRY_MIN_WAIT_MS: u64 = 100;
+const CLUSTER_RETRY_MAX_WAIT_MS: u64 = 1000;
+
 /// How many keys one `SCAN` step of `purge_expired` asks for.
 const SCAN_COUNT: u32 = 1000;
 
-/// A [`Store`] on Redis or Valkey, for many instances sharing one server (see the module
-/// docs for the guarantees and what a crash or failover loses).
+/// A [`Store`] on Redis or Valkey, for many instances sharing one server or one Redis
+/// Cluster (see the module docs for the guarantees and what a crash or failover loses).
 ///
 /// Cheap to clone: clones share the connection.
 ///
@@ -162,11 +215,14 @@ const SCAN_COUNT: u32 = 1000;
 ///     .connect("redis://:secret@redis.internal:6379/0")
 ///     .await?;
 /// assert_eq!(store.key_prefix(), "payments-idem");
+/// // A Redis Cluster, through one or more of its nodes:
+/// let store = RedisStore::connect("redis+cluster://10.0.0.1:6379,10.0.0.2:6379/").await?;
+/// let store = RedisStore::connect_cluster(["redis://10.0.0.1:6379/"]).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     keys: KeyLayout,
     /// Where the store connects (password redacted), for `Debug`.
     location: Arc<str>,
@@ -192,11 +248,22 @@ impl RedisStoreBuilder {
     }
 
     /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db]`,
-    /// `rediss://` needs a TLS feature of the `redis` crate).
+    /// `rediss://` needs a TLS feature of the `redis` crate), or to a Redis Cluster when
+    /// the scheme is `redis+cluster://[user:password@]host:port[,host:port…]`: each
+    /// `host:port` is a seed node, as in [`connect_cluster`](Self::connect_cluster).
     ///
     /// Fails with [`StoreError::Open`] — naming the URL with its password redacted — when
     /// the URL is invalid, the prefix is refused or the server cannot be reached.
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        if let Some(seeds) = cluster_seeds(url) {
+            return match seeds {
+                Ok(seeds) => self.connect_cluster(seeds).await,
+                Err(reason) => Err(StoreError::Open {
+                    location: "<invalid redis+cluster URL>".to_owned(),
+                    reason,
+                }),
+            };
+        }
         let location = redact_url(url);
         let secrets = url_secrets(url);
         let open_error = |reason: String| StoreError::Open {
@@ -209,9 +276,58 @@ impl RedisStoreBuilder {
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(CONNECT_RETRIES);
-        let mut conn = ConnectionManager::new_with_config(client, config)
+        let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| open_error(e.to_string()))?;
+        let mut conn = RedisConnection::Node(conn);
+        warn_unless_noeviction(&mut conn, &location).await;
+        Ok(RedisStore::with_parts(conn, keys, location))
+    }
+
+    /// Connects to a Redis Cluster through `nodes`, the URLs of one or more of its nodes
+    /// (`redis://[user:password@]host:port`; the client learns every other node from them,
+    /// so one reachable seed is enough, and more seeds ride out a seed that is down).
+    ///
+    /// Every operation goes to the primary owning its record's slot; `purge_expired`
+    /// visits every primary. Fails with [`StoreError::Open`] — naming the seeds with their
+    /// passwords redacted — when a URL is invalid, the prefix is refused or no seed
+    /// answers as a healthy cluster node.
+    pub async fn connect_cluster<I, S>(self, nodes: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let nodes: Vec<String> = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        let location = format!(
+            "{CLUSTER_SCHEME} [{}]",
+            nodes
+                .iter()
+                .map(|n| redact_url(n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let secrets: Vec<String> = nodes.iter().flat_map(|n| url_secrets(n)).collect();
+        let open_error = |reason: String| StoreError::Open {
+            location: location.clone(),
+            reason: scrub(reason, &secrets),
+        };
+        let keys = KeyLayout::new(&self.prefix).map_err(open_error)?;
+        if nodes.is_empty() {
+            return Err(open_error("no cluster node given".to_owned()));
+        }
+        let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .retries(CLUSTER_RETRIES)
+            .min_retry_wait(CLUSTER_RETRY_MIN_WAIT_MS)
+            .max_retry_wait(CLUSTER_RETRY_MAX_WAIT_MS)
+            .build()
+            .map_err(|e| open_error(e.to_string()))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| open_error(e.to_string()))?;
+        let mut conn = RedisConnection::Cluster(conn);
         warn_unless_noeviction(&mut conn, &location).await;
         Ok(RedisStore::with_parts(conn, keys, location))
     }
@@ -228,7 +344,30 @@ impl RedisStoreBuilder {
             location: location.clone(),
             reason,
         })?;
-        Ok(RedisStore::with_parts(conn, keys, location))
+        Ok(RedisStore::with_parts(
+            RedisConnection::Node(conn),
+            keys,
+            location,
+        ))
+    }
+
+    /// A store on a cluster connection the app already has.
+    ///
+    /// Fails with [`StoreError::Open`] when the prefix is refused.
+    pub fn from_cluster_connection(
+        self,
+        conn: ClusterConnection,
+    ) -> Result<RedisStore, StoreError> {
+        let location = APP_CLUSTER_CONNECTION.to_owned();
+        let keys = KeyLayout::new(&self.prefix).map_err(|reason| StoreError::Open {
+            location: location.clone(),
+            reason,
+        })?;
+        Ok(RedisStore::with_parts(
+            RedisConnection::Cluster(conn),
+            keys,
+            location,
+        ))
     }
 }
 
@@ -239,21 +378,33 @@ impl RedisStore {
         Self::builder().connect(url).await
     }
 
+    /// Connects to the Redis Cluster whose seed nodes are `nodes`, with the default key
+    /// prefix; see [`RedisStoreBuilder::connect_cluster`].
+    pub async fn connect_cluster<I, S>(nodes: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::builder().connect_cluster(nodes).await
+    }
+
     /// A store on a connection manager the app already has, with the default key prefix.
     pub fn from_connection_manager(conn: ConnectionManager) -> Self {
         let keys = KeyLayout::new(DEFAULT_PREFIX).expect("the default prefix is valid");
-        Self::with_parts(conn, keys, APP_CONNECTION.to_owned())
+        Self::with_parts(RedisConnection::Node(conn), keys, APP_CONNECTION.to_owned())
     }
 
-    /// Configures a store: key prefix, then [`connect`](RedisStoreBuilder::connect) or
-    /// [`from_connection_manager`](RedisStoreBuilder::from_connection_manager).
+    /// Configures a store: key prefix, then [`connect`](RedisStoreBuilder::connect),
+    /// [`connect_cluster`](RedisStoreBuilder::connect_cluster),
+    /// [`from_connection_manager`](RedisStoreBuilder::from_connection_manager) or
+    /// [`from_cluster_connection`](RedisStoreBuilder::from_cluster_connection).
     pub fn builder() -> RedisStoreBuilder {
         RedisStoreBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
         }
     }
 
-    fn with_parts(conn: ConnectionManager, keys: KeyLayout, location: String) -> Self {
+    fn with_parts(conn: RedisConnection, keys: KeyLayout, location: String) -> Self {
         Self {
             conn,
             keys,
@@ -283,9 +434,18 @@ impl RedisStore {
         self.keys.record(scope, key)
     }
 
-    /// The connection the store uses (a clone shares it).
-    pub fn connection_manager(&self) -> &ConnectionManager {
+    /// The connection the store uses, one server's or a cluster's (a clone shares it).
+    pub fn connection(&self) -> &RedisConnection {
         &self.conn
+    }
+
+    /// The connection manager of a store on one server (a clone shares it); `None` on a
+    /// cluster (see [`connection`](Self::connection)).
+    pub fn connection_manager(&self) -> Option<&ConnectionManager> {
+        match &self.conn {
+            RedisConnection::Node(conn) => Some(conn),
+            RedisConnection::Cluster(_) => None,
+        }
     }
 
     /// Test support: moves the store's notion of "now" forward by `by` (an offset added to
@@ -390,39 +550,24 @@ impl Store for RedisStore {
         Ok(released == 1)
     }
 
-    /// Walks the prefix with `SCAN` and deletes up to `limit` records that are expired by
-    /// the scripts' clock; returns how many it deleted. Records Redis already expired by
-    /// itself are not counted (module docs).
+    /// Walks the prefix with `SCAN` (on a cluster, on every primary in turn) and deletes
+    /// up to `limit` records that are expired by the scripts' clock; returns how many it
+    /// deleted. Records Redis already expired by itself are not counted (module docs).
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         let limit = u64::from(limit);
-        let mut conn = self.conn.clone();
-        let pattern = self.keys.scan_pattern();
-        let mut deleted = 0;
-        let mut cursor = 0_u64;
-        while deleted < limit {
-            let (next, candidates): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(&mut conn)
-                .await
-                .map_err(store_error)?;
-            let mut rest = &candidates[..];
-            while !rest.is_empty() && deleted < limit {
-                // Never more candidates than deletions still allowed: each may be expired.
-                let room = usize::try_from(limit - deleted).unwrap_or(usize::MAX);
-                let (chunk, tail) = rest.split_at(rest.len().min(room));
-                rest = tail;
-                deleted += self.purge_candidates(&mut conn, chunk).await?;
+        match &self.conn {
+            RedisConnection::Node(conn) => self.purge_on(&mut conn.clone(), limit).await,
+            RedisConnection::Cluster(conn) => {
+                let mut deleted = 0;
+                for mut primary in connection::primaries(conn).await.map_err(store_error)? {
+                    if deleted >= limit {
+                        break;
+                    }
+                    deleted += self.purge_on(&mut primary, limit - deleted).await?;
+                }
+                Ok(deleted)
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
-        Ok(deleted)
     }
 
     async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
@@ -440,11 +585,48 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// `purge_expired` on one server: `conn` is a standalone server's connection, or a
+    /// cluster connection pinned to one primary (whose `SCAN` returns only its own keys,
+    /// which the pipeline of purge scripts then goes back to).
+    async fn purge_on(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+        limit: u64,
+    ) -> Result<u64, StoreError> {
+        let pattern = self.keys.scan_pattern();
+        let mut deleted = 0;
+        let mut cursor = 0_u64;
+        while deleted < limit {
+            let (next, candidates): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(conn)
+                .await
+                .map_err(store_error)?;
+            let mut rest = &candidates[..];
+            while !rest.is_empty() && deleted < limit {
+                // Never more candidates than deletions still allowed: each may be expired.
+                let room = usize::try_from(limit - deleted).unwrap_or(usize::MAX);
+                let (chunk, tail) = rest.split_at(rest.len().min(room));
+                rest = tail;
+                deleted += self.purge_candidates(conn, chunk).await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(deleted)
+    }
+
     /// Runs the purge script on each candidate, in one pipeline (one script per key, so
     /// each stays within its own Cluster slot); returns how many it deleted.
     async fn purge_candidates(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut (impl ConnectionLike + Send),
         candidates: &[Vec<u8>],
     ) -> Result<u64, StoreError> {
         let mut pipe = redis::pipe();
@@ -563,9 +745,23 @@ fn clamped_millis(d: Duration) -> i64 {
     millis(d).min(MAX_DURATION_MS)
 }
 
-/// Warns when the server may evict records under memory pressure (module docs). Servers
-/// that refuse `CONFIG` (managed services often do) are not blamed.
-async fn warn_unless_noeviction(conn: &mut ConnectionManager, location: &str) {
+/// Warns when a server may evict records under memory pressure (module docs); on a
+/// cluster, asks every primary. Servers that refuse `CONFIG` (managed services often do)
+/// are not blamed.
+async fn warn_unless_noeviction(conn: &mut RedisConnection, location: &str) {
+    match conn {
+        RedisConnection::Node(_) => warn_unless_noeviction_on(conn, location).await,
+        RedisConnection::Cluster(cluster) => {
+            // A cluster that cannot list its primaries fails the first purge loudly; the
+            // warning is only advice.
+            for mut primary in connection::primaries(cluster).await.unwrap_or_default() {
+                warn_unless_noeviction_on(&mut primary, location).await;
+            }
+        }
+    }
+}
+
+async fn warn_unless_noeviction_on(conn: &mut (impl ConnectionLike + Send), location: &str) {
     let reply: RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
@@ -587,6 +783,37 @@ fn evicting_policy(reply: &[String]) -> Option<&str> {
         [_, policy] if policy != "noeviction" => Some(policy),
         _ => None,
     }
+}
+
+/// The seed node URLs (`redis://…` or `rediss://…`) of a `redis+cluster://` or
+/// `rediss+cluster://` URL; `None` for any other URL. User info, path and query are
+/// copied onto every seed.
+fn cluster_seeds(url: &str) -> Option<Result<Vec<String>, String>> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = match scheme {
+        "redis+cluster" => "redis",
+        "rediss+cluster" => "rediss",
+        _ => return None,
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    let (user_info, hosts) = match authority.rsplit_once('@') {
+        Some((user_info, hosts)) => (format!("{user_info}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let seeds: Vec<String> = hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("{scheme}://{user_info}{host}{tail}"))
+        .collect();
+    if seeds.is_empty() {
+        return Some(Err(format!(
+            "a {CLUSTER_SCHEME} URL names no node (expected {CLUSTER_SCHEME}://host:port[,host:port…])"
+        )));
+    }
+    Some(Ok(seeds))
 }
 
 /// `url` for messages (see [`redacted_url`](super::redacted_url)); an unparseable URL is
@@ -657,6 +884,24 @@ mod tests {
             scrub("auth s3cr@t / s3cr%40t / other failed".into(), &secrets),
             "auth *** / *** / *** failed"
         );
+    }
+
+    #[test]
+    fn cluster_urls_name_their_seeds() {
+        assert_eq!(cluster_seeds("redis://127.0.0.1:7000/"), None);
+        assert_eq!(cluster_seeds("redis+unix:///run/redis.sock"), None);
+        assert_eq!(
+            cluster_seeds("redis+cluster://127.0.0.1:7000/"),
+            Some(Ok(vec!["redis://127.0.0.1:7000/".to_owned()]))
+        );
+        assert_eq!(
+            cluster_seeds("rediss+cluster://u:p%40w@a:7000,b:7001?protocol=resp3"),
+            Some(Ok(vec![
+                "rediss://u:p%40w@a:7000?protocol=resp3".to_owned(),
+                "rediss://u:p%40w@b:7001?protocol=resp3".to_owned(),
+            ]))
+        );
+        assert!(matches!(cluster_seeds("redis+cluster:///"), Some(Err(_))));
     }
 
     #[test]
