@@ -6,6 +6,14 @@
 //! both run: one claims the key atomically in a shared store, the other gets `409`.
 //!
 //! Users depend on this crate only; the attribute macro is re-exported as [`idempotent`].
+//! (The crates are `idempotent-runtime` and `idempotent-macros` because `idempotent` on
+//! crates.io is an unrelated crate.) Minimum supported Rust version: **1.95**.
+//!
+//! **[The guide](guide)** is the reference for using it: [start your own
+//! app](guide::app), [the contract](guide::contract), [the published
+//! policy](guide::policy), [the attribute](guide::attribute), [the tower
+//! layer](guide::layer), [stores](guide::stores), [transactional
+//! handlers](guide::transactions), and more.
 //!
 //! # A complete app
 //!
@@ -156,6 +164,7 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod fingerprint;
+pub mod guide;
 pub mod key;
 pub mod layer;
 mod lease;
