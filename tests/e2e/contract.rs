@@ -1,7 +1,8 @@
-//! The contract (README, "The contract") end to end, one set of checks run against two
-//! apps with the same routes and handler logic: one protected by `#[idempotent]`, one by
-//! `IdempotencyLayer` (module `apps`, `contract/apps.rs`). Each check below becomes
-//! `attribute::<check>` and `layer::<check>`.
+//! The contract (the guide's chapter `idempotent_runtime::guide::contract`) end to end,
+//! one set of checks run against two apps with the same routes and handler logic: one
+//! protected by `#[idempotent]`, one by `IdempotencyLayer` (module `apps`,
+//! `contract/apps.rs`). Each check below becomes `attribute::<check>` and
+//! `layer::<check>`.
 
 mod apps;
 

@@ -1,8 +1,9 @@
-//! The published policy (README, "Publishing the policy (OpenAPI)"): both demos, started
-//! as real processes with a TTL and lease of their own, serve `/openapi.json`; the
-//! document parses as strict OpenAPI 3.1, and the protected operation carries the key
-//! parameter, the problem answers, `Idempotent-Replayed` and the policy with the TTL and
-//! lease the process was started with, while the unprotected operations carry none of it.
+//! The published policy (the guide's chapter `idempotent_runtime::guide::openapi`): both
+//! demos, started as real processes with a TTL and lease of their own, serve
+//! `/openapi.json`; the document parses as strict OpenAPI 3.1, and the protected
+//! operation carries the key parameter, the problem answers, `Idempotent-Replayed` and
+//! the policy with the TTL and lease the process was started with, while the unprotected
+//! operations carry none of it.
 
 use idempotent_runtime::testing::{Trial, async_trial};
 use serde_json::Value;
