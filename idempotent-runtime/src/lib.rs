@@ -156,7 +156,8 @@
 //! can name `Tx<Sqlite>` without a direct `sqlx` dependency.
 //!
 //! [`store::MemoryStore`] (one process; tests and demos) is always there. Build without
-//! SQLite with `default-features = false, features = ["postgres"]`.
+//! SQLite with `default-features = false, features = ["postgres"]`. A seventh feature,
+//! `sql`, is what the SQL stores share; each of their features enables it.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
