@@ -91,6 +91,8 @@
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // The engine's log events (claimed, replayed, …) on stderr; needs `tracing-subscriber`.
+//!     tracing_subscriber::fmt::init();
 //!     // SQLite for one host; `PostgresStore::connect(url)` (feature `postgres`) for many.
 //!     let store = SqliteStore::open("sqlite://orders.db").await?;
 //!     let idempotency = Idempotency::builder(store)
