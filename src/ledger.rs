@@ -32,7 +32,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
 use utoipa::OpenApi;
 
-use crate::auth::Caller;
+use crate::amount;
+use crate::auth::{BearerAuth, Caller};
 use crate::cli::DemoArgs;
 use crate::serve::{self, Banner, BoxError};
 
@@ -80,7 +81,8 @@ pub fn router(state: AppState) -> Router {
         title = "Ledger demo",
         description = "Deposits committed together with their stored response."
     ),
-    paths(deposit, balance)
+    paths(deposit, balance),
+    modifiers(&BearerAuth)
 )]
 struct ApiDoc;
 
@@ -109,10 +111,25 @@ pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
     description = "Credits the caller once per idempotency key; the entry and the stored \
                    response commit together.",
     request_body = DepositRequest,
+    security(("bearer" = [])),
     responses(
         (status = 201, description = "Deposited", body = Entry,
             headers(("Location" = String, description = "The new entry"))),
-        (status = 400, description = "Invalid amount (`invalid_request`).",
+        (status = 400, description = "Invalid amount (`invalid_request`; recorded and \
+            replayed), or a body that is not JSON (`bad_request`, from the JSON extractor: \
+            nothing ran, the key stays unused).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No `Authorization: Bearer` header with a demo API key \
+            (`unauthenticated`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 415, description = "The body is not sent as JSON: `Content-Type` missing or \
+            not `application/json` (`unsupported_media_type`, from the JSON extractor: nothing \
+            ran, the key stays unused).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Two answers, told apart by `code`. The body is JSON but \
+            not a `DepositRequest` object, e.g. an array or a number (`unprocessable_entity`, \
+            from the JSON extractor: nothing ran, the key stays unused).",
             body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -141,7 +158,14 @@ async fn deposit(
     get,
     path = "/balance",
     summary = "The caller's balance",
-    responses((status = 200, description = "Balance and number of entries", body = Balance))
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Balance and number of entries", body = Balance),
+        (status = 401, description = "No `Authorization: Bearer` header with a demo API key \
+            (`unauthenticated`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+    )
 )]
 async fn balance(
     caller: Caller,
@@ -176,9 +200,11 @@ pub const BALANCE: &str = "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) AS ba
 /// The body of `POST /deposits`.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct DepositRequest {
-    /// Minor units; a positive integer.
+    /// Minor units: a whole number from 1.
+    // Any JSON value, so that a bad amount is the handler's `400` (recorded and replayed),
+    // not the extractor's `422`; the schema states what the handler accepts.
     #[serde(default)]
-    #[schema(value_type = i64, example = 500)]
+    #[schema(value_type = i64, required = true, minimum = 1, maximum = 9_223_372_036_854_775_807_i64, example = 500)]
     pub amount: serde_json::Value,
 }
 
@@ -196,7 +222,7 @@ pub struct Entry {
 impl Entry {
     /// The entry `request` asks for; `Err` is the `400` to answer.
     pub fn new(caller: &Caller, request: &DepositRequest) -> Result<Self, LedgerError> {
-        let amount = request.amount.as_i64().filter(|a| *a > 0).ok_or_else(|| {
+        let amount = amount::minor_units(&request.amount).ok_or_else(|| {
             LedgerError::Invalid(
                 "Amount must be a positive integer in minor units, e.g. 500.".into(),
             )

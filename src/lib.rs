@@ -14,6 +14,7 @@
 //! - [`prometheus`]: `GET /metrics`, the engine's metrics in the Prometheus text format;
 //! - [`serve`]: logging, the serve loop and a graceful shutdown that drains the engine.
 
+pub mod amount;
 pub mod auth;
 #[cfg(feature = "postgres")]
 pub mod chaos;

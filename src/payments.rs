@@ -28,7 +28,8 @@ use idempotent_runtime::{Idempotency, IdempotencyKey, Problem, idempotent};
 use serde::{Deserialize, Serialize};
 use utoipa::OpenApi;
 
-use crate::auth::Caller;
+use crate::amount;
+use crate::auth::{BearerAuth, Caller};
 use crate::cli::DemoArgs;
 use crate::database;
 use crate::gateway::{Charge, Gateway, GatewayError};
@@ -72,7 +73,8 @@ pub fn router(state: AppState) -> Router {
         title = "Payments demo",
         description = "Charges a (fake) payment gateway once per idempotency key."
     ),
-    paths(create_payment, list_payments, get_payment)
+    paths(create_payment, list_payments, get_payment),
+    modifiers(&BearerAuth)
 )]
 struct ApiDoc;
 
@@ -100,12 +102,27 @@ pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
     summary = "Charge a card",
     description = "Charges the gateway once per idempotency key and caller.",
     request_body = ChargeRequest,
+    security(("bearer" = [])),
     responses(
         (status = 201, description = "Charged", body = Payment,
             headers(("Location" = String, description = "The new payment"))),
-        (status = 400, description = "Invalid amount or currency (`invalid_request`).",
+        (status = 400, description = "Invalid amount or currency (`invalid_request`; \
+            recorded and replayed), or a body that is not JSON (`bad_request`, from the JSON \
+            extractor: nothing ran, the key stays unused).",
             body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No `Authorization: Bearer` header with a demo API key \
+            (`unauthenticated`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 402, description = "The card was declined (`card_declined`).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is not sent as JSON: `Content-Type` missing or \
+            not `application/json` (`unsupported_media_type`, from the JSON extractor: nothing \
+            ran, the key stays unused).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Two answers, told apart by `code`. The body is JSON but \
+            not a `ChargeRequest` object, e.g. an array or a number (`unprocessable_entity`, \
+            from the JSON extractor: nothing ran, the key stays unused).",
             body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The gateway is down (`gateway_unavailable`); nothing was charged.",
             body = Problem, content_type = "application/problem+json"),
@@ -137,7 +154,14 @@ async fn create_payment(
     get,
     path = "/payments",
     summary = "List the caller's payments",
-    responses((status = 200, description = "The caller's payments", body = Vec<Payment>))
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The caller's payments", body = Vec<Payment>),
+        (status = 401, description = "No `Authorization: Bearer` header with a demo API key \
+            (`unauthenticated`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+    )
 )]
 async fn list_payments(
     caller: Caller,
@@ -153,8 +177,13 @@ async fn list_payments(
     path = "/payments/{id}",
     summary = "One payment",
     params(("id" = String, Path, description = "`pay_…`")),
+    security(("bearer" = [])),
     responses(
         (status = 200, description = "The payment", body = Payment),
+        (status = 401, description = "No `Authorization: Bearer` header with a demo API key \
+            (`unauthenticated`).",
+            body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 404, description = "No such payment for this caller (`not_found`).",
             body = Problem, content_type = "application/problem+json"),
     )
@@ -171,32 +200,29 @@ async fn get_payment(
     Ok(Json(charge.into()))
 }
 
-/// The body of `POST /payments`. The fields are validated in the handler, so a `400` for
-/// a bad amount is stored and replayed like any other answer; malformed JSON is refused
-/// by the extractor before the key is claimed.
+/// The body of `POST /payments`.
+// The fields are any JSON value and validated in the handler, so a `400` for a bad amount
+// is stored and replayed like any other answer; malformed JSON is refused by the extractor
+// before the key is claimed. The schema states exactly what `validate` accepts.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 struct ChargeRequest {
-    /// Minor units; a positive integer.
+    /// Minor units: a whole number from 1.
     #[serde(default)]
-    #[schema(value_type = i64, example = 10000)]
+    #[schema(value_type = i64, required = true, minimum = 1, maximum = 9_223_372_036_854_775_807_i64, example = 10000)]
     amount: serde_json::Value,
-    /// Three upper-case letters.
+    /// Three upper-case ASCII letters (ISO 4217).
     #[serde(default)]
-    #[schema(value_type = String, example = "BRL")]
+    #[schema(value_type = String, required = true, pattern = "^[A-Z]{3}$", min_length = 3, max_length = 3, example = "BRL")]
     currency: serde_json::Value,
 }
 
 impl ChargeRequest {
     fn validate(&self) -> Result<(i64, String), ApiError> {
-        let amount = self
-            .amount
-            .as_i64()
-            .filter(|amount| *amount > 0)
-            .ok_or_else(|| {
-                ApiError::Invalid(
-                    "Amount must be a positive integer in minor units, e.g. 10000.".into(),
-                )
-            })?;
+        let amount = amount::minor_units(&self.amount).ok_or_else(|| {
+            ApiError::Invalid(
+                "Amount must be a positive integer in minor units, e.g. 10000.".into(),
+            )
+        })?;
         match self.currency.as_str() {
             Some(currency)
                 if currency.len() == 3 && currency.bytes().all(|b| b.is_ascii_uppercase()) =>

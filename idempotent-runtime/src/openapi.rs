@@ -7,13 +7,19 @@
 //!
 //! - the `Idempotency-Key` header parameter (the engine's
 //!   [`header_name`](crate::engine::IdempotencyBuilder::header_name)), required or optional
-//!   (`key = optional`), a string of at most 255 characters;
-//! - the `400`, `409` (with `Retry-After`), `422` and `503` answers as
-//!   `application/problem+json` with the shared [`Problem`] schema component (a response
-//!   the operation documents already, such as its own `400`, keeps its content and gains
-//!   the problem codes in its description);
+//!   (`key = optional`): 1 to 255 characters, bare or quoted, with a `pattern` that
+//!   accepts exactly what the engine accepts;
+//! - every answer the library itself can give on the operation, as
+//!   `application/problem+json` with the shared [`Problem`] schema component and its
+//!   [`codes`]: `400` (key missing or malformed, body unreadable), `409` (with
+//!   `Retry-After`), `413` (body over the `DefaultBodyLimit`), `422` (key reused), `500`
+//!   (handler panicked, interrupted at its maximum duration, misconfigured) and `503`
+//!   (store unreachable, with `Retry-After`). A response the operation documents already,
+//!   such as its own `400`, keeps its content and gains the problem codes in its
+//!   description;
 //! - the `Idempotent-Replayed` header on the operation's own responses (those that are
-//!   stored and replayed: all of them, except 5xx unless `on_server_error = store`);
+//!   stored and replayed: all of them, except 5xx unless `on_server_error = store`) and on
+//!   the `500` (an interrupted request's answer is recorded and replayed);
 //! - the policy: an `x-idempotency` extension object (TTL, lease, maximum duration, how
 //!   long a duplicate waits for the running original, fingerprint mode, what a 5xx does,
 //!   whether the key is required) and the same in a paragraph appended to the operation's
@@ -289,6 +295,17 @@ impl Effective {
         );
         self.add_problem(
             operation,
+            "413",
+            &format!(
+                "The request body is larger than the server accepts (`{}`: axum's \
+                 `DefaultBodyLimit`, 2 MiB unless the server sets another); nothing ran and \
+                 the key is not used.",
+                codes::PAYLOAD_TOO_LARGE
+            ),
+            false,
+        );
+        self.add_problem(
+            operation,
             "422",
             &format!(
                 "This `{}` was used with another request (`{}`): a new request needs a new key.",
@@ -297,6 +314,34 @@ impl Effective {
             ),
             false,
         );
+        self.add_problem(
+            operation,
+            "500",
+            &format!(
+                "The idempotency layer failed the request: the handler panicked (`{}`; \
+                 nothing is recorded, a retry with the same key runs it), it ran past its \
+                 {} maximum duration and was interrupted (`{}`; recorded and replayed, \
+                 since it may have taken effect), or the server is misconfigured (`{}`, \
+                 `{}`, `{}`) or a transactional handler's transaction was rolled back \
+                 (`{}`).",
+                codes::HANDLER_PANICKED,
+                human(self.max_duration),
+                codes::INTERRUPTED,
+                codes::SCOPE_EMPTY,
+                codes::SCOPE_MISSING,
+                codes::TRANSACTION_UNSUPPORTED,
+                codes::TRANSACTION_ABORTED,
+            ),
+            false,
+        );
+        // The interrupted answer is recorded, so it is replayed whatever `on_server_error`
+        // says (that option is about the handler's own 5xx).
+        if let Some(RefOr::T(response)) = operation.responses.responses.get_mut("500") {
+            response
+                .headers
+                .entry(display_header_name(REPLAYED_HEADER))
+                .or_insert(replayed_header);
+        }
         self.add_problem(
             operation,
             "503",
@@ -335,8 +380,9 @@ impl Effective {
             .required(required)
             .description(Some(format!(
                 "Names this operation so that a retry is recognised: 1 to {MAX_KEY_LEN} printable \
-                 ASCII characters (e.g. a UUID), as a bare token or an RFC 9651 string \
-                 (`\"abc\"` and `abc` are the same key). Keys are unique per caller. Send a new \
+                 ASCII characters (e.g. a UUID), bare (without spaces, `,`, `;` or `\"`) or as \
+                 an RFC 9651 string (`\"a b\"`, with `\\\"` and `\\\\` the only escapes; \
+                 `\"abc\"` and `abc` are the same key). Keys are unique per caller. Send a new \
                  key for each new operation and the same key on every retry of it.{}",
                 if self.key_optional {
                     " Optional: a request without it runs unprotected (never replayed)."
@@ -347,8 +393,7 @@ impl Effective {
             .schema(Some(
                 ObjectBuilder::new()
                     .schema_type(Type::String)
-                    .min_length(Some(1))
-                    .max_length(Some(MAX_KEY_LEN))
+                    .pattern(Some(key_pattern()))
                     .examples(["8e03978e-40d5-43e8-bc93-6894a57f9324"]),
             ))
             .build()
@@ -357,16 +402,20 @@ impl Effective {
     fn bad_key(&self) -> String {
         if self.key_optional {
             format!(
-                "The `{}` header is malformed (`{}`; `reason` says how).",
+                "The `{}` header is malformed (`{}`; `reason` says how), or the body could \
+                 not be read (`{}`).",
                 self.header,
-                codes::KEY_INVALID
+                codes::KEY_INVALID,
+                codes::BAD_REQUEST
             )
         } else {
             format!(
-                "The `{}` header is missing (`{}`) or malformed (`{}`; `reason` says how).",
+                "The `{}` header is missing (`{}`) or malformed (`{}`; `reason` says how), \
+                 or the body could not be read (`{}`).",
                 self.header,
                 codes::KEY_MISSING,
-                codes::KEY_INVALID
+                codes::KEY_INVALID,
+                codes::BAD_REQUEST
             )
         }
     }
@@ -380,7 +429,9 @@ impl Effective {
             )
             .description(Some(
                 "`true` on a replay: the operation ran earlier under this idempotency key and \
-                 this is its recorded answer. Absent on the original answer.",
+                 this is its recorded answer. Absent on the original answer. A replay whose \
+                 body was not kept (over the store's size cap) has the original status and \
+                 headers and a problem document (`idempotency_response_not_stored`) for body.",
             ))
             .build()
     }
@@ -484,6 +535,17 @@ impl Effective {
             "replayed_header": display_header_name(REPLAYED_HEADER),
         })
     }
+}
+
+/// The key header's value as [`parse_header`](crate::key::parse_header) accepts it: a bare
+/// key (visible ASCII but `"`, `,` and `;`) or an RFC 9651 string (printable ASCII, `\"`
+/// and `\\` the only escapes, not all spaces), of 1 to [`MAX_KEY_LEN`] characters once
+/// unquoted. A `pattern` rather than `maxLength`: `maxLength` would count the quotes and
+/// escapes, and so refuse quoted keys the engine accepts.
+fn key_pattern() -> String {
+    format!(
+        r#"^(?:[!#-+\-./0-:<-~]{{1,{MAX_KEY_LEN}}}|"(?! *")(?:[ !#-\[\]-~]|\\["\\]){{1,{MAX_KEY_LEN}}}")$"#
+    )
 }
 
 fn retry_after_header() -> Header {
@@ -592,8 +654,7 @@ mod tests {
         assert_eq!(key["in"], "header");
         assert_eq!(key["required"], true);
         assert_eq!(key["schema"]["type"], "string");
-        assert_eq!(key["schema"]["maxLength"], 255);
-        assert_eq!(key["schema"]["minLength"], 1);
+        assert_eq!(key["schema"]["pattern"], key_pattern());
 
         let policy = &post[EXTENSION];
         assert_eq!(policy["key"], "required");
@@ -626,8 +687,17 @@ mod tests {
         let responses = &post["responses"];
         for (status, code) in [
             ("400", codes::KEY_MISSING),
+            ("400", codes::KEY_INVALID),
+            ("400", codes::BAD_REQUEST),
             ("409", codes::IN_PROGRESS),
+            ("413", codes::PAYLOAD_TOO_LARGE),
             ("422", codes::KEY_REUSED),
+            ("500", codes::HANDLER_PANICKED),
+            ("500", codes::INTERRUPTED),
+            ("500", codes::SCOPE_EMPTY),
+            ("500", codes::SCOPE_MISSING),
+            ("500", codes::TRANSACTION_UNSUPPORTED),
+            ("500", codes::TRANSACTION_ABORTED),
             ("503", codes::STORE_UNAVAILABLE),
         ] {
             let response = &responses[status];
@@ -635,17 +705,24 @@ mod tests {
                 response["content"][PROBLEM_JSON]["schema"]["$ref"], "#/components/schemas/Problem",
                 "{status}"
             );
-            assert!(
-                response["description"].as_str().unwrap().contains(code),
-                "{status}"
-            );
-            // Ours are never replayed (the document's own `400` is, below).
+            let description = response["description"].as_str().unwrap();
+            assert!(description.contains(code), "{status} {code}: {description}");
+            // Ours are never replayed, except the interrupted `500` (the document's own
+            // `400` is, below).
             assert_eq!(
                 response["headers"].get("Idempotent-Replayed").is_none(),
-                status != "400",
+                status != "400" && status != "500",
                 "{status}"
             );
         }
+        assert!(
+            responses["500"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("its 5m maximum duration"),
+            "{}",
+            responses["500"]
+        );
         for status in ["409", "503"] {
             assert_eq!(
                 responses[status]["headers"]["Retry-After"]["schema"]["type"],
@@ -659,16 +736,21 @@ mod tests {
             bad.starts_with("Invalid order. The `Idempotency-Key` header is missing"),
             "{bad}"
         );
-        // Its own answers are replayed, except the 5xx (released).
+        // Its own answers are replayed, except the 5xx (released); its `500` still says
+        // `Idempotent-Replayed`, for the library's interrupted answer (recorded).
         assert_eq!(
             responses["201"]["headers"]["Idempotent-Replayed"]["schema"]["enum"],
             serde_json::json!(["true"])
         );
         assert!(responses["400"]["headers"]["Idempotent-Replayed"].is_object());
+        assert!(responses["500"]["headers"]["Idempotent-Replayed"].is_object());
         assert!(
-            responses["500"]["headers"]
-                .get("Idempotent-Replayed")
-                .is_none()
+            responses["500"]["description"]
+                .as_str()
+                .unwrap()
+                .starts_with("Broken The idempotency layer failed"),
+            "{}",
+            responses["500"]
         );
 
         let problem = &doc["components"]["schemas"]["Problem"];
@@ -722,7 +804,7 @@ mod tests {
         let key = &post["parameters"][0];
         assert_eq!(key["name"], "X-Idempotency-Key");
         assert_eq!(key["required"], false);
-        assert_eq!(key["schema"]["maxLength"], 255);
+        assert_eq!(key["schema"]["pattern"], key_pattern());
         let policy = &post[EXTENSION];
         assert_eq!(policy["key"], "optional");
         assert_eq!(policy["header"], "X-Idempotency-Key");
@@ -819,6 +901,87 @@ mod tests {
             .unwrap();
         assert_eq!(parameters.len(), 1);
         assert_eq!(parameters[0]["name"], "Idempotency-Key");
+    }
+
+    /// The published `pattern` accepts a key header value exactly when the engine does.
+    /// The `regex` crate has no lookahead: the pattern's one lookahead (a quoted key is
+    /// not all spaces) is checked as what it means, a value that is not `" *"`.
+    fn pattern_accepts(value: &str) -> bool {
+        use std::sync::LazyLock;
+        static WITHOUT_LOOKAHEAD: LazyLock<regex::Regex> = LazyLock::new(|| {
+            let pattern = key_pattern();
+            assert_eq!(pattern.matches("(?!").count(), 1, "{pattern}");
+            regex::Regex::new(&pattern.replace(r#"(?! *")"#, "")).unwrap()
+        });
+        static BLANK: LazyLock<regex::Regex> =
+            LazyLock::new(|| regex::Regex::new(r#"^" *"$"#).unwrap());
+        WITHOUT_LOOKAHEAD.is_match(value) && !BLANK.is_match(value)
+    }
+
+    /// Whether the engine accepts `value` as the key header (a value `http` cannot carry
+    /// is refused before the engine sees it).
+    fn engine_accepts(value: &str) -> bool {
+        let name = http::HeaderName::from_static("idempotency-key");
+        let Ok(value) = http::HeaderValue::from_str(value) else {
+            return false;
+        };
+        let mut headers = http::HeaderMap::new();
+        headers.insert(&name, value);
+        crate::key::parse_header(&headers, &name).is_ok()
+    }
+
+    #[test]
+    fn the_key_pattern_is_the_parsers_rules() {
+        let long = "k".repeat(MAX_KEY_LEN);
+        let long_quoted = format!(r#""{}""#, "q".repeat(MAX_KEY_LEN));
+        let escaped = format!(r#""{}\"""#, "q".repeat(MAX_KEY_LEN - 1));
+        let too_long = "k".repeat(MAX_KEY_LEN + 1);
+        let too_long_quoted = format!(r#""{}""#, "q".repeat(MAX_KEY_LEN + 1));
+        let cases: [(&str, bool); 26] = [
+            ("8e03978e-40d5-43e8-bc93-6894a57f9324", true),
+            ("0", true),
+            (r#""a b""#, true),
+            (r#""a\"b\\c""#, true),
+            (r#"" x ""#, true),
+            (r#""\"""#, true),
+            (r"a\b", true),
+            (&long, true),
+            (&long_quoted, true),
+            (&escaped, true),
+            ("", false),
+            ("a b", false),
+            ("a,b", false),
+            ("a;b", false),
+            (r#"a"b"#, false),
+            (r#""""#, false),
+            (r#""   ""#, false),
+            (r#""abc"x"#, false),
+            (r#""abc"#, false),
+            (r#""a\b""#, false),
+            (r#""abc";p=1"#, false),
+            ("\u{e9}", false),
+            ("k\u{7f}", false),
+            ("a\tb", false),
+            (&too_long, false),
+            (&too_long_quoted, false),
+        ];
+        for (value, accepted) in cases {
+            assert_eq!(engine_accepts(value), accepted, "engine: {value:?}");
+            assert_eq!(pattern_accepts(value), accepted, "pattern: {value:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Values made of the characters that matter (quotes, escapes, separators, spaces,
+        /// a tab, a non-ASCII letter) and values at the length limit, trimmed as HTTP
+        /// trims a field value.
+        #[test]
+        fn the_key_pattern_agrees_with_the_parser(
+            value in r#"[a"\\ ,;\t\u{e9}]{0,8}|"[a"\\ ]{0,6}"?|[a-c]{250,260}|"[a-c]{250,258}""#,
+        ) {
+            let value = value.trim_matches([' ', '\t']);
+            proptest::prop_assert_eq!(pattern_accepts(value), engine_accepts(value), "{:?}", value);
+        }
     }
 
     #[test]

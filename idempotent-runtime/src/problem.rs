@@ -135,6 +135,12 @@ pub mod codes {
     pub const KEY_REUSED: &str = "idempotency_key_reused";
     /// The original request with this key is still running (`409` + `Retry-After`).
     pub const IN_PROGRESS: &str = "request_in_progress";
+    /// The request body is over the `DefaultBodyLimit` (`413`): refused while the library
+    /// read it for the fingerprint, before the key was claimed.
+    pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
+    /// The request body could not be read (`400`; e.g. the client broke off sending it):
+    /// refused before the key was claimed.
+    pub const BAD_REQUEST: &str = "bad_request";
     /// The store cannot be reached; the handler did not run (`503`).
     pub const STORE_UNAVAILABLE: &str = "idempotency_store_unavailable";
     /// The handler panicked; its claim was released (`500`).

@@ -218,6 +218,34 @@ mod tests {
         assert_eq!(read_whole(within).await.unwrap(), "abcd");
     }
 
+    /// The codes the published policy names for a refused body are the ones answered.
+    #[tokio::test]
+    async fn a_refused_body_is_answered_with_its_published_code() {
+        let over = Body::new(http_body_util::Limited::new(framed(&[Some("abcdef")]), 5));
+        let broken: Vec<Result<Frame<Bytes>, std::io::Error>> =
+            vec![Err(std::io::Error::other("client went away"))];
+        let broken = Body::new(StreamBody::new(futures_util::stream::iter(broken)));
+        for (body, status, code) in [
+            (
+                over,
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                crate::problem::codes::PAYLOAD_TOO_LARGE,
+            ),
+            (
+                broken,
+                http::StatusCode::BAD_REQUEST,
+                crate::problem::codes::BAD_REQUEST,
+            ),
+        ] {
+            let (parts, body) = Request::new(body).into_parts();
+            let answer = buffer_body(parts, body).await.unwrap_err();
+            assert_eq!(answer.status(), status);
+            let body = answer.into_body().collect().await.unwrap().to_bytes();
+            let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(problem["code"], code, "{problem}");
+        }
+    }
+
     #[tokio::test]
     async fn a_failing_body_fails() {
         let frames: Vec<Result<Frame<Bytes>, std::io::Error>> = vec![

@@ -1,6 +1,7 @@
 //! The end-to-end tests of the demo apps, in one binary so the dependency tree is linked
 //! once: the HTTP contract on both protections, the payments and ledger demos in-process
-//! and as real processes, several instances on one database, outages and the chaos check.
+//! and as real processes, several instances on one database, outages, the chaos check and
+//! the published OpenAPI document under a fuzzer (schemathesis).
 //! They run through libtest-mimic (`idempotent_runtime::testing`), so a test whose server
 //! is not configured shows as ignored, never passed.
 //!
@@ -17,6 +18,7 @@ mod multi_instance;
 mod openapi;
 #[cfg(feature = "postgres")]
 mod postgres_outage;
+mod schemathesis;
 mod support;
 
 use idempotent_runtime::testing::Trial;
@@ -32,6 +34,7 @@ fn main() {
     add("metrics_endpoint", metrics_endpoint::trials());
     add("multi_instance", multi_instance::trials());
     add("openapi", openapi::trials());
+    add("schemathesis", schemathesis::trials());
     #[cfg(feature = "postgres")]
     add("postgres_outage", postgres_outage::trials());
     #[cfg(feature = "postgres")]

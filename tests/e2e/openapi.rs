@@ -3,7 +3,10 @@
 //! `/openapi.json`; the document parses as strict OpenAPI 3.1, and the protected
 //! operation carries the key parameter, the problem answers, `Idempotent-Replayed` and
 //! the policy with the TTL and lease the process was started with, while the unprotected
-//! operations carry none of it.
+//! operations carry none of it. What the demos themselves answer is documented too
+//! (bearer auth's `401`, the JSON extractor's `415` and `422`), and the library's `413`,
+//! which no fuzzer reaches with a body under the limit, is sent and compared with the
+//! document here (schemathesis checks the rest: `schemathesis.rs`).
 
 use idempotent_runtime::testing::{Trial, async_trial};
 use serde_json::Value;
@@ -19,6 +22,10 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "the_ledger_demo_publishes_its_policy",
             the_ledger_demo_publishes_its_policy,
+        ),
+        async_trial(
+            "a_body_over_the_limit_is_the_published_413",
+            a_body_over_the_limit_is_the_published_413,
         ),
     ]
 }
@@ -97,14 +104,26 @@ fn assert_protected(doc: &Value, path: &str) {
     assert_eq!(key[0]["in"], "header");
     assert_eq!(key[0]["required"], true);
     assert_eq!(key[0]["schema"]["type"], "string");
-    assert_eq!(key[0]["schema"]["maxLength"], 255);
+    assert!(
+        key[0]["schema"]["pattern"]
+            .as_str()
+            .is_some_and(|pattern| pattern.contains("{1,255}")),
+        "{path}: {}",
+        key[0]
+    );
 
     let responses = &operation["responses"];
     for (status, code) in [
         ("400", "idempotency_key_missing"),
         ("409", "request_in_progress"),
+        ("413", "payload_too_large"),
         ("422", "idempotency_key_reused"),
+        ("500", "request_interrupted"),
         ("503", "idempotency_store_unavailable"),
+        // The demos' own: bearer auth, the JSON extractor.
+        ("401", "unauthenticated"),
+        ("415", "unsupported_media_type"),
+        ("422", "unprocessable_entity"),
     ] {
         let response = &responses[status];
         assert_eq!(
@@ -158,6 +177,31 @@ fn assert_protected(doc: &Value, path: &str) {
             "{field}: {problem}"
         );
     }
+    assert_bearer(doc, operation, path);
+}
+
+/// The operation requires the bearer scheme the document declares, and documents its `401`.
+fn assert_bearer(doc: &Value, operation: &Value, path: &str) {
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"],
+        serde_json::json!({
+            "type": "http",
+            "scheme": "bearer",
+            "description": doc["components"]["securitySchemes"]["bearer"]["description"],
+        })
+    );
+    assert_eq!(
+        operation["security"],
+        serde_json::json!([{ "bearer": [] }]),
+        "{path}"
+    );
+    let unauthorized = &operation["responses"]["401"];
+    assert!(
+        unauthorized["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("unauthenticated")),
+        "{path}: {unauthorized}"
+    );
 }
 
 /// An operation without idempotency: none of it.
@@ -172,16 +216,18 @@ fn assert_unprotected(doc: &Value, path: &str) {
         "Idempotency-Key",
         "Idempotent-Replayed",
         "x-idempotency",
-        "problem+json",
+        "idempotency_",
     ] {
         assert!(!text.contains(absent), "{path} mentions {absent}: {text}");
     }
-    for status in ["409", "422"] {
+    // Its only problem is the demo's own `401`.
+    for status in ["409", "413", "422", "500", "503"] {
         assert!(
             operation["responses"].get(status).is_none(),
             "{path}: {operation}"
         );
     }
+    assert_bearer(doc, operation, path);
 }
 
 async fn the_payments_demo_publishes_its_policy() {
@@ -191,7 +237,7 @@ async fn the_payments_demo_publishes_its_policy() {
     // The handler's own answers keep what it documented, and are replayed too.
     let bad = post["responses"]["400"]["description"].as_str().unwrap();
     assert!(
-        bad.starts_with("Invalid amount or currency (`invalid_request`)."),
+        bad.starts_with("Invalid amount or currency (`invalid_request`; recorded and replayed)"),
         "{bad}"
     );
     assert!(post["responses"]["402"]["headers"]["Idempotent-Replayed"].is_object());
@@ -215,10 +261,70 @@ async fn the_payments_demo_publishes_its_policy() {
         "{get}"
     );
     assert!(get.get("x-idempotency").is_none(), "{get}");
+    assert_bearer(&doc, get, "/payments/{id}");
+    // The body's schema states what the handler accepts.
+    let charge = &doc["components"]["schemas"]["ChargeRequest"];
+    assert_eq!(
+        charge["required"],
+        serde_json::json!(["amount", "currency"]),
+        "{charge}"
+    );
+    let amount = &charge["properties"]["amount"];
+    assert_eq!(amount["type"], "integer", "{amount}");
+    assert_eq!(amount["minimum"], 1, "{amount}");
+    assert_eq!(amount["maximum"], i64::MAX, "{amount}");
+    let currency = &charge["properties"]["currency"];
+    assert_eq!(currency["pattern"], "^[A-Z]{3}$", "{currency}");
+    assert_eq!(
+        (&currency["minLength"], &currency["maxLength"]),
+        (&3.into(), &3.into()),
+        "{currency}"
+    );
 }
 
 async fn the_ledger_demo_publishes_its_policy() {
     let doc = published(LEDGER, "/deposits").await;
     assert_protected(&doc, "/deposits");
     assert_unprotected(&doc, "/balance");
+}
+
+/// The library's body cap, which no generated request reaches: a body over axum's default
+/// `DefaultBodyLimit` (2 MiB) is the `413 payload_too_large` the document lists.
+async fn a_body_over_the_limit_is_the_published_413() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("demo.db").display());
+    let demo = Instance::start(PAYMENTS, &url, &[]).await;
+    let doc: Value = reqwest::get(demo.url("/openapi.json"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let padding = "x".repeat(3 << 20);
+    let body = format!(r#"{{"amount": 100, "currency": "BRL", "padding": "{padding}"}}"#);
+    let response = reqwest::Client::new()
+        .post(demo.url("/payments"))
+        .bearer_auth("sk_test_alice")
+        .header("idempotency-key", "over-the-limit")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16().to_string();
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(status, "413", "{problem}");
+    let code = problem["code"].as_str().unwrap();
+    assert_eq!(code, "payload_too_large");
+    let documented = &doc["paths"]["/payments"]["post"]["responses"][&status];
+    assert_eq!(
+        documented["content"][&content_type]["schema"]["$ref"], "#/components/schemas/Problem",
+        "{documented}"
+    );
+    let description = documented["description"].as_str().unwrap_or_default();
+    assert!(description.contains(code), "{status}: {documented}");
 }
