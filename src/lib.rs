@@ -26,8 +26,8 @@ pub mod payments;
 pub mod prometheus;
 pub mod serve;
 
-/// The README's Rust blocks, compiled as doc tests (`cargo test --doc -p idempotent-demo`)
-/// so the "Start your own app" recipe cannot drift from the API.
+/// The README's Rust block, compiled as a doc test (`cargo test --doc -p idempotent-demo`)
+/// so its example cannot drift from the API.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -6,6 +6,14 @@
 //! both run: one claims the key atomically in a shared store, the other gets `409`.
 //!
 //! Users depend on this crate only; the attribute macro is re-exported as [`idempotent`].
+//! (The crates are `idempotent-runtime` and `idempotent-macros` because `idempotent` on
+//! crates.io is an unrelated crate.) Minimum supported Rust version: **1.95**.
+//!
+//! **[The guide](guide)** is the reference for using it: [start your own
+//! app](guide::app), [the contract](guide::contract), [the published
+//! policy](guide::policy), [the attribute](guide::attribute), [the tower
+//! layer](guide::layer), [stores](guide::stores), [transactional
+//! handlers](guide::transactions), and more.
 //!
 //! # A complete app
 //!
@@ -83,6 +91,8 @@
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // The engine's log events (claimed, replayed, …) on stderr; needs `tracing-subscriber`.
+//!     tracing_subscriber::fmt::init();
 //!     // SQLite for one host; `PostgresStore::connect(url)` (feature `postgres`) for many.
 //!     let store = SqliteStore::open("sqlite://orders.db").await?;
 //!     let idempotency = Idempotency::builder(store)
@@ -148,7 +158,8 @@
 //! can name `Tx<Sqlite>` without a direct `sqlx` dependency.
 //!
 //! [`store::MemoryStore`] (one process; tests and demos) is always there. Build without
-//! SQLite with `default-features = false, features = ["postgres"]`.
+//! SQLite with `default-features = false, features = ["postgres"]`. A seventh feature,
+//! `sql`, is what the SQL stores share; each of their features enables it.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -156,6 +167,7 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod fingerprint;
+pub mod guide;
 pub mod key;
 pub mod layer;
 mod lease;

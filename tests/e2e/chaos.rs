@@ -1,7 +1,8 @@
 //! The chaos check (`idempotent_demo::chaos`), short: three payments demo processes on one
 //! Postgres, a fault proxy in front of each, retrying clients; every answered payment
 //! ran its handler exactly once and none ran twice, counted from the gateway's call log.
-//! The full run is `cargo run --release --example chaos` (see the README).
+//! The full run is `cargo run --release --example chaos` (see the guide's chapter
+//! `idempotent_runtime::guide::checks`).
 //!
 //! Needs `IDEMPOTENT_TEST_POSTGRES_URL` (reported ignored without it); the run creates
 //! and drops its own database.

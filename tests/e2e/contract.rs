@@ -1,7 +1,8 @@
-//! The contract (README, "The contract") end to end, one set of checks run against two
-//! apps with the same routes and handler logic: one protected by `#[idempotent]`, one by
-//! `IdempotencyLayer` (module `apps`, `contract/apps.rs`). Each check below becomes
-//! `attribute::<check>` and `layer::<check>`.
+//! The contract (the guide's chapter `idempotent_runtime::guide::contract`) end to end,
+//! one set of checks run against two apps with the same routes and handler logic: one
+//! protected by `#[idempotent]`, one by `IdempotencyLayer` (module `apps`,
+//! `contract/apps.rs`). Each check below becomes `attribute::<check>` and
+//! `layer::<check>`.
 
 mod apps;
 
@@ -346,6 +347,72 @@ contract! {
         assert_eq!(replayed.headers()["idempotent-replayed"], "true");
         assert_eq!(app.runs(), 1, "ran exactly once");
         server.abort();
+    }
+
+    /// A client that hangs up before the claim (here while its body is still coming) ran
+    /// nothing and left nothing: the retry is a fresh run, not a `409` or a replay.
+    async fn client_hanging_up_before_the_claim_leaves_the_key_free(protection: Protection) {
+        let app = ContractApp::new(protection, Duration::ZERO).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = app.router.clone();
+        let server = tokio::spawn(async move { axum::serve(listener, router).await });
+
+        // The head announces the whole body; half of it is sent, then the socket closes.
+        let raw = format!(
+            "POST /payments HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer sk_test_alice\r\n\
+             idempotency-key: early-1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+            CHARGE.len(),
+            &CHARGE[..CHARGE.len() / 2]
+        );
+        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        socket.write_all(raw.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await; // the server reads what came
+        drop(socket);
+        tokio::time::sleep(Duration::from_millis(200)).await; // and sees the hang-up
+        assert!(!process::claimed(&app.records, "early-1").await, "nothing claimed");
+        assert_eq!(app.runs(), 0);
+
+        let retry = send(&app.router, pay(Some("early-1"), CHARGE)).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{:?}", String::from_utf8_lossy(&retry.body));
+        assert!(!retry.replayed(), "a fresh run");
+        assert_eq!(app.runs(), 1, "ran exactly once");
+        server.abort();
+    }
+
+    /// No header is fingerprinted, `Content-Type` and its parameters included: a retry
+    /// that labels the same body differently is the same request. The handler's `Json`
+    /// extractor still reads the header: the attribute runs it before the claim (a type
+    /// it refuses is its `415`), the layer looks the key up first (the replay).
+    async fn content_type_is_not_fingerprinted(protection: Protection) {
+        let app = ContractApp::new(protection, Duration::ZERO).await;
+        let first = send(&app.router, pay(Some("ctype-1"), CHARGE)).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        let labelled = |content_type: &str| {
+            Request::post("/payments")
+                .header("authorization", "Bearer sk_test_alice")
+                .header("idempotency-key", "ctype-1")
+                .header("content-type", content_type)
+                .body(Body::from(CHARGE))
+                .expect("request")
+        };
+        let charset = send(&app.router, labelled("application/json; charset=utf-8")).await;
+        assert_eq!(charset.status, StatusCode::CREATED);
+        assert!(charset.replayed(), "parameters are not fingerprinted");
+        assert_eq!(charset.body, first.body);
+
+        let text = send(&app.router, labelled("text/plain")).await;
+        match protection {
+            Protection::Attribute => {
+                assert_eq!(text.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+                assert!(!text.replayed());
+            }
+            Protection::Layer => {
+                assert_eq!(text.status, StatusCode::CREATED);
+                assert!(text.replayed(), "the key is looked up before the handler's extractors");
+            }
+        }
+        assert_eq!(app.runs(), 1);
     }
 
     /// `key = optional` / `.key_optional()`: without a key the handler runs every time,

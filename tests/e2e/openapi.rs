@@ -1,12 +1,12 @@
-//! The published policy (README, "Publishing the policy (OpenAPI)"): both demos, started
-//! as real processes with a TTL and lease of their own, serve `/openapi.json`; the
-//! document parses as strict OpenAPI 3.1, and the protected operation carries the key
-//! parameter, the problem answers, `Idempotent-Replayed` and the policy with the TTL and
-//! lease the process was started with, while the unprotected operations carry none of it.
-//! What the demos themselves answer is documented too (bearer auth's `401`, the JSON
-//! extractor's `415` and `422`), and the library's `413`, which no fuzzer reaches with a
-//! body under the limit, is sent and compared with the document here (schemathesis checks
-//! the rest: `schemathesis.rs`).
+//! The published policy (the guide's chapter `idempotent_runtime::guide::openapi`): both
+//! demos, started as real processes with a TTL and lease of their own, serve
+//! `/openapi.json`; the document parses as strict OpenAPI 3.1, and the protected
+//! operation carries the key parameter, the problem answers, `Idempotent-Replayed` and
+//! the policy with the TTL and lease the process was started with, while the unprotected
+//! operations carry none of it. What the demos themselves answer is documented too
+//! (bearer auth's `401`, the JSON extractor's `415` and `422`), and the library's `413`,
+//! which no fuzzer reaches with a body under the limit, is sent and compared with the
+//! document here (schemathesis checks the rest: `schemathesis.rs`).
 
 use idempotent_runtime::testing::{Trial, async_trial};
 use serde_json::Value;
