@@ -3,8 +3,7 @@
 # clients, each "key" two autocommitted statements — an INSERT (the claim) and an UPDATE
 # (the completion), simpler than the store's own — so two commits, each waiting for its
 # WAL flush. No HTTP, no engine, no handler: the ceiling for any store that commits the
-# claim before the handler runs and the response after it (see the README's benchmark
-# section). Loopback only; about 20 seconds. Needs pgbench (Debian: postgresql-client).
+# claim before the handler runs and the response after it (see bench/http/README.md). Loopback only; about 20 seconds. Needs pgbench (Debian: postgresql-client).
 #
 #   bench/http/postgres_ceiling.sh [POSTGRES_URL]   # default: the benchmark's URL
 set -euo pipefail
