@@ -130,8 +130,6 @@
 //!   as problem+json too;
 //! - [`metrics`]: the counters and histograms the engine records through the `metrics`
 //!   facade (names, labels, outcomes);
-//! - [`macro_support`]: the Axum extractors the attribute macro expands to (not for
-//!   direct use).
 //!
 //! # Feature flags
 //!
@@ -159,7 +157,8 @@ pub mod fingerprint;
 pub mod key;
 pub mod layer;
 mod lease;
-pub mod macro_support;
+// Private: the expansion names `Guard` and `Hashed` only through `__private`.
+mod macro_support;
 pub mod metrics;
 #[cfg(feature = "utoipa")]
 pub mod openapi;
