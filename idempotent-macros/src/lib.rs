@@ -138,9 +138,10 @@ use proc_macro::TokenStream;
 /// The router state must give the engine: `impl FromRef<AppState> for Idempotency`. The
 /// macro cannot check that, as it does not know the router's state type, and Axum reports
 /// the missing impl as the handler not being a `Handler`: when `.route(.., post(name))`
-/// says ``the trait `Handler<_, Idempotency>` is not implemented`` and `.with_state(state)`
-/// says ``expected `Idempotency`, found `AppState` ``, the `FromRef` impl is missing (Rust
-/// inferred the state to be `Idempotency`, the one type it knows gives an engine).
+/// says the handler does not implement ``Handler<(…), Idempotency>`` and
+/// `.with_state(state)` says ``expected `Idempotency`, found `AppState` ``, the `FromRef`
+/// impl is missing (Rust inferred the state to be `Idempotency`, the one type it knows
+/// gives an engine).
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

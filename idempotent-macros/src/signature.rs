@@ -519,8 +519,10 @@ fn key_argument_mistake(arg: &PatType, args: &Args) -> Option<String> {
     };
     let use_of_it = match args.key {
         Some((KeyPolicy::Optional, _)) => "`None` when the request ran unprotected",
-        _ => "`key.as_str()` is the header's value, `key.derive(\"charge\")` a key for a \
-              downstream call",
+        _ => {
+            "`key.as_str()` is the header's value, `key.derive(\"charge\")` a key for a \
+              downstream call"
+        }
     };
     Some(format!(
         "{what}: take `key: {wanted}`, the claimed key ({use_of_it}). To read the body as \
@@ -558,12 +560,14 @@ fn option_of(ty: &Type) -> Option<&Type> {
 /// Whether `ty` is the path type whose last segment is `name`, without generics.
 fn is_plain_path(ty: &Type, name: &str) -> bool {
     match unparen(ty) {
-        Type::Path(path) => path.qself.is_none()
-            && path
-                .path
-                .segments
-                .last()
-                .is_some_and(|segment| segment.ident == name && segment.arguments.is_none()),
+        Type::Path(path) => {
+            path.qself.is_none()
+                && path
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|segment| segment.ident == name && segment.arguments.is_none())
+        }
         _ => false,
     }
 }

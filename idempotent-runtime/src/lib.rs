@@ -202,7 +202,7 @@ pub use transaction::Tx;
 pub mod __private {
     pub use crate::config::{HandlerConfig, OnServerError};
     pub use crate::fingerprint::FingerprintMode;
-    pub use crate::macro_support::{Guard, Hashed};
+    pub use crate::macro_support::{Guard, Hashed, ViaHashed};
     pub use crate::scope::Scope;
     pub use axum::response::Response;
     pub use std::time::Duration;
