@@ -25,8 +25,8 @@ use crate::signature::{self, Handler, ParamKind};
 /// Clippy's default `too_many_arguments` threshold.
 const CLIPPY_MAX_ARGS: usize = 7;
 
-/// The whole macro on `proc_macro2` streams: the expansion, or the untouched item plus
-/// every error found.
+/// The whole macro on `proc_macro2` streams: the expansion, or every error found with the
+/// function kept (see [`refused`]), or the untouched item when it is no function.
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Vec::new();
     let args = Args::parse(args, &mut errors);
@@ -42,12 +42,37 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     match signature::check(&func, &args, &mut errors) {
         Some(handler) if errors.is_empty() => generate(&args, &handler),
-        _ => with_errors(item, errors),
+        _ => refused(&func, errors),
     }
 }
 
-/// The original item followed by the errors, so the function stays visible to the rest of
-/// the crate and to rust-analyzer while the attribute is being fixed.
+/// A refused handler: the function as written, renamed `<name>_as_written` (so its body
+/// is still compiled and checked), and under its own name a stub without arguments,
+/// which is a handler for any router state: `.route(.., post(name))` keeps compiling, and
+/// the attribute's errors are the only ones.
+fn refused(func: &ItemFn, errors: Vec<syn::Error>) -> TokenStream {
+    let name = &func.sig.ident;
+    let mut as_written = func.clone();
+    as_written.sig.ident = format_ident!("{}_as_written", name, span = name.span());
+    // `#[cfg]` so that the stub exists exactly when the function does; the docs for
+    // `missing_docs`. Nothing else: e.g. `#[instrument(skip(caller))]` names arguments
+    // the stub does not have.
+    let kept = func
+        .attrs
+        .iter()
+        .filter(|attr| attr.path().is_ident("cfg") || attr.path().is_ident("doc"));
+    let vis = &func.vis;
+    let errors = errors.iter().map(syn::Error::to_compile_error);
+    quote! {
+        #[allow(dead_code)]
+        #as_written
+        #(#kept)*
+        #vis async fn #name() {}
+        #(#errors)*
+    }
+}
+
+/// The original item followed by the errors, for an item that is no function.
 fn with_errors(item: TokenStream, errors: Vec<syn::Error>) -> TokenStream {
     let errors = errors.iter().map(syn::Error::to_compile_error);
     quote! {

@@ -121,8 +121,27 @@ use proc_macro::TokenStream;
 /// (e.g. 401) whether or not it has a key, and a missing or invalid key is answered with
 /// 400 before the body is read and before the store is touched.
 ///
-/// Every mistake is a compile error on the offending token; the function is then left as
-/// written, so the rest of the crate (and rust-analyzer) keeps working.
+/// The key is taken by value, as `key: IdempotencyKey`: a borrowed key (`&IdempotencyKey`)
+/// is refused, and so is an argument named `key` of a string type (`key: String` would be
+/// the request body as text, Axum's `String` extractor; name it `body` if that is what
+/// you want).
+///
+/// # Errors
+///
+/// Every mistake is a compile error on the offending token, and the only error: the
+/// function is kept as written under the name `<name>_as_written` (its body is still
+/// checked, and rust-analyzer keeps working), and its own name becomes a stub without
+/// arguments, a handler for any router state, so `.route("/payments", post(name))`
+/// compiles while the attribute is being fixed. One follow-on error remains: code that
+/// calls the handler directly with its arguments (the stub has none).
+///
+/// The router state must give the engine: `impl FromRef<AppState> for Idempotency`. The
+/// macro cannot check that, as it does not know the router's state type, and Axum reports
+/// the missing impl as the handler not being a `Handler`: when `.route(.., post(name))`
+/// says the handler does not implement ``Handler<(…), Idempotency>`` and
+/// `.with_state(state)` says ``expected `Idempotency`, found `AppState` ``, the `FromRef`
+/// impl is missing (Rust inferred the state to be `Idempotency`, the one type it knows
+/// gives an engine).
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

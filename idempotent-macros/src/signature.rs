@@ -145,6 +145,9 @@ pub(crate) fn check<'a>(
                          concrete argument types: name the type",
                     ));
                 }
+                if let Some(message) = key_argument_mistake(arg, args) {
+                    errors.push(syn::Error::new_spanned(&arg.ty, message));
+                }
                 let kind = param_kind(&arg.ty, errors);
                 let duplicate = match kind {
                     ParamKind::Key => params
@@ -471,6 +474,112 @@ fn binds(pat: &Pat, name: &Ident) -> bool {
         Pat::Type(t) => binds(&t.pat, name),
         _ => false,
     }
+}
+
+/// The usual ways to ask for the key that cannot work, with the fix: a borrowed
+/// `IdempotencyKey` (the engine hands the handler its own, by value), and an argument
+/// named `key` of a string type, which is not the header at all (`String` is Axum's
+/// body-as-text extractor; `&str` and `Option<String>` are no extractor). Only the name
+/// `key` is checked for strings: a `String` under any other name stays the body.
+fn key_argument_mistake(arg: &PatType, args: &Args) -> Option<String> {
+    let wanted = match args.key {
+        Some((KeyPolicy::Optional, _)) => "Option<IdempotencyKey>",
+        _ => "IdempotencyKey",
+    };
+    let ty = unparen(&arg.ty);
+    let borrowed_key = match ty {
+        Type::Reference(reference) => {
+            is_idempotency_key(&reference.elem) || is_optional_key(&reference.elem)
+        }
+        _ => option_of(ty).is_some_and(
+            |inner| matches!(unparen(inner), Type::Reference(r) if is_idempotency_key(&r.elem)),
+        ),
+    };
+    if borrowed_key {
+        let name = plain_name(&arg.pat).map_or_else(|| "key".to_owned(), ToString::to_string);
+        return Some(format!(
+            "take the key by value: `{name}: {wanted}`. The engine hands the handler its own \
+             copy (an Axum handler's arguments are owned, never borrowed from the request); \
+             clone it in the body if you need it twice"
+        ));
+    }
+    if plain_name(&arg.pat).is_none_or(|name| name != "key") {
+        return None;
+    }
+    let what = if is_string(ty) {
+        "a `String` argument is the request body as text (Axum's `String` extractor), not \
+         the `Idempotency-Key` header"
+    } else if matches!(ty, Type::Reference(r) if is_str(&r.elem) || is_string(&r.elem))
+        || option_of(ty).is_some_and(is_string)
+    {
+        "a string argument does not receive the `Idempotency-Key` header (and this one is \
+         no Axum extractor)"
+    } else {
+        return None;
+    };
+    let use_of_it = match args.key {
+        Some((KeyPolicy::Optional, _)) => "`None` when the request ran unprotected",
+        _ => {
+            "`key.as_str()` is the header's value, `key.derive(\"charge\")` a key for a \
+              downstream call"
+        }
+    };
+    Some(format!(
+        "{what}: take `key: {wanted}`, the claimed key ({use_of_it}). To read the body as \
+         text, name the argument otherwise, e.g. `body: String`"
+    ))
+}
+
+/// `ty` without parentheses or invisible groups around it.
+fn unparen(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(group) => unparen(&group.elem),
+        Type::Paren(paren) => unparen(&paren.elem),
+        _ => ty,
+    }
+}
+
+/// The `T` of `Option<T>` under any path.
+fn option_of(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = unparen(ty) else {
+        return None;
+    };
+    let segment = path.path.segments.last()?;
+    if path.qself.is_some() || segment.ident != "Option" {
+        return None;
+    }
+    match &segment.arguments {
+        syn::PathArguments::AngleBracketed(args) if args.args.len() == 1 => match &args.args[0] {
+            syn::GenericArgument::Type(inner) => Some(inner),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Whether `ty` is the path type whose last segment is `name`, without generics.
+fn is_plain_path(ty: &Type, name: &str) -> bool {
+    match unparen(ty) {
+        Type::Path(path) => {
+            path.qself.is_none()
+                && path
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|segment| segment.ident == name && segment.arguments.is_none())
+        }
+        _ => false,
+    }
+}
+
+/// `String` under any path.
+fn is_string(ty: &Type) -> bool {
+    is_plain_path(ty, "String")
+}
+
+/// `str`.
+fn is_str(ty: &Type) -> bool {
+    is_plain_path(ty, "str")
 }
 
 /// Classifies an argument by its type; a transaction taken other than by `&mut` is

@@ -321,9 +321,11 @@ fn transactional_handler_cannot_store_server_errors() {
         text.contains("a transactional handler always rolls back and releases on a 5xx"),
         "{text}"
     );
-    // The function is left as written next to the error.
+    // The function is kept as written, renamed, next to the error.
     assert!(
-        text.contains("async fn deposit(caller: Caller, tx: &mut Tx<Sqlite>)"),
+        text.contains(
+            "async fn deposit_as_written(\n    caller: Caller,\n    tx: &mut Tx<Sqlite>,"
+        ),
         "{text}"
     );
     // `release` is what a transactional handler does anyway: accepted.
@@ -422,6 +424,96 @@ fn key_policy_and_key_argument_must_agree() {
         text.contains("`key = optional` is not supported on a transactional handler"),
         "{text}"
     );
+}
+
+#[test]
+fn key_taken_as_a_string_or_by_reference_is_refused() {
+    for (args, arg, wanted) in [
+        (
+            quote!(scope = caller),
+            quote!(key: String),
+            "take `key: IdempotencyKey`",
+        ),
+        (
+            quote!(scope = caller),
+            quote!(mut key: std::string::String),
+            "take `key: IdempotencyKey`",
+        ),
+        (
+            quote!(scope = caller),
+            quote!(key: &str),
+            "take `key: IdempotencyKey`",
+        ),
+        (
+            quote!(scope = caller),
+            quote!(key: Option<String>),
+            "take `key: IdempotencyKey`",
+        ),
+        (
+            quote!(scope = caller, key = optional),
+            quote!(key: String),
+            "take `key: Option<IdempotencyKey>`",
+        ),
+        (
+            quote!(scope = caller),
+            quote!(key: &IdempotencyKey),
+            "take the key by value: `key: IdempotencyKey`",
+        ),
+        (
+            quote!(scope = caller),
+            quote!(k: &mut IdempotencyKey),
+            "take the key by value: `k: IdempotencyKey`",
+        ),
+        (
+            quote!(scope = caller, key = optional),
+            quote!(key: Option<&IdempotencyKey>),
+            "take the key by value: `key: Option<IdempotencyKey>`",
+        ),
+        (
+            quote!(scope = caller, key = optional),
+            quote!(key: &Option<IdempotencyKey>),
+            "take the key by value: `key: Option<IdempotencyKey>`",
+        ),
+    ] {
+        let text = expand(args, quote!(async fn create(caller: Caller, #arg) {}));
+        assert!(text.contains(wanted), "{arg}: {text}");
+    }
+    let text = expand(
+        quote!(scope = caller),
+        quote!(
+            async fn create(caller: Caller, key: String) {}
+        ),
+    );
+    assert!(text.contains("is the request body as text"), "{text}");
+    // A string under another name is the body, as in any Axum handler; and `key` of
+    // another type is whatever extractor that type is.
+    for arg in [
+        quote!(body: String),
+        quote!(key: Json<Key>),
+        quote!(key: Path<String>),
+    ] {
+        let text = expand(
+            quote!(scope = caller),
+            quote!(async fn create(caller: Caller, #arg) {}),
+        );
+        assert!(!text.contains("compile_error"), "{arg}: {text}");
+    }
+}
+
+#[test]
+fn refused_handler_is_kept_and_its_name_is_a_stub() {
+    let text = expand(
+        quote!(scope = caller),
+        quote! {
+            /// Creates a note.
+            #[cfg(feature = "notes")]
+            #[tracing::instrument(skip(caller))]
+            pub(crate) async fn create(caller: Caller, key: String) -> StatusCode {
+                StatusCode::CREATED
+            }
+        },
+    );
+    insta::assert_snapshot!("error_keeps_function_and_stubs_name", text);
 }
 
 #[test]

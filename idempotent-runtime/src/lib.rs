@@ -140,8 +140,6 @@
 //!   as problem+json too;
 //! - [`metrics`]: the counters and histograms the engine records through the `metrics`
 //!   facade (names, labels, outcomes);
-//! - [`macro_support`]: the Axum extractors the attribute macro expands to (not for
-//!   direct use).
 //!
 //! # Feature flags
 //!
@@ -171,7 +169,8 @@ pub mod guide;
 pub mod key;
 pub mod layer;
 mod lease;
-pub mod macro_support;
+// Private: the expansion names `Guard` and `Hashed` only through `__private`.
+mod macro_support;
 pub mod metrics;
 #[cfg(feature = "utoipa")]
 pub mod openapi;
@@ -215,7 +214,7 @@ pub use transaction::Tx;
 pub mod __private {
     pub use crate::config::{HandlerConfig, OnServerError};
     pub use crate::fingerprint::FingerprintMode;
-    pub use crate::macro_support::{Guard, Hashed};
+    pub use crate::macro_support::{Guard, Hashed, ViaHashed};
     pub use crate::scope::Scope;
     pub use axum::response::Response;
     pub use std::time::Duration;

@@ -1,9 +1,9 @@
 //! Macro support: the Axum extractors an `#[idempotent]` expansion adds to a handler.
 //!
-//! Not for direct use: [`Guard`] (added right after the scope argument) and [`Hashed`]
-//! (wrapping the handler's last extractor) are what the attribute macro generates, and
-//! they change with it. Write `#[idempotent(...)]` instead, or call
-//! [`Idempotency::run`] from your own code.
+//! Private to the crate: [`Guard`] (added right after the scope argument) and [`Hashed`]
+//! (wrapping the handler's last extractor) are what the attribute macro generates, named
+//! only through `__private`, and they change with it. Users write `#[idempotent(...)]`,
+//! or call [`Idempotency::run`] from their own code.
 //!
 //! Both read the request (key, body, fingerprint) through the crate's front door, the
 //! same code the tower [`IdempotencyLayer`](crate::layer::IdempotencyLayer) calls.

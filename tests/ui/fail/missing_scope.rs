@@ -1,5 +1,8 @@
-use axum::Json;
+//! A refused handler still routes: the attribute's error is the only one.
+
 use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
 use idempotent_runtime::idempotent;
 
 #[idempotent(ttl = "24h")]
@@ -9,5 +12,5 @@ async fn create(caller: String, Json(body): Json<u64>) -> StatusCode {
 }
 
 fn main() {
-    let _ = create;
+    let _app: Router = Router::new().route("/payments", post(create));
 }

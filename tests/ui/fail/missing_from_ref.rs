@@ -1,0 +1,45 @@
+//! The router state without `impl FromRef<AppState> for Idempotency`: the macro cannot
+//! see the router's state, so this pins what the user gets (the symptom the macro's docs
+//! map to the fix): Rust infers the state to be `Idempotency`, and `.with_state` names it.
+
+use std::borrow::Cow;
+
+use axum::Router;
+use axum::extract::{FromRequestParts, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::routing::post;
+use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::{Idempotency, Scope, idempotent};
+
+#[derive(Clone)]
+struct AppState {
+    engine: Idempotency,
+}
+
+struct Caller(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = StatusCode;
+
+    async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Caller("acct_alice".to_owned()))
+    }
+}
+
+impl Scope for Caller {
+    fn scope(&self) -> Cow<'_, str> {
+        Cow::Borrowed(&self.0)
+    }
+}
+
+#[idempotent(scope = caller)]
+async fn create(caller: Caller, State(app): State<AppState>) -> StatusCode {
+    let _ = (caller.0, app.engine);
+    StatusCode::CREATED
+}
+
+fn main() {
+    let state = AppState { engine: Idempotency::new(MemoryStore::new()) };
+    let _app: Router = Router::new().route("/notes", post(create)).with_state(state);
+}
