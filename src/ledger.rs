@@ -197,14 +197,19 @@ pub const INSERT_ENTRY: &str =
 pub const BALANCE: &str = "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT) AS balance, \
      COUNT(*) AS entries FROM demo_ledger WHERE account = $1";
 
+/// The largest deposit, in minor units. A balance is the sum of its entries as a
+/// `BIGINT`; uncapped deposits near `i64::MAX` made `GET /balance` overflow after two, where
+/// this cap leaves room for millions.
+pub const MAX_DEPOSIT: i64 = 1_000_000_000_000;
+
 /// The body of `POST /deposits`.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct DepositRequest {
-    /// Minor units: a whole number from 1.
+    /// Minor units: a whole number from 1 to [`MAX_DEPOSIT`].
     // Any JSON value, so that a bad amount is the handler's `400` (recorded and replayed),
     // not the extractor's `422`; the schema states what the handler accepts.
     #[serde(default)]
-    #[schema(value_type = i64, required = true, minimum = 1, maximum = 9_223_372_036_854_775_807_i64, example = 500)]
+    #[schema(value_type = i64, required = true, minimum = 1, maximum = 1_000_000_000_000_i64, example = 500)]
     pub amount: serde_json::Value,
 }
 
@@ -222,11 +227,13 @@ pub struct Entry {
 impl Entry {
     /// The entry `request` asks for; `Err` is the `400` to answer.
     pub fn new(caller: &Caller, request: &DepositRequest) -> Result<Self, LedgerError> {
-        let amount = amount::minor_units(&request.amount).ok_or_else(|| {
-            LedgerError::Invalid(
-                "Amount must be a positive integer in minor units, e.g. 500.".into(),
-            )
-        })?;
+        let amount = amount::minor_units(&request.amount)
+            .filter(|amount| *amount <= MAX_DEPOSIT)
+            .ok_or_else(|| {
+                LedgerError::Invalid(format!(
+                    "Amount must be a whole number of minor units from 1 to {MAX_DEPOSIT}, e.g. 500."
+                ))
+            })?;
         Ok(Self {
             id: format!("dep_{:016x}", rand::random::<u64>()),
             account: caller.account().to_owned(),

@@ -106,6 +106,27 @@ async fn deposits_commit_with_their_response(url: &str) {
     assert_eq!(balance(&app, "sk_test_bob").await, balance_of(0, 0));
 }
 
+/// Deposits are capped, so a balance (the sum of an account's entries) stays a `BIGINT`:
+/// two deposits near `i64::MAX` once made `GET /balance` a `500` (schemathesis found it).
+async fn the_largest_deposits_keep_the_balance_answerable(url: &str) {
+    let (app, _) = ledger_app(url).await;
+    let max = idempotent_demo::ledger::MAX_DEPOSIT;
+    for key in ["big-1", "big-2"] {
+        let body = format!(r#"{{"amount": {max}}}"#);
+        assert_eq!(
+            send(&app, deposit(key, &body)).await.status,
+            StatusCode::CREATED
+        );
+    }
+    let over = format!(r#"{{"amount": {}}}"#, max + 1);
+    let refused = send(&app, deposit("big-3", &over)).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    let near_max = format!(r#"{{"amount": {}}}"#, i64::MAX - 1);
+    let refused = send(&app, deposit("big-4", &near_max)).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert_eq!(balance(&app, "sk_test_alice").await, balance_of(2 * max, 2));
+}
+
 async fn fifty_duplicates_write_one_row(url: &str) {
     let (app, _) = ledger_app(url).await;
     let barrier = Arc::new(tokio::sync::Barrier::new(50));
@@ -206,9 +227,12 @@ fn sqlite_url(dir: &tempfile::TempDir) -> String {
 type Test = fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 
 /// Each ledger test, by name.
-const TESTS: [(&str, Test); 3] = [
+const TESTS: [(&str, Test); 4] = [
     ("deposits_commit_with_their_response", |url| {
         Box::pin(async move { deposits_commit_with_their_response(&url).await })
+    }),
+    ("the_largest_deposits_keep_the_balance_answerable", |url| {
+        Box::pin(async move { the_largest_deposits_keep_the_balance_answerable(&url).await })
     }),
     ("fifty_duplicates_write_one_row", |url| {
         Box::pin(async move { fifty_duplicates_write_one_row(&url).await })

@@ -286,6 +286,14 @@ async fn the_ledger_demo_publishes_its_policy() {
     let doc = published(LEDGER, "/deposits").await;
     assert_protected(&doc, "/deposits");
     assert_unprotected(&doc, "/balance");
+    // The deposit's bounds are the handler's.
+    let amount = &doc["components"]["schemas"]["DepositRequest"]["properties"]["amount"];
+    assert_eq!(amount["minimum"], 1, "{amount}");
+    assert_eq!(
+        amount["maximum"],
+        idempotent_demo::ledger::MAX_DEPOSIT,
+        "{amount}"
+    );
 }
 
 /// The library's body cap, which no generated request reaches: a body over axum's default
