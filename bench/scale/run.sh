@@ -36,7 +36,7 @@ usage: bench/scale/run.sh [-s STORES] [-n SIZES] [--full] [-d DURATION] [-c CONN
       --no-build         use the release binary already built
 
 Environment: IDEMPOTENT_BENCH_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432/test),
-IDEMPOTENT_BENCH_MYSQL_URL (default mysql://root@127.0.0.1:3306/test), BENCH_PORT (38090),
+IDEMPOTENT_BENCH_MYSQL_URL (default mysql://root@127.0.0.1:3306/test), BENCH_PORT (28090),
 BENCH_SERVER_CPU (0), BENCH_CLIENT_CPU (1).
 
 Quick run: bench/scale/run.sh -n 10k -d 3s
@@ -86,7 +86,7 @@ count_of() {
     esac
 }
 
-port="${BENCH_PORT:-38090}"
+port="${BENCH_PORT:-28090}"
 server_cpu="${BENCH_SERVER_CPU:-0}"
 client_cpu="${BENCH_CLIENT_CPU:-1}"
 export IDEMPOTENT_BENCH_POSTGRES_URL="${IDEMPOTENT_BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
@@ -213,6 +213,12 @@ prepare() {
     printf '%s\n' "$output" | grep '^result '
 }
 
+# Drops the store's file, schema or database.
+drop_store() {
+    "$bin" drop --store "$1" --data-dir "$data_dir" 2>> "$server_log" || true
+    rm -rf "$data_dir"; mkdir -p "$data_dir"
+}
+
 # field NAME from a `key=value ...` line.
 field() { printf '%s\n' "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 
@@ -259,7 +265,7 @@ if [ "$size_runs" = 1 ]; then
                 "$f_rps" "$f_p99" "$f_bad" "$r_rps" "$r_p99" "$r_bad" "$replay_execs" >> "$results"
         done
         # Frees the disk before the next store (10M records take gigabytes).
-        rm -rf "$data_dir"; mkdir -p "$data_dir"
+        drop_store "$store"
     done
 fi
 
@@ -298,7 +304,7 @@ if [ "$sweep" = 1 ]; then
             "$sweep_batch" "$sweep_pause_ms" "$(field rows_per_s "$purge")" \
             "$(field seconds "$purge")" "${left:-0}" "$b_rps" "$b_p99" "$s_rps" "$s_p99" \
             "$(( b_bad + s_bad ))" >> "$sweep_results"
-        rm -rf "$data_dir"; mkdir -p "$data_dir"
+        drop_store "$store"
     done
 fi
 

@@ -11,6 +11,7 @@
 //!   app (`../http/src/idempotent_app.rs`, the same handler) over the preloaded store
 //!   until SIGTERM; with `--sweep-batch`, a sweeper purges the expired backlog meanwhile
 //!   and the server logs its throughput.
+//! - `drop --store S`: drops what `prepare` created (the file, schema or database).
 //!
 //! Exit status: 0 on success, 2 on a bad command line, 3 when the store cannot be
 //! reached, 1 on any other failure.
@@ -48,6 +49,7 @@ enum Command {
         addr: String,
         sweep: Option<SweepOptions>,
     },
+    Drop,
 }
 
 /// The sweeper's pace in `serve` (the engine's builder options of the same names).
@@ -64,7 +66,8 @@ struct Args {
 }
 
 const USAGE: &str = "usage: idempotent-scale-bench prepare --store S --records N [--expired M] [--data-dir DIR]\n       \
-idempotent-scale-bench serve --store S [--addr 127.0.0.1:38090] [--data-dir DIR] [--sweep-batch B [--sweep-pause-ms P]]\n\
+idempotent-scale-bench drop --store S [--data-dir DIR]\n       \
+idempotent-scale-bench serve --store S [--addr 127.0.0.1:28090] [--data-dir DIR] [--sweep-batch B [--sweep-pause-ms P]]\n\
 stores: sqlite, postgres, mysql";
 
 fn parse_args() -> Result<Args, String> {
@@ -74,7 +77,7 @@ fn parse_args() -> Result<Args, String> {
     let mut data_dir = std::env::temp_dir();
     let mut records = None;
     let mut expired = 0;
-    let mut addr = "127.0.0.1:38090".to_owned();
+    let mut addr = "127.0.0.1:28090".to_owned();
     let mut sweep_batch = None;
     let mut sweep_pause = Duration::ZERO;
     while let Some(flag) = args.next() {
@@ -112,6 +115,7 @@ fn parse_args() -> Result<Args, String> {
                 pause: sweep_pause,
             }),
         },
+        "drop" => Command::Drop,
         other => return Err(format!("unknown command {other}")),
     };
     Ok(Args {
@@ -135,6 +139,7 @@ async fn main() -> ExitCode {
             prepare(args.store, &args.data_dir, records, expired).await
         }
         Command::Serve { addr, sweep } => serve(args.store, &args.data_dir, &addr, sweep).await,
+        Command::Drop => Backend::drop_all(args.store, &args.data_dir).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,7 +2,8 @@
 //! (`../wrk/*.lua` compute the same keys).
 
 /// The caller every request comes from (`Authorization: Bearer <SCOPE>`), and so the
-/// scope of every record: 20 characters, the length of a payment provider's account id.
+/// scope of every record: 21 characters, about the length of a payment provider's account
+/// id.
 pub const SCOPE: &str = "acct_1Pq8ZxL2mN4vR7tY";
 
 /// The request body: the HTTP benchmark's 1 KiB order.

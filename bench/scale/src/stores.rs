@@ -99,6 +99,20 @@ fn now_millis() -> i64 {
 impl Backend {
     /// The store's database, emptied.
     pub async fn reset(kind: StoreKind, data_dir: &Path) -> Result<Self, Failure> {
+        Self::drop_all(kind, data_dir).await?;
+        if kind == StoreKind::MySql {
+            let mut conn = mysql_server().await?;
+            sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {MYSQL_DATABASE}")))
+                .execute(&mut conn)
+                .await?;
+            conn.close().await?;
+        }
+        Self::existing(kind, data_dir).await
+    }
+
+    /// Drops what the benchmark created for the store: its SQLite file, its Postgres
+    /// schema or its MySQL database (they take gigabytes at 10M records).
+    pub async fn drop_all(kind: StoreKind, data_dir: &Path) -> Result<(), Failure> {
         match kind {
             StoreKind::Sqlite => {
                 let path = sqlite_path(data_dir);
@@ -124,23 +138,16 @@ impl Backend {
                 conn.close().await?;
             }
             StoreKind::MySql => {
-                let options = MySqlConnectOptions::from_str(&mysql_url())?;
-                let mut conn = tokio::time::timeout(Duration::from_secs(10), options.connect())
-                    .await
-                    .map_err(|_| unreachable("no connection within 10 s"))?
-                    .map_err(unreachable)?;
-                for statement in [
-                    format!("DROP DATABASE IF EXISTS {MYSQL_DATABASE}"),
-                    format!("CREATE DATABASE {MYSQL_DATABASE}"),
-                ] {
-                    sqlx::raw_sql(AssertSqlSafe(statement))
-                        .execute(&mut conn)
-                        .await?;
-                }
+                let mut conn = mysql_server().await?;
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {MYSQL_DATABASE}"
+                )))
+                .execute(&mut conn)
+                .await?;
                 conn.close().await?;
             }
         }
-        Self::existing(kind, data_dir).await
+        Ok(())
     }
 
     /// The store's database as a previous `prepare` left it.
@@ -523,6 +530,16 @@ impl Backend {
         };
         Ok(any != 0)
     }
+}
+
+/// A connection to the MySQL server, in the URL's own database.
+async fn mysql_server() -> Result<sqlx::MySqlConnection, Failure> {
+    let options = MySqlConnectOptions::from_str(&mysql_url())?;
+    // Bounded: a filtered port would otherwise hang the run.
+    tokio::time::timeout(Duration::from_secs(10), options.connect())
+        .await
+        .map_err(|_| unreachable("no connection within 10 s"))?
+        .map_err(unreachable)
 }
 
 fn sqlite_path(data_dir: &Path) -> PathBuf {
