@@ -257,8 +257,9 @@ impl Backend {
         }
     }
 
-    /// Copies the record of `template` (key 0) to keys 1 .. `live` (live: expiring over
-    /// the next 24 hours, in key order) and `live` .. `live + expired` (expired over the
+    /// Copies the record of `template` (key 0) to keys 1 .. `live` (live: expiring in key
+    /// order over the 24 hours after the next 24, so that none expires during a load that
+    /// takes hours or the runs after it) and `live` .. `live + expired` (expired over the
     /// past hour), inside the database, `CHUNK` records per statement.
     pub async fn bulk_copy(&self, template: &str, live: u64, expired: u64) -> Result<(), Failure> {
         if let Backend::MySql { pool, .. } = self {
@@ -326,7 +327,7 @@ impl Backend {
                             printf('%08x-0000-4000-8000-%012d', (g * {SCATTER}) % 4294967296, g), \
                             t.fingerprint, t.fingerprint_version, t.state, t.token, \
                             t.lease_expires_at, t.status, t.headers, t.body, {now} - 3600000, \
-                            CASE WHEN g < {live} THEN {now} + 60000 + 86340000 * g / {live} \
+                            CASE WHEN g < {live} THEN {now} + 86400000 + 86400000 * g / {live} \
                                  ELSE {now} - 1000 - 3600000 * (g - {live}) / {expired} END, \
                             t.lease_boot_id, t.lease_ends_boot_ms \
                      FROM seq, idempotency_records AS t WHERE t.scope = ? AND t.key = ?"
@@ -349,7 +350,7 @@ impl Backend {
                             t.lease_expires_at, t.status, t.headers, t.body, \
                             now() - interval '1 hour', \
                             CASE WHEN g < {live} \
-                                 THEN now() + make_interval(secs => 60 + 86340.0::float8 * g / {live}) \
+                                 THEN now() + make_interval(secs => 86400 + 86400.0::float8 * g / {live}) \
                                  ELSE now() - make_interval(secs => 1 + 3600.0::float8 * (g - {live}) / {expired}) END \
                      FROM generate_series({lo}::bigint, {hi}::bigint - 1) AS g, {POSTGRES_TABLE} AS t \
                      WHERE t.scope = $1 AND t.key = $2"
@@ -375,7 +376,7 @@ impl Backend {
                             t.token, t.lease_expires_at, t.status, t.headers, t.body, \
                             UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, \
                             IF(g.n < {live}, \
-                               UTC_TIMESTAMP(6) + INTERVAL CAST(60000000 + 86340000000 * g.n / {live} AS SIGNED) MICROSECOND, \
+                               UTC_TIMESTAMP(6) + INTERVAL CAST(86400000000 + 86400000000 * g.n / {live} AS SIGNED) MICROSECOND, \
                                UTC_TIMESTAMP(6) - INTERVAL CAST(1000000 + 3600000000 * (g.n - {live}) / {expired} AS SIGNED) MICROSECOND) \
                      FROM (SELECT s.n, CAST(CONCAT(LPAD(LOWER(HEX((s.n * {SCATTER}) % 4294967296)), 8, '0'), \
                                                    '-0000-4000-8000-', LPAD(s.n, 12, '0')) AS BINARY) AS k \

@@ -730,7 +730,7 @@ async fn the_sweeper_deletes_in_its_configured_batches_and_pauses_between_them()
     }
     clock.advance(Duration::from_secs(61));
     let sweeper = engine.spawn_sweeper(Duration::from_secs(3600));
-    while store.inner.len() > 0 {
+    while !store.inner.is_empty() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     sweeper.abort();
