@@ -144,7 +144,10 @@ async fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Unreachable(reason)) => {
-            eprintln!("skipped: {}: store unreachable: {reason}", args.store.name());
+            eprintln!(
+                "skipped: {}: store unreachable: {reason}",
+                args.store.name()
+            );
             ExitCode::from(3)
         }
         Err(Failure::Other(reason)) => {

@@ -63,9 +63,19 @@ impl StoreKind {
 /// measuring (the store has its own pool).
 #[derive(Debug, Clone)]
 pub enum Backend {
-    Sqlite { path: PathBuf, pool: SqlitePool },
-    Postgres { url: String, pool: PgPool },
-    MySql { options: MySqlConnectOptions, pool: MySqlPool },
+    Sqlite {
+        path: PathBuf,
+        pool: SqlitePool,
+    },
+    Postgres {
+        url: String,
+        pool: PgPool,
+    },
+    // Boxed: connect options are large beside the other variants.
+    MySql {
+        options: Box<MySqlConnectOptions>,
+        pool: MySqlPool,
+    },
 }
 
 /// Bytes on disk of the table and its indexes.
@@ -175,14 +185,16 @@ impl Backend {
                 Backend::Postgres { url, pool }
             }
             StoreKind::MySql => {
-                let options =
-                    MySqlConnectOptions::from_str(&mysql_url())?.database(MYSQL_DATABASE);
+                let options = MySqlConnectOptions::from_str(&mysql_url())?.database(MYSQL_DATABASE);
                 let pool = MySqlPoolOptions::new()
                     .max_connections(2)
                     .connect_with(options.clone())
                     .await
                     .map_err(unreachable)?;
-                Backend::MySql { options, pool }
+                Backend::MySql {
+                    options: Box::new(options),
+                    pool,
+                }
             }
         })
     }
@@ -203,7 +215,7 @@ impl Backend {
                 let pool = MySqlPoolOptions::new()
                     .test_before_acquire(false)
                     .acquire_timeout(Duration::from_secs(5))
-                    .connect_with(options.clone())
+                    .connect_with(options.as_ref().clone())
                     .await?;
                 Arc::new(MySqlStore::from_pool(pool).await?)
             }
