@@ -259,13 +259,11 @@ impl<E: Identified> Table<E> {
     }
 
     /// Its entries, in no order.
-    #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = &E> {
         self.entries.iter()
     }
 
     /// How many entries it has room for before it grows.
-    #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
         self.entries.capacity()
     }

@@ -8,6 +8,7 @@ use http::HeaderName;
 
 use super::policy::{DEFAULT_LEASE, DEFAULT_MAX_DURATION, DEFAULT_MAX_STORED_BODY, DEFAULT_TTL};
 use super::replay_cache::{ReplayCache, ReplayCacheConfig};
+use super::sweeper::SweepPace;
 use super::{Idempotency, Inner, retry_after};
 use crate::metrics;
 use crate::store::Store;
@@ -38,6 +39,7 @@ impl IdempotencyBuilder {
                 durations: retry_after::DurationEstimates::default(),
                 tracker: tokio_util::task::TaskTracker::new(),
                 replay_cache: None,
+                sweep_pace: SweepPace::DEFAULT,
             },
             replay_cache: Some(ReplayCacheConfig::new()),
         }
@@ -154,6 +156,27 @@ impl IdempotencyBuilder {
     /// the bounds.
     pub fn replay_cache(mut self, config: Option<ReplayCacheConfig>) -> Self {
         self.replay_cache = config;
+        self
+    }
+
+    /// How many expired records the sweeper ([`Idempotency::spawn_sweeper`]) deletes per
+    /// store call (default 1000). Each call is one statement (two on MySQL: it finds the
+    /// batch, then deletes it by primary key) and one short transaction: a smaller batch
+    /// holds its row locks and the SQLite write lock for less time, so claims queued
+    /// behind it wait less; a larger one costs fewer round trips per record. A sweep goes
+    /// on until a call deletes fewer than a batch. Zero turns the sweeper's deletes off.
+    pub fn sweep_batch(mut self, batch: u32) -> Self {
+        self.inner.sweep_pace.batch = batch;
+        self
+    }
+
+    /// How long the sweeper waits between two batches of one sweep (default: not at all),
+    /// and [`Idempotency::purge_expired`] too. A pause paces a large backlog (after an
+    /// outage, or the first sweep of a big table) so that it takes a bounded share of the
+    /// database: at most [`sweep_batch`](Self::sweep_batch) records per pause, plus the
+    /// time the deletes themselves take.
+    pub fn sweep_pause(mut self, pause: Duration) -> Self {
+        self.inner.sweep_pace.pause = pause;
         self
     }
 

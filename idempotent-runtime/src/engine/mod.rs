@@ -106,6 +106,8 @@ struct Inner {
     tracker: tokio_util::task::TaskTracker,
     /// Completed records this process has seen, for replays without a store round trip.
     replay_cache: Option<ReplayCache>,
+    /// How the sweeper deletes expired records.
+    sweep_pace: sweeper::SweepPace,
 }
 
 impl Idempotency {
@@ -285,19 +287,37 @@ impl Idempotency {
     }
 
     /// Purges expired records in batches of `batch` until fewer than a batch remain;
-    /// returns how many were deleted.
+    /// returns how many were deleted. It waits the
+    /// [`sweep_pause`](IdempotencyBuilder::sweep_pause) between two batches, as the
+    /// sweeper does.
     pub async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
-        sweeper::purge_expired(self.inner.store.as_ref(), batch).await
+        let pace = sweeper::SweepPace {
+            batch,
+            ..self.inner.sweep_pace
+        };
+        sweeper::purge_expired(self.inner.store.as_ref(), pace).await
+    }
+
+    /// The replay cache's entries and the bytes it accounts for them against its
+    /// [`max_bytes`](ReplayCacheConfig::max_bytes) bound (`None` without a cache): per
+    /// entry its scope, key, headers (twice: as stored and as replayed), body and the
+    /// request copy it learned, plus a fixed overhead for its map and queue slots and its
+    /// replay. Cheap enough to export as a gauge: it locks each of the cache's shards in
+    /// turn and walks no entries.
+    pub fn replay_cache_usage(&self) -> Option<crate::store::MemoryUsage> {
+        self.inner.replay_cache.as_ref().map(ReplayCache::usage)
     }
 
     /// Spawns a background task that purges expired records every `interval`, in
-    /// batches of 1000. Abort the returned handle to stop it.
+    /// batches of [`sweep_batch`](IdempotencyBuilder::sweep_batch) (default 1000) with
+    /// [`sweep_pause`](IdempotencyBuilder::sweep_pause) between them (default none).
+    /// Abort the returned handle to stop it.
     ///
     /// # Panics
     ///
     /// On a zero `interval`.
     pub fn spawn_sweeper(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
-        sweeper::spawn_sweeper(self.inner.store.clone(), interval)
+        sweeper::spawn_sweeper(self.inner.store.clone(), interval, self.inner.sweep_pace)
     }
 }
 

@@ -75,7 +75,7 @@ use crate::clock::{Clock, millis};
 use crate::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::key::ScopedKey;
 use crate::sharded::{HashedId, Id, Identified, Sharded, Table};
-use crate::store::{CompactResponse, StoredResponse};
+use crate::store::{CompactResponse, MemoryUsage, StoredResponse};
 
 /// How many independently locked shards hold the entries.
 const SHARDS: usize = 32;
@@ -248,7 +248,6 @@ pub(crate) struct ReplayCache {
     shards: Sharded<Shard>,
     clock: CacheClock,
     max_age: i64,
-    shard_entries: usize,
     shard_bytes: usize,
     completions: bool,
 }
@@ -261,6 +260,9 @@ struct Shard {
     order: VecDeque<(u64, u64)>,
     bytes: usize,
     next_seq: u64,
+    /// This shard's share of the entry bound: the bound split evenly, the remainder one
+    /// each to the first shards, so that the shards together never hold more.
+    max_entries: usize,
 }
 
 #[derive(Debug)]
@@ -301,23 +303,28 @@ impl ReplayCache {
         store_clock: Option<Arc<dyn Clock>>,
         store_in_process: bool,
     ) -> Self {
-        let shard_entries = config.max_entries.div_ceil(SHARDS);
         let shard_bytes = config.max_bytes / SHARDS;
+        let mut shard_index = 0;
         let clock = match store_clock {
             Some(clock) => CacheClock::Store(clock),
             None => CacheClock::Monotonic(Instant::now()),
         };
         Self {
-            shards: Sharded::new(SHARDS, || Shard {
-                // Grown with use (see the module docs).
-                entries: Table::default(),
-                order: VecDeque::with_capacity(order_capacity(shard_entries)),
-                bytes: 0,
-                next_seq: 0,
+            shards: Sharded::new(SHARDS, || {
+                let max_entries = config.max_entries / SHARDS
+                    + usize::from(shard_index < config.max_entries % SHARDS);
+                shard_index += 1;
+                Shard {
+                    // Grown with use (see the module docs).
+                    entries: Table::default(),
+                    order: VecDeque::with_capacity(order_capacity(max_entries)),
+                    bytes: 0,
+                    next_seq: 0,
+                    max_entries,
+                }
             }),
             clock,
             max_age: millis(config.max_age),
-            shard_entries,
             shard_bytes,
             completions: config.completions && !store_in_process,
         }
@@ -370,7 +377,7 @@ impl ReplayCache {
             entry.size += learned;
             shard.bytes += learned;
             entry.id.replace_tail(text);
-            shard.evict(self.shard_entries, self.shard_bytes);
+            shard.evict(self.shard_bytes);
         }
         Cached::Hit(replay)
     }
@@ -402,11 +409,14 @@ impl ReplayCache {
         let replay = Arc::new(CachedReplay::new(&stored));
         let now = self.now();
         let expires_at = lives_until.min(read_at.min(now).saturating_add(self.max_age));
-        if expires_at <= now || size > self.shard_bytes || self.shard_entries == 0 {
+        if expires_at <= now || size > self.shard_bytes {
             return replay;
         }
         let hashed = self.shards.id(scope, key);
         let mut shard = self.shards.lock(hashed);
+        if shard.max_entries == 0 {
+            return replay;
+        }
         let seq = shard.next_seq;
         shard.next_seq += 1;
         let entry = Entry {
@@ -422,7 +432,7 @@ impl ReplayCache {
         }
         shard.order.push_back((hashed.hash(), seq));
         shard.bytes += size;
-        shard.evict(self.shard_entries, self.shard_bytes);
+        shard.evict(self.shard_bytes);
         replay
     }
 
@@ -436,7 +446,20 @@ impl ReplayCache {
     /// up).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards.each().map(|shard| shard.entries.len()).sum()
+        self.usage().records
+    }
+
+    /// Its entries (expired ones until they are evicted or looked up) and the bytes it
+    /// counts against its byte bound for them: each entry's scope, key, headers (twice:
+    /// stored and built), body and learned request copy, plus a fixed overhead per entry
+    /// for its map and queue slots and its replay. Locks each shard in turn.
+    pub(crate) fn usage(&self) -> MemoryUsage {
+        self.shards
+            .each()
+            .fold(MemoryUsage::default(), |usage, shard| MemoryUsage {
+                records: usage.records + shard.entries.len(),
+                bytes: usage.bytes + shard.bytes,
+            })
     }
 }
 
@@ -453,8 +476,10 @@ impl Shard {
         }
     }
 
-    /// Evicts the oldest entries until the shard is within its bounds.
-    fn evict(&mut self, max_entries: usize, max_bytes: usize) {
+    /// Evicts the oldest entries until the shard is within its bounds: its share of the
+    /// entries and `max_bytes`.
+    fn evict(&mut self, max_bytes: usize) {
+        let max_entries = self.max_entries;
         while self.entries.len() > max_entries || self.bytes > max_bytes {
             let Some((hash, seq)) = self.order.pop_front() else {
                 break;
@@ -841,6 +866,72 @@ mod tests {
         let shard = cache.shards.lock(id);
         assert!(shard.entries.get(id).expect("cached").request().is_none());
         assert!(shard.bytes <= 2048);
+    }
+
+    /// A million distinct keys with a realistic response: the cache's entries and
+    /// accounted bytes never pass its bounds, whichever of the two binds first.
+    #[test]
+    fn a_million_distinct_keys_stay_within_the_configured_bounds() {
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![
+                ("content-type".to_owned(), b"application/json".to_vec()),
+                ("location".to_owned(), b"/orders/ord_000000012345".to_vec()),
+            ],
+            body: Some(Bytes::from(vec![b'x'; 240])),
+        };
+        // Neither bound a multiple of the shard count.
+        let by_entries = ReplayCacheConfig::new()
+            .max_entries(50_000)
+            .max_bytes(1 << 30);
+        let by_bytes = ReplayCacheConfig::new()
+            .max_entries(1 << 20)
+            .max_bytes(10_000_000);
+        for config in [by_entries, by_bytes] {
+            let (cache, _) = new_cache(config);
+            let until = cache.now() + 60_000;
+            for n in 0..1_000_000u32 {
+                let key = format!("{n:08x}-0000-4000-8000-{n:012}");
+                cache.insert(
+                    &ScopedKey::new("acct_1Pq8ZxL2mN4vR7tY", &key),
+                    fingerprint(1),
+                    response.clone(),
+                    until,
+                    cache.now(),
+                );
+                if n % 10_000 == 9_999 {
+                    let usage = cache.usage();
+                    assert!(
+                        usage.records <= config.max_entries,
+                        "{} entries, bound {}",
+                        usage.records,
+                        config.max_entries
+                    );
+                    assert!(
+                        usage.bytes <= config.max_bytes,
+                        "{} bytes, bound {}",
+                        usage.bytes,
+                        config.max_bytes
+                    );
+                }
+            }
+            let usage = cache.usage();
+            assert_eq!(usage.records, cache.len());
+            let per_entry = usage.bytes_per_record().expect("entries");
+            assert!(
+                per_entry >= ENTRY_OVERHEAD + 20 + 36 + 240,
+                "each entry accounts for its overhead, scope, key and body: {per_entry}"
+            );
+            // Full: the binding bound is nearly reached (each shard within one entry).
+            let full = (usage.records + SHARDS >= config.max_entries)
+                || (usage.bytes + SHARDS * per_entry >= config.max_bytes);
+            assert!(full, "{usage:?} fills {config:?}");
+            let newest = "000f423f-0000-4000-8000-000000999999";
+            assert!(matches!(
+                cache.get("acct_1Pq8ZxL2mN4vR7tY", newest, &fingerprint(1).into()),
+                Cached::Hit(_)
+            ));
+        }
     }
 
     #[test]

@@ -8,28 +8,46 @@ use tracing::{debug, warn};
 use crate::metrics::{self, StoreOperation};
 use crate::store::{Store, StoreError};
 
-/// How many records the background sweeper deletes per store call.
-const SWEEP_BATCH: u32 = 1000;
+/// How the background sweeper deletes: how many records per store call, and how long it
+/// waits between two calls of one sweep (see
+/// [`IdempotencyBuilder::sweep_batch`](super::IdempotencyBuilder::sweep_batch) and
+/// [`sweep_pause`](super::IdempotencyBuilder::sweep_pause)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SweepPace {
+    pub(super) batch: u32,
+    pub(super) pause: Duration,
+}
 
-/// Purges expired records in batches of `batch` until fewer than a batch remain;
-/// returns how many were deleted.
-pub(super) async fn purge_expired(store: &dyn Store, batch: u32) -> Result<u64, StoreError> {
-    if batch == 0 {
+impl SweepPace {
+    /// The default pace: batches of 1000, no pause between them.
+    pub(super) const DEFAULT: SweepPace = SweepPace {
+        batch: 1000,
+        pause: Duration::ZERO,
+    };
+}
+
+/// Purges expired records in batches of `pace.batch`, waiting `pace.pause` after each
+/// full batch, until fewer than a batch remain; returns how many were deleted.
+pub(super) async fn purge_expired(store: &dyn Store, pace: SweepPace) -> Result<u64, StoreError> {
+    if pace.batch == 0 {
         return Ok(0);
     }
     let mut total = 0;
     loop {
-        let purged = store.purge_expired(batch);
+        let purged = store.purge_expired(pace.batch);
         let deleted = metrics::timed(StoreOperation::Purge, purged).await?;
         total += deleted;
-        if deleted < u64::from(batch) {
+        if deleted < u64::from(pace.batch) {
             return Ok(total);
+        }
+        if !pace.pause.is_zero() {
+            tokio::time::sleep(pace.pause).await;
         }
     }
 }
 
-/// Spawns a task that purges expired records every `interval`, in batches of
-/// [`SWEEP_BATCH`], until the returned handle is aborted.
+/// Spawns a task that purges expired records every `interval` at `pace`, until the
+/// returned handle is aborted.
 ///
 /// # Panics
 ///
@@ -37,6 +55,7 @@ pub(super) async fn purge_expired(store: &dyn Store, batch: u32) -> Result<u64, 
 pub(super) fn spawn_sweeper(
     store: Arc<dyn Store>,
     interval: Duration,
+    pace: SweepPace,
 ) -> tokio::task::JoinHandle<()> {
     assert!(!interval.is_zero(), "the sweeper interval must be positive");
     tokio::spawn(async move {
@@ -44,7 +63,7 @@ pub(super) fn spawn_sweeper(
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            match purge_expired(store.as_ref(), SWEEP_BATCH).await {
+            match purge_expired(store.as_ref(), pace).await {
                 Ok(0) => {}
                 Ok(n) => debug!(
                     event = "purged",

@@ -31,6 +31,7 @@ use crate::fingerprint::Fingerprint;
 mod capabilities;
 mod forward;
 mod memory;
+mod memory_usage;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod operator;
@@ -51,6 +52,7 @@ mod tx_support;
 pub use capabilities::{Capabilities, ClaimWatch, WatchClaims};
 pub use forward::Forward;
 pub use memory::MemoryStore;
+pub use memory_usage::MemoryUsage;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
 pub use operator::{ForgetOutcome, RecordInfo, RecordState};

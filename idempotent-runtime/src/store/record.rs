@@ -33,6 +33,11 @@ impl CompactResponse {
         }
     }
 
+    /// The bytes it holds on the heap: the encoded headers and the body's length.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.headers.len() + self.body.as_ref().map_or(0, Bytes::len)
+    }
+
     /// The response again.
     pub(crate) fn to_stored(&self) -> Result<StoredResponse, StoreError> {
         Ok(StoredResponse {

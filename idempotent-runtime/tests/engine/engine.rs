@@ -680,6 +680,75 @@ async fn sweeper_purges_expired_records() {
     assert!(purged, "the sweeper purged the last record");
 }
 
+/// The memory store, with every `purge_expired` call's limit and (tokio) time recorded.
+#[derive(Debug)]
+struct RecordedPurges {
+    inner: MemoryStore,
+    calls: std::sync::Mutex<Vec<(u32, tokio::time::Instant)>>,
+}
+
+#[async_trait]
+impl Forward for RecordedPurges {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+
+    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((limit, tokio::time::Instant::now()));
+        self.inner.purge_expired(limit).await
+    }
+}
+
+// Paused tokio time: the pauses between batches are measured exactly.
+#[tokio::test(start_paused = true)]
+async fn the_sweeper_deletes_in_its_configured_batches_and_pauses_between_them() {
+    let clock = idempotent_runtime::ManualClock::new();
+    let store = Arc::new(RecordedPurges {
+        inner: MemoryStore::with_clock(Arc::new(clock.clone())),
+        calls: std::sync::Mutex::default(),
+    });
+    let pause = Duration::from_millis(250);
+    let engine = Idempotency::builder_shared(store.clone())
+        .sweep_batch(4)
+        .sweep_pause(pause)
+        .build();
+    let config = HandlerConfig::new().ttl(Duration::from_secs(60));
+    let runs = Arc::new(AtomicUsize::new(0));
+    for n in 0..10 {
+        engine
+            .run(
+                &config,
+                "alice",
+                &format!("k{n}"),
+                fingerprint(1),
+                created(&runs),
+            )
+            .await;
+    }
+    clock.advance(Duration::from_secs(61));
+    let sweeper = engine.spawn_sweeper(Duration::from_secs(3600));
+    while !store.inner.is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sweeper.abort();
+    let calls = store.calls.lock().unwrap().clone();
+    let limits: Vec<u32> = calls.iter().map(|(limit, _)| *limit).collect();
+    assert_eq!(
+        limits,
+        [4, 4, 4],
+        "10 records in batches of 4: 4, 4, then 2"
+    );
+    for pair in calls.windows(2) {
+        assert!(
+            pair[1].1 - pair[0].1 >= pause,
+            "a pause of {pause:?} after each full batch"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_waits_for_detached_handlers() {
     let engine = Idempotency::new(MemoryStore::new());

@@ -18,8 +18,9 @@ use super::operator::{lease_left_from_millis, system_time_from_millis};
 use super::record::CompactResponse;
 use super::takeover::{Decision, Found, decide};
 use super::{
-    Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo,
-    RecordState, Store, StoreError, StoredResponse, retry_after_from_millis,
+    Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome,
+    MemoryUsage, RecordInfo, RecordState, Store, StoreError, StoredResponse,
+    retry_after_from_millis,
 };
 use crate::clock::{Clock, SystemClock, millis};
 use crate::fingerprint::Fingerprint;
@@ -85,6 +86,15 @@ impl Record {
         self.state = State::InProgress {
             lease_expires_at: claim.now.monotonic.saturating_add(millis(claim.lease)),
         };
+    }
+
+    /// The bytes it holds outside its table slot: scope and key, stored headers and body.
+    fn heap_bytes(&self) -> usize {
+        self.id.id_bytes().len()
+            + match &self.state {
+                State::InProgress { .. } => 0,
+                State::Completed(response) => response.heap_bytes(),
+            }
     }
 
     /// In progress under `token`'s claim.
@@ -168,6 +178,25 @@ impl MemoryStore {
     /// Whether the store holds no records.
     pub fn is_empty(&self) -> bool {
         self.records.each().all(|shard| shard.is_empty())
+    }
+
+    /// The records the store holds (expired ones included until purged) and the heap
+    /// bytes they take, counted from what they hold: every slot of the maps' tables
+    /// (used or not: a table grows by doubling and never shrinks) at the size of a record
+    /// plus its control byte, and each record's scope and key, stored headers and
+    /// body. Allocator headers and rounding are not counted, and a body is counted at its
+    /// length even where its buffer is larger or shared. It walks every record, one shard
+    /// locked at a time: an operator's call, not one per request.
+    pub fn memory_usage(&self) -> MemoryUsage {
+        let slot = std::mem::size_of::<Record>() + 1;
+        self.records
+            .each()
+            .fold(MemoryUsage::default(), |usage, shard| MemoryUsage {
+                records: usage.records + shard.len(),
+                bytes: usage.bytes
+                    + shard.capacity() * slot
+                    + shard.iter().map(Record::heap_bytes).sum::<usize>(),
+            })
     }
 }
 
@@ -363,6 +392,7 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
+    use crate::store::encode_headers;
 
     fn claim<'a>(scope: &'a str, key: &'a str, fingerprint: &'a Fingerprint) -> ClaimRequest<'a> {
         ClaimRequest {
@@ -561,5 +591,44 @@ mod tests {
             ForgetOutcome::Forgotten(_)
         ));
         assert!(store.is_empty());
+    }
+
+    #[tokio::test]
+    async fn memory_usage_counts_each_record_and_every_table_slot() {
+        let store = MemoryStore::new();
+        assert_eq!(store.memory_usage(), MemoryUsage::default());
+        let fingerprint = Fingerprint {
+            version: 1,
+            digest: [5; 32],
+        };
+        let keys: Vec<String> = (0..2000).map(|n| format!("key-{n:06}")).collect();
+        for key in &keys {
+            let request = claim("scope", key, &fingerprint);
+            store.claim(&request).await.unwrap();
+            assert!(
+                store
+                    .complete("scope", key, request.token, &stored(key, 300))
+                    .await
+                    .unwrap()
+            );
+        }
+        let usage = store.memory_usage();
+        assert_eq!(usage.records, 2000);
+        // Each record's scope and key, encoded headers and body, and at least its own
+        // table slot.
+        let heap: usize = keys
+            .iter()
+            .map(|key| {
+                "scope".len() + key.len() + encode_headers(&stored(key, 300).headers).len() + 300
+            })
+            .sum();
+        let slot = std::mem::size_of::<Record>() + 1;
+        assert!(usage.bytes >= heap + 2000 * slot, "{usage:?}");
+        // Tables at most double what they hold, plus a slack of small tables per shard.
+        assert!(
+            usage.bytes <= heap + 2 * 2000 * slot + SHARDS * 16 * slot,
+            "{usage:?}"
+        );
+        assert!(usage.bytes_per_record().unwrap() >= heap / 2000 + slot);
     }
 }

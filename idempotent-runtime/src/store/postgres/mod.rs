@@ -43,7 +43,8 @@
 //!   batch statements can go bad as the table grows.
 //! - `renew`, `complete` and `release` are fenced by `token = $token AND state =
 //!   'in_progress'`.
-//! - `purge_expired` deletes one batch, skipping rows another session holds locked, so
+//! - `purge_expired` deletes one batch, the oldest expired records by a range scan of the
+//!   expiry index, by row address, skipping rows another session holds locked, so
 //!   sweepers on many instances never block each other or a claim.
 //! - `inspect` (operators) is one read at `now()`; `forget` is that read, then a `DELETE`
 //!   fenced by the token and state it read (run again if the record changed between).
