@@ -8,6 +8,8 @@
 //! `[store_sqlite] conformance::check_…`, so the stores' same-named checks stay apart
 //! and `cargo test --test stores store_sqlite` runs one module.
 
+#[cfg(any(feature = "mysql", feature = "postgres", feature = "redis"))]
+mod fixtures;
 mod metrics_counters;
 mod out_of_tree_store;
 mod store_memory;

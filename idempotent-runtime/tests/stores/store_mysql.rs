@@ -20,6 +20,7 @@ use idempotent_runtime::{
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
+use crate::fixtures::{LEASE, TTL, claim_request};
 use crate::transaction;
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_MYSQL_URL";
@@ -267,24 +268,6 @@ pub(crate) fn trials() -> Vec<Trial> {
     ];
     trials.extend(ignored_if(unavailable(), with_database));
     trials
-}
-
-const FINGERPRINT: Fingerprint = Fingerprint {
-    version: 1,
-    digest: [42; 32],
-};
-const TTL: Duration = Duration::from_secs(3600);
-const LEASE: Duration = Duration::from_secs(30);
-
-fn claim_request(key: &str, token: FencingToken) -> ClaimRequest<'_> {
-    ClaimRequest {
-        scope: "acct_alice",
-        key,
-        fingerprint: &FINGERPRINT,
-        ttl: TTL,
-        lease: LEASE,
-        token,
-    }
 }
 
 async fn unreachable_server_is_an_open_error_naming_the_redacted_url() {

@@ -22,6 +22,7 @@ use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
+use crate::fixtures::{LEASE, TTL, claim_request};
 use crate::transaction;
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_POSTGRES_URL";
@@ -281,24 +282,6 @@ pub(crate) fn trials() -> Vec<Trial> {
         .collect(),
     ));
     trials
-}
-
-const FINGERPRINT: Fingerprint = Fingerprint {
-    version: 1,
-    digest: [42; 32],
-};
-const TTL: Duration = Duration::from_secs(3600);
-const LEASE: Duration = Duration::from_secs(30);
-
-fn claim_request(key: &str, token: FencingToken) -> ClaimRequest<'_> {
-    ClaimRequest {
-        scope: "acct_alice",
-        key,
-        fingerprint: &FINGERPRINT,
-        ttl: TTL,
-        lease: LEASE,
-        token,
-    }
 }
 
 async fn unreachable_server_is_an_open_error_naming_the_redacted_url() {

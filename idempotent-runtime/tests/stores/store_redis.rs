@@ -21,6 +21,8 @@ use idempotent_runtime::{
 };
 use redis::AsyncCommands;
 
+use crate::fixtures::{LEASE, TTL, claim_request, stored};
+
 const URL_VAR: &str = "IDEMPOTENT_TEST_REDIS_URL";
 
 /// Why the server tests cannot run here, if they cannot.
@@ -133,33 +135,7 @@ impl Harness for RedisHarness {
     }
 }
 
-const FINGERPRINT: Fingerprint = Fingerprint {
-    version: 1,
-    digest: [42; 32],
-};
-const TTL: Duration = Duration::from_secs(3600);
-const LEASE: Duration = Duration::from_secs(30);
-
-fn claim_request(key: &str, token: FencingToken) -> ClaimRequest<'_> {
-    ClaimRequest {
-        scope: "acct_alice",
-        key,
-        fingerprint: &FINGERPRINT,
-        ttl: TTL,
-        lease: LEASE,
-        token,
-    }
-}
-
-fn stored(body: &'static [u8]) -> StoredResponse {
-    StoredResponse {
-        status: 201,
-        headers: vec![("content-type".to_owned(), b"application/json".to_vec())],
-        body: Some(Bytes::from_static(body)),
-    }
-}
-
-async fn must_claim(store: &RedisStore, request: &ClaimRequest<'_>) {
+pub(crate) async fn must_claim(store: &RedisStore, request: &ClaimRequest<'_>) {
     assert_eq!(
         store.claim(request).await.expect("claim").outcome,
         ClaimOutcome::Claimed {

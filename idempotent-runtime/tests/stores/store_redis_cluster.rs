@@ -15,9 +15,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use idempotent_runtime::store::{RedisConnection, RedisStore};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoreError, StoredResponse,
-};
+use idempotent_runtime::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError};
+
+use crate::fixtures::{TTL, claim_request, stored};
+use crate::store_redis::must_claim;
 
 mod failover;
 
@@ -139,42 +140,6 @@ impl Harness for RedisClusterHarness {
     async fn advance(&self, d: Duration) {
         self.store.shift_clock_for_tests(d);
     }
-}
-
-const FINGERPRINT: Fingerprint = Fingerprint {
-    version: 1,
-    digest: [42; 32],
-};
-const TTL: Duration = Duration::from_secs(3600);
-const LEASE: Duration = Duration::from_secs(30);
-
-fn claim_request(key: &str, token: FencingToken) -> ClaimRequest<'_> {
-    ClaimRequest {
-        scope: "acct_alice",
-        key,
-        fingerprint: &FINGERPRINT,
-        ttl: TTL,
-        lease: LEASE,
-        token,
-    }
-}
-
-fn stored(body: &'static [u8]) -> StoredResponse {
-    StoredResponse {
-        status: 201,
-        headers: vec![("content-type".to_owned(), b"application/json".to_vec())],
-        body: Some(bytes::Bytes::from_static(body)),
-    }
-}
-
-async fn must_claim(store: &RedisStore, request: &ClaimRequest<'_>) {
-    assert_eq!(
-        store.claim(request).await.expect("claim").outcome,
-        ClaimOutcome::Claimed {
-            token: request.token,
-            takeover: None
-        }
-    );
 }
 
 /// The cluster's primaries as `redis://host:port/` URLs, read from `CLUSTER NODES` on
