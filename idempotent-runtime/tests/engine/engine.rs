@@ -730,9 +730,13 @@ async fn the_sweeper_deletes_in_its_configured_batches_and_pauses_between_them()
     }
     clock.advance(Duration::from_secs(61));
     let sweeper = engine.spawn_sweeper(Duration::from_secs(3600));
-    while !store.inner.is_empty() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !store.inner.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the sweeper empties the store within a minute of (paused) time");
     sweeper.abort();
     let calls = store.calls.lock().unwrap().clone();
     let limits: Vec<u32> = calls.iter().map(|(limit, _)| *limit).collect();
