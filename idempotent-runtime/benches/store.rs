@@ -70,7 +70,8 @@ fn bench_store(c: &mut Criterion, runtime: &Runtime, name: &str, store: Arc<dyn 
                     outcome,
                     ClaimOutcome::Claimed {
                         token,
-                        takeover: None
+                        takeover: None,
+                        steps: Vec::new(),
                     }
                 );
                 let done = store

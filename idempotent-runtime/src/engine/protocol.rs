@@ -292,7 +292,11 @@ async fn claim_key(
             info!(event = "mismatch", "key reused with a different request");
             Claim::Answered(Settled::Mismatch, key_reused())
         }
-        ClaimOutcome::Claimed { token, takeover } => {
+        ClaimOutcome::Claimed {
+            token,
+            takeover,
+            steps: _,
+        } => {
             let (sent_at, answered_at) = (claimed.sent_at, claimed.answered_at);
             if !licence_holds(answered_at - sent_at, lease) {
                 // The store may already have handed the key to a retry: running now

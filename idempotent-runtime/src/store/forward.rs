@@ -8,7 +8,9 @@ use async_trait::async_trait;
 
 use super::capabilities::Capabilities;
 use super::operator::{ForgetOutcome, RecordInfo};
-use super::{ClaimAnswer, ClaimRequest, FencingToken, Store, StoreError, StoredResponse};
+use super::{
+    ClaimAnswer, ClaimRequest, FencingToken, RecordedStep, Store, StoreError, StoredResponse,
+};
 
 /// A store that wraps another: every method forwards to [`inner`](Self::inner) unless
 /// overridden, and every type implementing it is a [`Store`] (a blanket implementation),
@@ -79,6 +81,17 @@ pub trait Forward: Send + Sync + std::fmt::Debug + 'static {
         self.inner().complete(scope, key, token, response).await
     }
 
+    /// [`Store::record_step`]; forwards by default.
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        self.inner().record_step(scope, key, token, step).await
+    }
+
     /// [`Store::release`]; forwards by default.
     async fn release(
         &self,
@@ -140,6 +153,16 @@ impl<T: Forward> Store for T {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         Forward::complete(self, scope, key, token, response).await
+    }
+
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        Forward::record_step(self, scope, key, token, step).await
     }
 
     async fn release(

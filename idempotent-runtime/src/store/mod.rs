@@ -5,9 +5,13 @@
 //!
 //! ```text
 //! claim ──▶ in_progress(token) ──complete(token)──▶ completed ──(ttl)──▶ purged
-//!               │   ▲ renew(token)
-//!               └───┴─release(token)──▶ (gone: the next request claims anew)
+//!               │   ▲ renew(token), record_step(token)
+//!               └───┴─release(token)──▶ gone (the next request claims anew), or, when
+//!                                       it holds steps, kept with its lease ended
 //! ```
+//!
+//! A record also keeps the [steps](RecordedStep) its handler completed (recovery points,
+//! see [`RecordedStep`]'s module rules: [`steps_survive`], [`release_keeps_record`]).
 //!
 //! Operators look at and delete single records with [`Store::inspect`] and
 //! [`Store::forget`] (or the engine's `Idempotency::inspect` / `Idempotency::forget`).
@@ -46,6 +50,7 @@ mod redis;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod steps;
 pub(crate) mod takeover;
 mod tx_support;
 
@@ -69,6 +74,9 @@ pub use sqlite::SqliteStore;
 #[cfg(feature = "sqlite")]
 #[doc(hidden)]
 pub use sqlite::{GroupCommitStats, WriteKind};
+pub use steps::{
+    MAX_STEP_NAME, RecordedStep, decode_steps, encode_step, release_keeps_record, steps_survive,
+};
 pub use takeover::Takeover;
 pub use tx_support::TxSupport;
 #[cfg(feature = "sql")]
@@ -116,6 +124,10 @@ pub enum ClaimOutcome {
         /// `None` for a key with no live record (new, released or purged); otherwise why
         /// the earlier record could be taken over.
         takeover: Option<Takeover>,
+        /// The steps the earlier execution of this request completed, in the order they
+        /// were recorded, read in the claim's own atomic operation: non-empty only for a
+        /// [`Takeover::LeaseLost`] of a record that holds steps ([`steps_survive`]).
+        steps: Vec<RecordedStep>,
     },
     /// Completed earlier with the same fingerprint: answer with this.
     Replay(StoredResponse),
@@ -223,7 +235,22 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         response: &StoredResponse,
     ) -> Result<bool, StoreError>;
 
-    /// Deletes the in-progress claim the token owns. `Ok(false)`: it owned nothing.
+    /// Appends `step` to the steps of the in-progress claim the token owns (see
+    /// [`encode_step`]), in one atomic operation. `Ok(false)`: the token no longer owns
+    /// the record, nothing was written. The engine never records a name twice under one
+    /// record lifetime; a store need not check it.
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError>;
+
+    /// Gives up the in-progress claim the token owns: deletes it, or, when it holds
+    /// steps ([`release_keeps_record`]), keeps it in progress with its lease ended now,
+    /// so that the next claim of the same request takes it over and resumes. `Ok(false)`:
+    /// it owned nothing.
     async fn release(
         &self,
         scope: &str,

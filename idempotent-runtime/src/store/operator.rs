@@ -8,6 +8,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::RecordedStep;
 use crate::fingerprint::Fingerprint;
 
 /// A live record as [`Store::inspect`](super::Store::inspect) found it.
@@ -27,6 +28,10 @@ pub struct RecordInfo {
     pub created_at: SystemTime,
     /// When the record stops being live, unless a running claim's lease holds it longer.
     pub expires_at: SystemTime,
+    /// The steps completed under an in-progress record (a released one included), in
+    /// the order they were recorded; empty for a completed record, whose response
+    /// replaces them.
+    pub steps: Vec<RecordedStep>,
 }
 
 impl RecordInfo {
@@ -43,7 +48,14 @@ impl RecordInfo {
             fingerprint,
             created_at,
             expires_at,
+            steps: Vec::new(),
         }
+    }
+
+    /// The same description with the record's recorded `steps`.
+    pub fn with_steps(mut self, steps: Vec<RecordedStep>) -> Self {
+        self.steps = steps;
+        self
     }
 
     /// Whether a request is still running under this record: in progress with a lease

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 #[cfg(feature = "sql")]
-use super::{FencingToken, StoreError, StoredResponse};
+use super::{FencingToken, RecordedStep, StoreError, StoredResponse};
 
 /// What a [`Store`](super::Store) offers transactional handlers (`Tx<DB>`): a
 /// [`TxStore<DB>`](TxStore) for the one database it keeps its
@@ -97,6 +97,18 @@ pub trait TxStore<DB: TxDatabase>: Send + Sync + std::fmt::Debug {
         key: &str,
         token: FencingToken,
         response: &StoredResponse,
+    ) -> Result<bool, StoreError>;
+
+    /// Appends `step` to the claim's steps inside the transaction `conn` (an atomic step:
+    /// the step's writes and its record commit together), fenced by `token`.
+    /// `Ok(false)`: the token no longer owns the record; the engine rolls back.
+    async fn record_step_in(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
     ) -> Result<bool, StoreError>;
 
     /// How many transactions of this store may be open at once, if it must be bounded:

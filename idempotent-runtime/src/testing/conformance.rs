@@ -289,7 +289,8 @@ async fn must_claim(
         outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         },
         "expected ({scope}, {key}) to be claimed as new"
     );
@@ -308,7 +309,8 @@ async fn must_take_over(
         outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: Some(reason)
+            takeover: Some(reason),
+            steps: Vec::new(),
         },
         "expected a takeover ({reason})"
     );
@@ -351,7 +353,8 @@ pub async fn check_claim_complete_replay<H: Harness>() {
         claim_with(&*store, SCOPE, KEY, fp(1), token).await,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         },
         "a new key is claimed with the request's own token"
     );
@@ -559,7 +562,8 @@ pub async fn check_lease_takeover_same_fingerprint<H: Harness>() {
         claim_with(&*store, SCOPE, KEY, fp(1), second).await,
         ClaimOutcome::Claimed {
             token: second,
-            takeover: Some(Takeover::LeaseLost)
+            takeover: Some(Takeover::LeaseLost),
+            steps: Vec::new(),
         }
     );
     // The new owner has a fresh lease.
@@ -789,6 +793,7 @@ fn exactly_one_winner(
             ClaimOutcome::Claimed {
                 token: won,
                 takeover: reported,
+                ..
             } => {
                 assert_eq!(won, token, "a winner gets its own token");
                 assert_eq!(*reported, takeover, "the winner's takeover");
@@ -838,7 +843,8 @@ pub async fn check_concurrent_distinct_keys_all_claimed<H: Harness>() {
             *outcome,
             ClaimOutcome::Claimed {
                 token: *token,
-                takeover: None
+                takeover: None,
+                steps: Vec::new(),
             },
             "key-{i}"
         );
@@ -866,7 +872,12 @@ pub async fn check_claims_racing_releases_never_share_a_key<H: Harness>() {
                 barrier.wait().await;
                 for _ in 0..40 {
                     match claim(&*store, fp(1)).await {
-                        (ClaimOutcome::Claimed { token, takeover }, _) => {
+                        (
+                            ClaimOutcome::Claimed {
+                                token, takeover, ..
+                            },
+                            _,
+                        ) => {
                             assert_eq!(takeover, None, "a released key is claimed as new");
                             assert_eq!(owners.fetch_add(1, Ordering::SeqCst), 0, "two owners");
                             wins.fetch_add(1, Ordering::SeqCst);
@@ -1087,7 +1098,8 @@ pub async fn check_purge_expired<H: Harness>() {
                 outcome,
                 ClaimOutcome::Claimed {
                     token,
-                    takeover: None
+                    takeover: None,
+                    steps: Vec::new(),
                 }
             );
             (key, token)

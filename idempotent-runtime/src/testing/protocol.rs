@@ -9,3 +9,4 @@
 
 pub use crate::lease::{licence_holds, may_stop_recording, renewal_timeout};
 pub use crate::store::takeover::{Decision, Found, decide, takeover};
+pub use crate::store::{release_keeps_record, steps_survive};

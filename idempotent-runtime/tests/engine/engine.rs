@@ -492,6 +492,15 @@ impl Store for UnreachableStore {
     async fn claim(&self, _: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         Err(unreachable())
     }
+    async fn record_step(
+        &self,
+        _: &str,
+        _: &str,
+        _: FencingToken,
+        _: &idempotent_runtime::store::RecordedStep,
+    ) -> Result<bool, StoreError> {
+        Err(unreachable())
+    }
     async fn renew(
         &self,
         _: &str,
@@ -797,6 +806,15 @@ struct SilentStore;
 #[async_trait]
 impl Store for SilentStore {
     async fn claim(&self, _: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
+        std::future::pending().await
+    }
+    async fn record_step(
+        &self,
+        _: &str,
+        _: &str,
+        _: FencingToken,
+        _: &idempotent_runtime::store::RecordedStep,
+    ) -> Result<bool, StoreError> {
         std::future::pending().await
     }
     async fn renew(

@@ -326,7 +326,8 @@ async fn concurrent_starts_migrate_one_fresh_database_once() {
             .outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
     for store in &stores[1..] {
@@ -374,6 +375,7 @@ async fn concurrent_claims_across_two_pools_have_one_winner() {
                     ClaimOutcome::Claimed {
                         token: won,
                         takeover: None,
+                        ..
                     },
                     token,
                 ) => {
@@ -455,7 +457,8 @@ async fn the_session_time_zone_does_not_matter() {
             .outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
     // Seen from 24 hours "earlier", the lease is neither expired nor a day long.
@@ -576,7 +579,8 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
             .outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
     let mut tables: Vec<String> = sqlx::query_scalar(
@@ -745,7 +749,8 @@ async fn a_claim_and_a_completion_are_one_request_each_and_batches_share_one() {
         claimed.outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
     assert_eq!(counter.commands() - before, 1, "a fresh key's claim");
@@ -788,7 +793,8 @@ async fn a_claim_and_a_completion_are_one_request_each_and_batches_share_one() {
                     answer.outcome,
                     ClaimOutcome::Claimed {
                         token,
-                        takeover: None
+                        takeover: None,
+                        steps: Vec::new(),
                     }
                 );
                 (key, token)
@@ -861,7 +867,8 @@ async fn a_scope_too_long_for_its_column_is_refused_not_cut_short() {
         harness.store.claim(&claim).await.unwrap().outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
 }

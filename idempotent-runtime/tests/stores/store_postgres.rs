@@ -366,7 +366,8 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
             .outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
     for store in &stores[1..] {
@@ -424,6 +425,7 @@ async fn concurrent_claims_across_two_pools_have_one_winner() {
                     ClaimOutcome::Claimed {
                         token: won,
                         takeover: None,
+                        ..
                     },
                     token,
                 ) => {
@@ -588,7 +590,8 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
             .outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
     let tables: Vec<String> = sqlx::query_scalar(
@@ -628,7 +631,8 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
             .outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         },
         "a separate table: the claim in the first schema does not collide"
     );
@@ -802,7 +806,8 @@ async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
                 outcome,
                 ClaimOutcome::Claimed {
                     token,
-                    takeover: None
+                    takeover: None,
+                    steps: Vec::new(),
                 }
             );
             assert!(

@@ -140,7 +140,8 @@ pub(crate) async fn must_claim(store: &RedisStore, request: &ClaimRequest<'_>) {
         store.claim(request).await.expect("claim").outcome,
         ClaimOutcome::Claimed {
             token: request.token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
 }

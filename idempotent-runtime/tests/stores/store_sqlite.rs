@@ -181,7 +181,8 @@ async fn open_accepts_a_sqlite_url_and_creates_the_file() {
         store.claim(&claim_request(token)).await.unwrap().outcome,
         ClaimOutcome::Claimed {
             token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
 }
@@ -202,7 +203,8 @@ async fn records_survive_closing_and_reopening_the_file() {
             store.claim(&claim_request(token)).await.unwrap().outcome,
             ClaimOutcome::Claimed {
                 token,
-                takeover: None
+                takeover: None,
+                steps: Vec::new(),
             }
         );
         assert!(

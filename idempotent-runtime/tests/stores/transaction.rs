@@ -366,7 +366,8 @@ impl<H: Harness> Forward for TakenOverOnFirstClaim<H> {
             answer.outcome,
             ClaimOutcome::Claimed {
                 token: claim.token,
-                takeover: None
+                takeover: None,
+                steps: Vec::new(),
             }
         );
         self.harness
@@ -378,7 +379,8 @@ impl<H: Harness> Forward for TakenOverOnFirstClaim<H> {
             retry.outcome,
             ClaimOutcome::Claimed {
                 token,
-                takeover: Some(Takeover::LeaseLost)
+                takeover: Some(Takeover::LeaseLost),
+                steps: Vec::new(),
             },
             "the retry took over"
         );

@@ -19,8 +19,8 @@ use super::record::CompactResponse;
 use super::takeover::{Decision, Found, decide};
 use super::{
     Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome,
-    MemoryUsage, RecordInfo, RecordState, Store, StoreError, StoredResponse,
-    retry_after_from_millis,
+    MemoryUsage, RecordInfo, RecordState, RecordedStep, Store, StoreError, StoredResponse,
+    decode_steps, encode_step, release_keeps_record, retry_after_from_millis, steps_survive,
 };
 use crate::clock::{Clock, SystemClock, millis};
 use crate::fingerprint::Fingerprint;
@@ -50,7 +50,11 @@ struct Record {
 
 #[derive(Debug)]
 enum State {
-    InProgress { lease_expires_at: i64 },
+    /// Claimed; `steps` are the steps recorded under it, encoded ([`encode_step`]).
+    InProgress {
+        lease_expires_at: i64,
+        steps: Vec<u8>,
+    },
     Completed(CompactResponse),
 }
 
@@ -71,28 +75,36 @@ impl Record {
             expires_at: 0,
             state: State::InProgress {
                 lease_expires_at: 0,
+                steps: Vec::new(),
             },
         };
-        record.claim(claim);
+        record.claim(claim, false);
         record
     }
 
-    /// Claimed anew (a takeover): the id stays, a response it held goes.
-    fn claim(&mut self, claim: Claimed) {
+    /// Claimed anew (a takeover): the id stays, a response it held goes, and its steps
+    /// go unless `keep_steps`. Returns the steps kept.
+    fn claim(&mut self, claim: Claimed, keep_steps: bool) -> Vec<u8> {
         self.fingerprint = claim.fingerprint;
         self.token = claim.token;
         self.created_at = claim.now.wall;
         self.expires_at = claim.now.wall.saturating_add(millis(claim.ttl));
+        let steps = match &mut self.state {
+            State::InProgress { steps, .. } if keep_steps => std::mem::take(steps),
+            _ => Vec::new(),
+        };
         self.state = State::InProgress {
             lease_expires_at: claim.now.monotonic.saturating_add(millis(claim.lease)),
+            steps: steps.clone(),
         };
+        steps
     }
 
     /// The bytes it holds outside its table slot: scope and key, stored headers and body.
     fn heap_bytes(&self) -> usize {
         self.id.id_bytes().len()
             + match &self.state {
-                State::InProgress { .. } => 0,
+                State::InProgress { steps, .. } => steps.len(),
                 State::Completed(response) => response.heap_bytes(),
             }
     }
@@ -105,28 +117,38 @@ impl Record {
     /// Not expired: within its TTL, or a claim whose lease is still live.
     fn is_live(&self, now: Now) -> bool {
         self.expires_at > now.wall
-            || matches!(self.state, State::InProgress { lease_expires_at } if lease_expires_at > now.monotonic)
+            || matches!(self.state, State::InProgress { lease_expires_at, .. } if lease_expires_at > now.monotonic)
     }
 
     /// What an operator sees of it at `now` (a lease's end shown in wall-clock time).
-    fn info(&self, now: Now) -> RecordInfo {
-        let state = match &self.state {
-            State::InProgress { lease_expires_at } => RecordState::InProgress {
-                lease_expires_at: system_time_from_millis(
-                    now.wall.saturating_add(lease_expires_at - now.monotonic),
-                ),
-                holder_alive: *lease_expires_at > now.monotonic,
-            },
-            State::Completed(response) => RecordState::Completed {
-                status: response.status,
-            },
+    fn info(&self, now: Now) -> Result<RecordInfo, StoreError> {
+        let (state, steps) = match &self.state {
+            State::InProgress {
+                lease_expires_at,
+                steps,
+            } => (
+                RecordState::InProgress {
+                    lease_expires_at: system_time_from_millis(
+                        now.wall.saturating_add(lease_expires_at - now.monotonic),
+                    ),
+                    holder_alive: *lease_expires_at > now.monotonic,
+                },
+                decode_steps(steps)?,
+            ),
+            State::Completed(response) => (
+                RecordState::Completed {
+                    status: response.status,
+                },
+                Vec::new(),
+            ),
         };
-        RecordInfo::new(
+        Ok(RecordInfo::new(
             state,
             self.fingerprint,
             system_time_from_millis(self.created_at),
             system_time_from_millis(self.expires_at),
         )
+        .with_steps(steps))
     }
 }
 
@@ -225,6 +247,7 @@ impl Store for MemoryStore {
                 let claimed = ClaimOutcome::Claimed {
                     token: claim.token,
                     takeover: None,
+                    steps: Vec::new(),
                 };
                 return Ok(claimed.into());
             }
@@ -236,17 +259,18 @@ impl Store for MemoryStore {
             ttl_ran_out: existing.expires_at <= now.wall,
             lease_ran_out: matches!(
                 existing.state,
-                State::InProgress { lease_expires_at } if lease_expires_at <= now.monotonic
+                State::InProgress { lease_expires_at, .. } if lease_expires_at <= now.monotonic
             ),
             same_fingerprint,
         };
         let (outcome, replay_lives_for) = match decide(found) {
             // A takeover rewrites the record in place, keeping its id.
             Decision::Take(reason) => {
-                existing.claim(claimed);
+                let steps = existing.claim(claimed, steps_survive(reason));
                 let claimed = ClaimOutcome::Claimed {
                     token: claim.token,
                     takeover: Some(reason),
+                    steps: decode_steps(&steps)?,
                 };
                 (claimed, None)
             }
@@ -257,7 +281,9 @@ impl Store for MemoryStore {
                     ClaimOutcome::Replay(response.to_stored()?),
                     Some(remaining(existing.expires_at - now.wall)),
                 ),
-                &State::InProgress { lease_expires_at } => {
+                &State::InProgress {
+                    lease_expires_at, ..
+                } => {
                     let retry_after = retry_after_from_millis(lease_expires_at - now.monotonic);
                     (ClaimOutcome::InProgress { retry_after }, None)
                 }
@@ -282,9 +308,12 @@ impl Store for MemoryStore {
         let Some(record) = shard.get_mut(id).filter(|r| r.is_held_by(token)) else {
             return Ok(false);
         };
-        record.state = State::InProgress {
-            lease_expires_at: now.monotonic.saturating_add(millis(lease)),
-        };
+        if let State::InProgress {
+            lease_expires_at, ..
+        } = &mut record.state
+        {
+            *lease_expires_at = now.monotonic.saturating_add(millis(lease));
+        }
         record.expires_at = record
             .expires_at
             .max(now.wall.saturating_add(millis(lease)));
@@ -313,9 +342,42 @@ impl Store for MemoryStore {
         key: &str,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
+        let now = self.now();
         let id = self.records.id(scope, key);
         let mut shard = self.records.lock(id);
-        Ok(shard.remove_if(id, |r| r.is_held_by(token)).is_some())
+        let Some(record) = shard.get_mut(id).filter(|r| r.is_held_by(token)) else {
+            return Ok(false);
+        };
+        match &mut record.state {
+            State::InProgress {
+                lease_expires_at,
+                steps,
+            } if release_keeps_record(!steps.is_empty()) => {
+                *lease_expires_at = now.monotonic;
+            }
+            _ => {
+                shard.remove(id);
+            }
+        }
+        Ok(true)
+    }
+
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        let id = self.records.id(scope, key);
+        let mut shard = self.records.lock(id);
+        let Some(record) = shard.get_mut(id).filter(|r| r.is_held_by(token)) else {
+            return Ok(false);
+        };
+        if let State::InProgress { steps, .. } = &mut record.state {
+            steps.extend_from_slice(&encode_step(step));
+        }
+        Ok(true)
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
@@ -343,7 +405,8 @@ impl Store for MemoryStore {
         Ok(shard
             .get(id)
             .filter(|r| r.is_live(now))
-            .map(|r| r.info(now)))
+            .map(|r| r.info(now))
+            .transpose()?)
     }
 
     async fn forget(
@@ -360,7 +423,9 @@ impl Store for MemoryStore {
         };
         let outcome = if !record.is_live(now) {
             ForgetOutcome::NotFound
-        } else if let State::InProgress { lease_expires_at } = record.state
+        } else if let State::InProgress {
+            lease_expires_at, ..
+        } = record.state
             && lease_expires_at > now.monotonic
             && !force
         {
@@ -368,7 +433,7 @@ impl Store for MemoryStore {
                 lease_left: lease_left_from_millis(lease_expires_at - now.monotonic),
             });
         } else {
-            ForgetOutcome::Forgotten(record.info(now))
+            ForgetOutcome::Forgotten(record.info(now)?)
         };
         shard.remove(id);
         Ok(outcome)

@@ -120,6 +120,7 @@ impl MySqlStore {
                 ClaimOutcome::Claimed {
                     token: claim.token,
                     takeover: Some(reason),
+                    steps: Vec::new(),
                 },
                 None,
             ))),
@@ -197,6 +198,7 @@ fn step(row: &MySqlRow, claim: &QueuedClaim) -> Result<ClaimStep, StoreError> {
             ClaimOutcome::Claimed {
                 token: claim.token,
                 takeover: None,
+                steps: Vec::new(),
             },
             None,
         )));

@@ -124,6 +124,7 @@ fn answer(
             ClaimOutcome::Claimed {
                 token,
                 takeover: parse_takeover(takeover.as_deref())?,
+                steps: Vec::new(),
             },
             None,
         )));

@@ -391,6 +391,19 @@ fn interval(duration: Duration) -> PgInterval {
 
 #[async_trait]
 impl Store for PostgresStore {
+    async fn record_step(
+        &self,
+        _scope: &str,
+        _key: &str,
+        _token: crate::store::FencingToken,
+        _step: &crate::store::RecordedStep,
+    ) -> Result<bool, StoreError> {
+        // WIP(steps): replaced by this store's implementation before the issue closes.
+        Err(StoreError::backend(
+            "recording steps is not implemented on this store yet",
+        ))
+    }
+
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let (outcome, replay_lives_for) =
             sql::claim_with_retries(claim, || self.claim_once(claim)).await?;

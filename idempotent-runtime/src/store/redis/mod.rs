@@ -472,6 +472,19 @@ impl std::fmt::Debug for RedisStore {
 
 #[async_trait]
 impl Store for RedisStore {
+    async fn record_step(
+        &self,
+        _scope: &str,
+        _key: &str,
+        _token: crate::store::FencingToken,
+        _step: &crate::store::RecordedStep,
+    ) -> Result<bool, StoreError> {
+        // WIP(steps): replaced by this store's implementation before the issue closes.
+        Err(StoreError::backend(
+            "recording steps is not implemented on this store yet",
+        ))
+    }
+
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let reply: Value = scripts::CLAIM
             .key(self.keys.record(claim.scope, claim.key))
@@ -678,7 +691,14 @@ fn claim_outcome(
                 Some(b"lease_lost") => Some(Takeover::LeaseLost),
                 Some(other) => return Err(corrupt(&String::from_utf8_lossy(other))),
             };
-            Ok((ClaimOutcome::Claimed { token, takeover }, None))
+            Ok((
+                ClaimOutcome::Claimed {
+                    token,
+                    takeover,
+                    steps: Vec::new(),
+                },
+                None,
+            ))
         }
         b"mismatch" => Ok((ClaimOutcome::Mismatch, None)),
         b"in_progress" => match items.next() {
@@ -926,7 +946,8 @@ mod tests {
                 .0,
             ClaimOutcome::Claimed {
                 token,
-                takeover: None
+                takeover: None,
+                steps: Vec::new(),
             }
         );
         assert_eq!(
@@ -935,7 +956,8 @@ mod tests {
                 .0,
             ClaimOutcome::Claimed {
                 token,
-                takeover: Some(Takeover::Expired)
+                takeover: Some(Takeover::Expired),
+                steps: Vec::new(),
             }
         );
         assert_eq!(
@@ -944,7 +966,8 @@ mod tests {
                 .0,
             ClaimOutcome::Claimed {
                 token,
-                takeover: Some(Takeover::LeaseLost)
+                takeover: Some(Takeover::LeaseLost),
+                steps: Vec::new(),
             }
         );
         assert!(claim_outcome(Value::Array(vec![s(b"claimed"), s(b"later")]), token).is_err());

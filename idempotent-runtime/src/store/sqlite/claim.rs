@@ -51,6 +51,7 @@ impl SqliteStore {
                 ClaimOutcome::Claimed {
                     token: claim.token,
                     takeover: None,
+                    steps: Vec::new(),
                 },
                 None,
             )));
@@ -70,6 +71,7 @@ impl SqliteStore {
             ClaimOutcome::Claimed {
                 token: claim.token,
                 takeover: Some(reason),
+                steps: Vec::new(),
             },
             None,
         )))

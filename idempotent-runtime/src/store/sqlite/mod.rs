@@ -369,6 +369,19 @@ fn is_url(url_or_path: &str) -> bool {
 
 #[async_trait]
 impl Store for SqliteStore {
+    async fn record_step(
+        &self,
+        _scope: &str,
+        _key: &str,
+        _token: crate::store::FencingToken,
+        _step: &crate::store::RecordedStep,
+    ) -> Result<bool, StoreError> {
+        // WIP(steps): replaced by this store's implementation before the issue closes.
+        Err(StoreError::backend(
+            "recording steps is not implemented on this store yet",
+        ))
+    }
+
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let _write = self.writes.enter();
         let (outcome, replay_lives_for) =

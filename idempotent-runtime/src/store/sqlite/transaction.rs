@@ -45,6 +45,20 @@ struct SqliteTxStore {
 
 #[async_trait]
 impl TxStore<Sqlite> for SqliteTxStore {
+    async fn record_step_in(
+        &self,
+        _conn: &mut <Sqlite as sqlx::Database>::Connection,
+        _scope: &str,
+        _key: &str,
+        _token: crate::store::FencingToken,
+        _step: &crate::store::RecordedStep,
+    ) -> Result<bool, StoreError> {
+        // WIP(steps): replaced by this store's implementation before the issue closes.
+        Err(StoreError::backend(
+            "recording steps is not implemented on this store yet",
+        ))
+    }
+
     /// `BEGIN IMMEDIATE`: the transaction takes the write lock at once (waiting up to the
     /// busy timeout for it). A deferred transaction that reads first holds a WAL snapshot,
     /// and its first write fails with `SQLITE_BUSY_SNAPSHOT` — without waiting — if any

@@ -67,7 +67,8 @@ async fn a_claim_the_server_refuses_fails_alone() {
                 outcome.unwrap_or_else(|e| panic!("claim {i}: {e}")),
                 ClaimOutcome::Claimed {
                     token,
-                    takeover: None
+                    takeover: None,
+                    steps: Vec::new(),
                 },
             ),
         }
@@ -178,7 +179,8 @@ async fn concurrent_claims_takeovers_and_completions_share_statements() {
                 outcome,
                 ClaimOutcome::Claimed {
                     token,
-                    takeover: None
+                    takeover: None,
+                    steps: Vec::new(),
                 }
             );
             let response = response_for(&key);

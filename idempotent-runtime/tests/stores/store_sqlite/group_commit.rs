@@ -162,6 +162,7 @@ async fn claim_free(store: &SqliteStore, key: &str, why: &str) -> FencingToken {
     let claimed = ClaimOutcome::Claimed {
         token,
         takeover: None,
+        steps: Vec::new(),
     };
     assert_eq!(outcome, claimed, "{key}: {why}");
     token
@@ -556,7 +557,8 @@ async fn a_failing_write_fails_alone_in_its_batch() {
         claim.await.unwrap().unwrap(),
         ClaimOutcome::Claimed {
             token: claim_token,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
     assert!(release.await.unwrap().unwrap());
@@ -595,7 +597,8 @@ async fn a_failing_write_fails_alone_in_its_batch() {
             .outcome,
         ClaimOutcome::Claimed {
             token: again,
-            takeover: None
+            takeover: None,
+            steps: Vec::new(),
         }
     );
 }
