@@ -89,9 +89,19 @@ pub use tx_support::{TxDatabase, TxStore};
 pub struct FencingToken(pub i64);
 
 impl FencingToken {
-    /// A fresh random token.
+    /// The token a released record that keeps its steps holds
+    /// ([`release_keeps_record`]): no claim ever carries it, so the released owner is
+    /// fenced off like any other, and only a takeover acts on the record.
+    pub const RELEASED: Self = Self(0);
+
+    /// A fresh random token; never [`RELEASED`](Self::RELEASED).
     pub fn random() -> Self {
-        Self(rand::random())
+        loop {
+            let token = Self(rand::random());
+            if token != Self::RELEASED {
+                return token;
+            }
+        }
     }
 }
 
@@ -248,9 +258,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<bool, StoreError>;
 
     /// Gives up the in-progress claim the token owns: deletes it, or, when it holds
-    /// steps ([`release_keeps_record`]), keeps it in progress with its lease ended now,
-    /// so that the next claim of the same request takes it over and resumes. `Ok(false)`:
-    /// it owned nothing.
+    /// steps ([`release_keeps_record`]), keeps it in progress with its lease ended now and
+    /// its token set to [`FencingToken::RELEASED`] (the released owner is fenced off as
+    /// after a delete), so that the next claim of the same request takes it over and
+    /// resumes. `Ok(false)`: it owned nothing.
     async fn release(
         &self,
         scope: &str,

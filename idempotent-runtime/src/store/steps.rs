@@ -12,7 +12,8 @@
 //!   operation; a takeover of an expired record starts a new lifetime without them
 //!   ([`steps_survive`]);
 //! - `release` of a record that holds steps keeps it, in progress with its lease ended
-//!   now ([`release_keeps_record`]): the next claim with the same request takes it over and
+//!   now and its token [`FencingToken::RELEASED`](super::FencingToken::RELEASED) (so the
+//!   released owner can act on it no more) ([`release_keeps_record`]): the next claim with the same request takes it over and
 //!   resumes, one with another request is a mismatch (`422`) until the TTL ends, because
 //!   the completed steps belong to the first request;
 //! - `complete` drops them (the response replays from then on) and `forget` deletes them

@@ -68,6 +68,11 @@
 //!   alive exactly while its lease is held; `forget` deletes a completed record or one
 //!   whose lease ran out, refuses a held lease unless forced, fences the forgotten
 //!   claim's token, and makes the next claim of the key a new one (no takeover).
+//! - Recovery points (`check_steps_…`): `record_step` is fenced like `complete`; a
+//!   takeover of a lost lease returns the steps recorded before it, in order and byte for
+//!   byte, and an expired record's steps are gone; a release keeps a record with steps (in
+//!   progress, lease ended: the same request resumes, another is a mismatch) and deletes
+//!   one without; completion and `forget` drop them; `inspect` shows them.
 //! - The store's capabilities agree with its behaviour: a store that keeps its clock in
 //!   this process gives it, an in-process store gives a clock, and records expire by the
 //!   clock given ([`check_capabilities_are_consistent`]).
@@ -83,6 +88,7 @@ use super::Trial;
 
 mod faults;
 mod operator;
+mod steps;
 
 use crate::fingerprint::Fingerprint;
 use crate::store::{
@@ -99,6 +105,12 @@ pub use operator::{
     check_forget_after_the_lease_ran_out, check_forget_completed_lets_the_key_run_as_new,
     check_forget_is_scoped, check_forget_of_nothing, check_forget_racing_completion_is_consistent,
     check_forget_refuses_a_live_claim, check_inspect_reports_each_state,
+};
+pub use steps::{
+    check_steps_are_fenced_by_the_token, check_steps_end_with_completion_and_expiry,
+    check_steps_inspect_and_forget, check_steps_outputs_round_trip_as_bytes,
+    check_steps_race_a_takeover, check_steps_recorded_come_back_to_a_takeover,
+    check_steps_release_keeps_the_recovery_point,
 };
 
 /// A backend under test.
@@ -192,6 +204,13 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_fault_refused_completions_keep_the_key,
         check_fault_forward_wall_step_keeps_a_live_lease,
         check_fault_backward_wall_step_keeps_no_lease_alive,
+        check_steps_recorded_come_back_to_a_takeover,
+        check_steps_outputs_round_trip_as_bytes,
+        check_steps_are_fenced_by_the_token,
+        check_steps_release_keeps_the_recovery_point,
+        check_steps_end_with_completion_and_expiry,
+        check_steps_inspect_and_forget,
+        check_steps_race_a_takeover,
     ];
     let trials = checks
         .into_iter()

@@ -354,6 +354,7 @@ impl Store for MemoryStore {
                 steps,
             } if release_keeps_record(!steps.is_empty()) => {
                 *lease_expires_at = now.monotonic;
+                record.token = FencingToken::RELEASED;
             }
             _ => {
                 shard.remove(id);
