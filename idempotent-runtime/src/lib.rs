@@ -179,6 +179,7 @@ pub mod rejection;
 mod request;
 pub mod scope;
 mod sharded;
+pub mod steps;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -201,6 +202,7 @@ pub use sqlx::MySql;
 pub use sqlx::Postgres;
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
+pub use steps::StepError;
 pub use store::{
     Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, Forward,
     RecordInfo, RecordState, Store, StoreError, StoredResponse, Takeover, TxSupport,

@@ -12,6 +12,7 @@
 //! | [`HANDLER_DURATION`] `idempotent_handler_duration_seconds` | histogram | `handler` |
 //! | [`WAITS_TOTAL`] `idempotent_waits_total` | counter | `handler`, `result` |
 //! | [`WAIT_DURATION`] `idempotent_wait_duration_seconds` | histogram | `handler` |
+//! | [`STEPS_TOTAL`] `idempotent_steps_total` | counter | `handler`, `outcome` (`recorded` / `resumed`) |
 //!
 //! `handler` is the handler's name: `module::function` for an `#[idempotent]` handler,
 //! what [`IdempotencyLayer::name`](crate::layer::IdempotencyLayer::name) or
@@ -56,6 +57,14 @@ pub const WAITS_TOTAL: &str = "idempotent_waits_total";
 
 /// Histogram (seconds): how long a duplicate waited, by `handler`.
 pub const WAIT_DURATION: &str = "idempotent_wait_duration_seconds";
+
+/// Counter: steps of a multi-step handler ([`IdempotencyKey::step`]), by `handler` and
+/// `outcome`: `recorded` (the step ran and its output was recorded) or `resumed` (an
+/// earlier execution of the request recorded it; this one got its output back without
+/// running it).
+///
+/// [`IdempotencyKey::step`]: crate::IdempotencyKey::step
+pub const STEPS_TOTAL: &str = "idempotent_steps_total";
 
 /// The `handler` label of a handler without a name.
 pub const UNNAMED: &str = "unnamed";
@@ -145,6 +154,8 @@ label_values! {
         Complete => "complete",
         /// `release`.
         Release => "release",
+        /// `record_step`, or an atomic step's `record_step_in`.
+        RecordStep => "record_step",
         /// One batch of `purge_expired`.
         Purge => "purge",
     }
@@ -172,6 +183,11 @@ pub fn describe() {
         WAIT_DURATION,
         ::metrics::Unit::Seconds,
         "How long duplicates waited for a running original"
+    );
+    ::metrics::describe_counter!(
+        STEPS_TOTAL,
+        ::metrics::Unit::Count,
+        "Steps of multi-step handlers, recorded or resumed"
     );
     ::metrics::describe_histogram!(
         HANDLER_DURATION,
@@ -209,6 +225,12 @@ pub(crate) fn waited(handler: Option<&'static str>, result: &'static str, took: 
     keys::counter(key).increment(1);
     let key = keys::of_handler(WAIT_DURATION, handler, None);
     keys::histogram(key).record(took.as_secs_f64());
+}
+
+/// Counts one step of `handler` that ended `outcome` (`recorded` or `resumed`).
+pub(crate) fn step(handler: Option<&'static str>, outcome: &'static str) {
+    let key = keys::of_handler(STEPS_TOTAL, handler, Some(("outcome", outcome)));
+    keys::counter(key).increment(1);
 }
 
 /// Records how long one handler run took.

@@ -347,7 +347,12 @@ impl Effective {
             "503",
             &format!(
                 "The idempotency key could not be checked (`{}`); nothing ran: retry with the \
-                 same key after `Retry-After` seconds.",
+                 same key after `Retry-After` seconds. A multi-step handler may also answer \
+                 `{}` (its execution lost the key's lease at a step) or `{}` (a step could \
+                 not be recorded): the completed steps are kept, and a retry with the same \
+                 key resumes after them.",
+                codes::STORE_UNAVAILABLE,
+                codes::LEASE_LOST,
                 codes::STORE_UNAVAILABLE
             ),
             true,
@@ -699,6 +704,7 @@ mod tests {
             ("500", codes::TRANSACTION_UNSUPPORTED),
             ("500", codes::TRANSACTION_ABORTED),
             ("503", codes::STORE_UNAVAILABLE),
+            ("503", codes::LEASE_LOST),
         ] {
             let response = &responses[status];
             assert_eq!(

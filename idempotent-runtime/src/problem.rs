@@ -143,6 +143,11 @@ pub mod codes {
     pub const BAD_REQUEST: &str = "bad_request";
     /// The store cannot be reached; the handler did not run (`503`).
     pub const STORE_UNAVAILABLE: &str = "idempotency_store_unavailable";
+    /// A step of a multi-step handler found that this execution no longer holds the
+    /// key's lease (another execution took it over), so it did not run or its output was
+    /// not recorded (`503` + `Retry-After`): the completed steps are kept, and a retry
+    /// resumes after them.
+    pub const LEASE_LOST: &str = "idempotency_lease_lost";
     /// The handler panicked; its claim was released (`500`).
     pub const HANDLER_PANICKED: &str = "internal_error";
     /// A transactional handler runs on an engine whose store is of another database

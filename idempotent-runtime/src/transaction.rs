@@ -104,3 +104,33 @@ impl<DB: TxDatabase> Tx<DB> {
 /// How long a transactional handler may wait for its connection before the request is
 /// answered `503` (the claim is released).
 pub(crate) const BEGIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A transaction begun on a [`TxStore`], with the permit of the store's bound on open
+/// transactions (if it has one), to be kept until the transaction ends.
+pub(crate) struct Begun<DB: TxDatabase> {
+    pub(crate) transaction: sqlx::Transaction<'static, DB>,
+    pub(crate) permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Begins a transaction on `tx_store`: waits for a permit of its bound (holding nothing),
+/// then for a connection, all within [`BEGIN_TIMEOUT`].
+pub(crate) async fn begin<DB: TxDatabase>(
+    tx_store: &dyn TxStore<DB>,
+) -> Result<Begun<DB>, crate::store::StoreError> {
+    let begin = async {
+        let permit = match tx_store.concurrency() {
+            Some(bound) => Some(bound.acquire_owned().await.map_err(|_| {
+                crate::store::StoreError::backend(std::io::Error::other("the store is closed"))
+            })?),
+            None => None,
+        };
+        let transaction = tx_store.begin().await?;
+        Ok(Begun {
+            transaction,
+            permit,
+        })
+    };
+    tokio::time::timeout(BEGIN_TIMEOUT, begin)
+        .await
+        .unwrap_or(Err(crate::store::StoreError::Timeout(BEGIN_TIMEOUT)))
+}

@@ -12,6 +12,7 @@ use crate::config::HandlerConfig;
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
 use crate::lease::LeaseSignal;
+use crate::steps::StepLog;
 use crate::store::{FencingToken, StoredResponse};
 
 /// One claimed request: the handler runs under it, the lease is renewed for it, and its
@@ -38,6 +39,8 @@ pub(super) struct Execution {
     pub(super) claim_answered_at: Instant,
     /// The lease as held: when its last grant was sent; raised when it is lost.
     pub(super) lease_signal: Arc<LeaseSignal>,
+    /// The steps earlier executions of the request recorded, and this one's.
+    pub(super) steps: Arc<StepLog>,
 }
 
 impl Execution {

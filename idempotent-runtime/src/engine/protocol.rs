@@ -45,6 +45,7 @@ use crate::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::key::{IdempotencyKey, ScopedKey};
 use crate::lease::{LeaseSignal, licence_holds};
 use crate::metrics::{self, Outcome};
+use crate::steps::{StepContext, StepLog};
 #[cfg(feature = "sql")]
 use crate::store::Capabilities;
 use crate::store::{ClaimOutcome, ClaimRequest, FencingToken};
@@ -209,7 +210,8 @@ where
             let run = match claim_key(&engine, &config, &name, &fingerprint).await {
                 Claim::Won(execution) => {
                     let lease = execution.lease_signal.clone();
-                    let key = IdempotencyKey::claimed(name, fingerprint, lease);
+                    let steps = execution.steps.clone();
+                    let key = IdempotencyKey::claimed(name, fingerprint, lease, steps);
                     execute(execution, key)
                 }
                 Claim::Answered(settled, answer) => return Attempt::Done(settled, answer),
@@ -295,7 +297,7 @@ async fn claim_key(
         ClaimOutcome::Claimed {
             token,
             takeover,
-            steps: _,
+            steps,
         } => {
             let (sent_at, answered_at) = (claimed.sent_at, claimed.answered_at);
             if !licence_holds(answered_at - sent_at, lease) {
@@ -320,6 +322,15 @@ async fn claim_key(
                     "took over an earlier record of this key; running handler"
                 ),
             }
+            if let Some(last) = steps.last() {
+                info!(
+                    event = "resuming",
+                    steps = steps.len(),
+                    after_step = last.name.as_str(),
+                    "an earlier execution of this request recorded steps; resuming after them"
+                );
+            }
+            let lease_signal = Arc::new(LeaseSignal::new(sent_at, lease));
             // Only handlers whose duplicates wait are tracked: nobody else listens.
             let registration = inner
                 .wait_for(config)
@@ -335,7 +346,20 @@ async fn claim_key(
                 lease,
                 claimed_at: sent_at,
                 claim_answered_at: answered_at,
-                lease_signal: Arc::new(LeaseSignal::new(sent_at, lease)),
+                steps: Arc::new(StepLog::new(
+                    StepContext {
+                        store: inner.store.clone(),
+                        #[cfg(feature = "sql")]
+                        transactions: inner.capabilities.transactions.clone(),
+                        token,
+                        lease: lease_signal.clone(),
+                        handler: config.name,
+                        store_timeout: inner.store_timeout,
+                        max_output: inner.max_stored_body,
+                    },
+                    steps,
+                )),
+                lease_signal,
             })
         }
     }

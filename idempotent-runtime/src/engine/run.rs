@@ -30,7 +30,7 @@ use crate::key::IdempotencyKey;
 use crate::metrics;
 use crate::store::StoredResponse;
 #[cfg(feature = "sql")]
-use crate::transaction::{BEGIN_TIMEOUT, Tx, TxDatabase, TxStore};
+use crate::transaction::{Tx, TxDatabase, TxStore};
 
 /// What the handler's response means for the claim: a 5xx (when
 /// `release_server_errors`) gives up; anything else is recorded — its body only when
@@ -123,29 +123,12 @@ where
     T: IntoResponse + 'static,
     E: IntoResponse + 'static,
 {
-    let begin = async {
-        // The store's bound on open transactions: wait for a permit holding nothing.
-        let permit = match tx_store.concurrency() {
-            Some(bound) => Some(bound.acquire_owned().await.map_err(|_| {
-                crate::store::StoreError::backend(std::io::Error::other("the store is closed"))
-            })?),
-            None => None,
-        };
-        tx_store
-            .begin()
-            .await
-            .map(|transaction| (transaction, permit))
-    };
-    let (transaction, _permit) = match tokio::time::timeout(BEGIN_TIMEOUT, begin).await {
-        Ok(Ok(transaction)) => transaction,
-        failed => {
-            let error = match failed {
-                Ok(Err(err)) => err.to_string(),
-                _ => format!("no connection within {BEGIN_TIMEOUT:?}"),
-            };
+    let (transaction, _permit) = match crate::transaction::begin(tx_store.as_ref()).await {
+        Ok(begun) => (begun.transaction, begun.permit),
+        Err(err) => {
             let why = GiveUp::Store {
                 doing: "beginning the transaction",
-                error,
+                error: err.to_string(),
             };
             return give_up(execution, why, store_unavailable()).await;
         }

@@ -24,7 +24,9 @@
 //! 14. [`metrics`]: counters, histograms and log events;
 //! 15. [`openapi`]: the policy in your OpenAPI document;
 //! 16. [`checks`]: the test suite, the fuzz harness, the protocol model and the chaos
-//!     check — how to run each and what it proves.
+//!     check — how to run each and what it proves;
+//! 17. [`steps`]: multi-step handlers — recovery points, atomic and external steps, and
+//!     what a retry does after each kind of failure.
 //!
 //! Every Rust example here is compiled as a doc test. The examples after [`app`] paste
 //! into its program as it stands: what they need from it (the `Caller` extractor, the
@@ -77,3 +79,6 @@ pub mod openapi {}
 
 #[doc = include_str!("16_checks.md")]
 pub mod checks {}
+
+#[doc = include_str!("17_steps.md")]
+pub mod steps {}

@@ -47,8 +47,14 @@ use sha2::{Digest, Sha256};
 
 use std::sync::Arc;
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
 use crate::fingerprint::Fingerprint;
 use crate::lease::LeaseSignal;
+use crate::steps::{StepError, StepLog};
+#[cfg(feature = "sql")]
+use crate::transaction::{Tx, TxDatabase};
 
 mod header;
 
@@ -62,6 +68,9 @@ pub struct IdempotencyKey {
     fingerprint: Option<Fingerprint>,
     /// Raised by the engine when this request's lease is lost.
     lease: Option<Arc<LeaseSignal>>,
+    /// The claimed execution's steps (recovery points); `None` for a key the engine did
+    /// not hand out.
+    steps: Option<Arc<StepLog>>,
 }
 
 /// Keys are equal when they name the same key of the same request; the lease is state,
@@ -83,6 +92,7 @@ impl std::fmt::Debug for IdempotencyKey {
             .field("key", &self.as_str())
             .field("fingerprint", &self.fingerprint)
             .field("lease", &self.lease)
+            .field("steps", &self.steps)
             .finish()
     }
 }
@@ -94,6 +104,7 @@ impl IdempotencyKey {
             name: ScopedKey::new(&scope, &key),
             fingerprint: None,
             lease: None,
+            steps: None,
         }
     }
 
@@ -104,19 +115,152 @@ impl IdempotencyKey {
             name: ScopedKey::new(&scope, &key),
             fingerprint: Some(fingerprint),
             lease: None,
+            steps: None,
         }
     }
 
-    /// The key the engine hands a running handler: it also carries the lease signal.
+    /// The key the engine hands a running handler: it also carries the lease signal and
+    /// the execution's steps.
     pub(crate) fn claimed(
         name: ScopedKey,
         fingerprint: Fingerprint,
         lease: Arc<LeaseSignal>,
+        steps: Arc<StepLog>,
     ) -> Self {
         Self {
             name,
             fingerprint: Some(fingerprint),
             lease: Some(lease),
+            steps: Some(steps),
+        }
+    }
+
+    /// Runs step `name` of this request once: the first execution runs `step` and
+    /// records its output with the key's record (fenced by the claim, like the response);
+    /// any later execution of the same request — a retry after a crash, a lost lease or a
+    /// released `5xx` — gets the recorded output back and does not run `step`. A handler
+    /// made of steps therefore resumes where its last execution stopped.
+    ///
+    /// - `step`'s `Err` is not recorded: the error comes back as
+    ///   [`StepError::Failed`], and a retry runs the step again.
+    /// - An external step is *at least once*: a crash after `step` did its work and before
+    ///   its output was recorded runs it again on the retry. Pass
+    ///   [`derive`](Self::derive)`(name)` to the provider as its idempotency key, so the
+    ///   provider deduplicates that one rerun. A step that writes to the store's own
+    ///   database is exactly once with [`atomic_step`](Self::atomic_step).
+    /// - Names are unique within a request: calling one twice in an execution is
+    ///   [`StepError::NameUsedTwice`]. A recorded output that no longer deserialises as
+    ///   `T` is [`StepError::Undecodable`], never a silent rerun.
+    /// - No step starts without the lease: one that finds it lost answers
+    ///   [`StepError::LeaseLost`] without running.
+    ///
+    /// Outputs are stored as JSON, within the engine's stored-body cap. Steps recorded
+    /// under a request live as long as its record; a completed request's response replaces
+    /// them. See the guide's [Multi-step handlers](crate::guide::steps).
+    ///
+    /// ```
+    /// use axum::Json;
+    /// use idempotent_runtime::{IdempotencyKey, StepError};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Authorisation {
+    ///     id: String,
+    /// }
+    ///
+    /// # struct Gateway;
+    /// # impl Gateway {
+    /// #     async fn authorise(&self, _key: &str, _amount: i64) -> Result<Authorisation, String> {
+    /// #         Ok(Authorisation { id: "auth_1".into() })
+    /// #     }
+    /// # }
+    /// # struct Mailer;
+    /// # impl Mailer {
+    /// #     async fn send_receipt(&self, _key: &str, _id: &str) -> Result<(), String> { Ok(()) }
+    /// # }
+    /// async fn charge(
+    ///     key: &IdempotencyKey,
+    ///     gateway: &Gateway,
+    ///     mailer: &Mailer,
+    ///     amount: i64,
+    /// ) -> Result<Json<String>, StepError<String>> {
+    ///     let authorisation = key
+    ///         .step("authorise", || async {
+    ///             gateway.authorise(&key.derive("authorise"), amount).await
+    ///         })
+    ///         .await?;
+    ///     key.step("receipt", || async {
+    ///         mailer.send_receipt(&key.derive("receipt"), &authorisation.id).await
+    ///     })
+    ///     .await?;
+    ///     Ok(Json(authorisation.id))
+    /// }
+    /// ```
+    pub async fn step<T, E, F, Fut>(&self, name: &str, step: F) -> Result<T, StepError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        match &self.steps {
+            Some(log) => log.run(self.scope(), self.as_str(), name, step).await,
+            None => Err(StepError::NotClaimed {
+                step: name.to_owned(),
+            }),
+        }
+    }
+
+    /// Runs step `name` of this request once, exactly once: `step` writes through the
+    /// transaction it is given (`Tx<DB>`, on the database the idempotency store keeps
+    /// its records in), and its output is recorded in the same transaction. Both commit
+    /// together — an atomic phase — or neither does: a crash, an `Err` or a lost claim
+    /// rolls the step's writes back, and a retry runs it again from the start.
+    ///
+    /// `step` takes the transaction and gives it back with its result, as a transactional
+    /// handler does. Everything else is as for [`step`](Self::step); a store of another
+    /// database answers [`StepError::TransactionUnsupported`].
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # mod example {
+    /// use idempotent_runtime::{IdempotencyKey, Sqlite, StepError, Tx};
+    ///
+    /// /// Writes one ledger row for the payment; its id is the step's output.
+    /// async fn ledger(key: &IdempotencyKey, payment: &str, amount: i64) -> Result<i64, StepError<sqlx::Error>> {
+    ///     key.atomic_step::<Sqlite, _, _, _, _>("ledger", |mut tx: Tx<Sqlite>| async move {
+    ///         let row: Result<(i64,), sqlx::Error> = sqlx::query_as(
+    ///             "INSERT INTO ledger (payment, amount) VALUES ($1, $2) RETURNING id",
+    ///         )
+    ///         .bind(payment.to_owned())
+    ///         .bind(amount)
+    ///         .fetch_one(tx.conn())
+    ///         .await;
+    ///         (row.map(|(id,)| id), tx)
+    ///     })
+    ///     .await
+    /// }
+    /// # }
+    /// ```
+    #[cfg(feature = "sql")]
+    pub async fn atomic_step<DB, T, E, F, Fut>(
+        &self,
+        name: &str,
+        step: F,
+    ) -> Result<T, StepError<E>>
+    where
+        DB: TxDatabase,
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(Tx<DB>) -> Fut,
+        Fut: Future<Output = (Result<T, E>, Tx<DB>)>,
+    {
+        match &self.steps {
+            Some(log) => {
+                log.run_atomic(self.scope(), self.as_str(), name, step)
+                    .await
+            }
+            None => Err(StepError::NotClaimed {
+                step: name.to_owned(),
+            }),
         }
     }
 

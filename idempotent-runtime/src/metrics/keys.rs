@@ -58,6 +58,7 @@ pub(super) fn of_store_operation(operation: StoreOperation, ok: bool) -> &'stati
         StoreOperation::Renew => keys_of!(StoreOperation::Renew),
         StoreOperation::Complete => keys_of!(StoreOperation::Complete),
         StoreOperation::Release => keys_of!(StoreOperation::Release),
+        StoreOperation::RecordStep => keys_of!(StoreOperation::RecordStep),
         StoreOperation::Purge => keys_of!(StoreOperation::Purge),
     };
     &keys[usize::from(!ok)]

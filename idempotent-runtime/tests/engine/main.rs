@@ -4,3 +4,4 @@
 
 mod engine;
 mod replay_cache;
+mod steps;

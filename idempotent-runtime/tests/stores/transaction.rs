@@ -472,6 +472,169 @@ pub(crate) async fn check_store_of_another_database_is_refused<H: Harness, DB: L
 
 /// Every transactional check for backend `H` on database `DB`, one test each (named
 /// `transaction::check_…`), ignored when the harness says its backend is unavailable.
+/// A plain handler of three steps: `authorise` (external, counted), `ledger` (an atomic
+/// step writing one row), `receipt` (external, counted). `fail_after` names the step
+/// after which the first execution answers `502` (released, steps kept).
+async fn three_steps<H: Harness, DB: Ledger>(
+    setup: &Setup<H, DB>,
+    key: &str,
+    fail_after: Option<&'static str>,
+    receipts: &Arc<AtomicUsize>,
+) -> Response {
+    let (runs, receipts) = (setup.runs.clone(), receipts.clone());
+    let first = setup.runs.load(Ordering::SeqCst) == 0;
+    setup
+        .engine
+        .run(
+            &CONFIG,
+            "acct_alice",
+            key,
+            FINGERPRINT,
+            move |key| async move {
+                let fail = |after| first && fail_after == Some(after);
+                let authorised = key
+                    .step("authorise", || async {
+                        Ok::<_, StatusCode>(runs.fetch_add(1, Ordering::SeqCst) + 1)
+                    })
+                    .await;
+                let authorisation = match authorised {
+                    Ok(authorisation) => authorisation,
+                    Err(error) => return error.into_response(),
+                };
+                if fail("authorise") {
+                    return StatusCode::BAD_GATEWAY.into_response();
+                }
+                let ledger = key
+                    .atomic_step::<DB, _, _, _, _>("ledger", |mut tx: Tx<DB>| async move {
+                        let written = DB::insert(&mut tx, "acct_alice").await;
+                        (written.map(|()| 7u32).map_err(|e| e.to_string()), tx)
+                    })
+                    .await;
+                if let Err(error) = ledger {
+                    return (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();
+                }
+                if fail("ledger") {
+                    return StatusCode::BAD_GATEWAY.into_response();
+                }
+                let sent = key
+                    .step("receipt", || async {
+                        Ok::<_, StatusCode>(receipts.fetch_add(1, Ordering::SeqCst) + 1)
+                    })
+                    .await;
+                match sent {
+                    Ok(receipt) => (
+                        StatusCode::CREATED,
+                        format!("authorisation {authorisation}, receipt {receipt}"),
+                    )
+                        .into_response(),
+                    Err(error) => error.into_response(),
+                }
+            },
+        )
+        .await
+}
+
+/// A released execution resumes after its recorded steps, the atomic one included: one
+/// authorisation, one ledger row, one receipt, whichever step the first run stopped after.
+pub(crate) async fn check_atomic_steps_resume_exactly_once<H: Harness, DB: Ledger>() {
+    let setup = setup::<H, DB>().await;
+    for (round, fail_after) in ["authorise", "ledger"].into_iter().enumerate() {
+        let key = format!("steps-{fail_after}");
+        setup.runs.store(0, Ordering::SeqCst);
+        let receipts = Arc::new(AtomicUsize::new(0));
+        let first = three_steps::<H, DB>(&setup, &key, Some(fail_after), &receipts).await;
+        assert_eq!(first.status(), StatusCode::BAD_GATEWAY, "{fail_after}");
+        let retry = three_steps::<H, DB>(&setup, &key, Some(fail_after), &receipts).await;
+        assert_eq!(retry.status(), StatusCode::CREATED, "{fail_after}");
+        let body = http_body_util::BodyExt::collect(retry.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(&body[..], b"authorisation 1, receipt 1", "{fail_after}");
+        assert_eq!(
+            setup.runs.load(Ordering::SeqCst),
+            1,
+            "{fail_after}: one authorisation"
+        );
+        assert_eq!(
+            receipts.load(Ordering::SeqCst),
+            1,
+            "{fail_after}: one receipt"
+        );
+        assert_eq!(
+            setup.rows().await,
+            round as i64 + 1,
+            "{fail_after}: one ledger row per key"
+        );
+    }
+}
+
+/// An atomic step whose own result is `Err` rolls its writes back and records nothing;
+/// one whose claim was taken away (an operator's forced forget) rolls back too, and
+/// answers `LeaseLost`.
+pub(crate) async fn check_atomic_step_rolls_back_unless_recorded<H: Harness, DB: Ledger>() {
+    let setup = setup::<H, DB>().await;
+    let failed = setup
+        .engine
+        .run(
+            &CONFIG,
+            "acct_alice",
+            "atomic-err",
+            FINGERPRINT,
+            |key| async move {
+                let result = key
+                    .atomic_step::<DB, u32, _, _, _>("ledger", |mut tx: Tx<DB>| async move {
+                        DB::insert(&mut tx, "acct_alice").await.expect("insert");
+                        (Err(StatusCode::CONFLICT), tx)
+                    })
+                    .await;
+                match result {
+                    Err(error @ idempotent_runtime::StepError::Failed(_)) => error.into_response(),
+                    other => panic!("{other:?}"),
+                }
+            },
+        )
+        .await;
+    assert_eq!(failed.status(), StatusCode::CONFLICT);
+    assert_eq!(setup.rows().await, 0, "the step's write rolled back");
+
+    let engine = setup.engine.clone();
+    let lost = setup
+        .engine
+        .run(
+            &CONFIG,
+            "acct_alice",
+            "atomic-lost",
+            FINGERPRINT,
+            move |key| async move {
+                let forgotten = engine.forget("acct_alice", "atomic-lost", true).await;
+                assert!(forgotten.is_ok(), "{forgotten:?}");
+                let result = key
+                    .atomic_step::<DB, u32, StatusCode, _, _>(
+                        "ledger",
+                        |mut tx: Tx<DB>| async move {
+                            DB::insert(&mut tx, "acct_alice").await.expect("insert");
+                            (Ok(1), tx)
+                        },
+                    )
+                    .await;
+                match result {
+                    Err(error @ idempotent_runtime::StepError::LeaseLost { .. }) => {
+                        error.into_response()
+                    }
+                    other => panic!("{other:?}"),
+                }
+            },
+        )
+        .await;
+    assert_eq!(lost.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        setup.rows().await,
+        0,
+        "a step of a lost claim commits nothing"
+    );
+}
+
 pub(crate) fn trials<H: Harness, DB: Ledger>() -> Vec<Trial> {
     let trial = |name: &str, check: fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>| {
         async_trial(format!("transaction::{name}"), check)
@@ -494,6 +657,12 @@ pub(crate) fn trials<H: Harness, DB: Ledger>() -> Vec<Trial> {
         }),
         trial("check_store_of_another_database_is_refused", || {
             Box::pin(check_store_of_another_database_is_refused::<H, DB>())
+        }),
+        trial("check_atomic_steps_resume_exactly_once", || {
+            Box::pin(check_atomic_steps_resume_exactly_once::<H, DB>())
+        }),
+        trial("check_atomic_step_rolls_back_unless_recorded", || {
+            Box::pin(check_atomic_step_rolls_back_unless_recorded::<H, DB>())
         }),
     ];
     ignored_if(H::unavailable(), trials)

@@ -1,0 +1,565 @@
+//! Recovery points: named steps inside an idempotent handler, each run once per request.
+//!
+//! A payment handler is rarely one call: it authorises at the gateway, writes the ledger,
+//! sends a receipt. [`IdempotencyKey::step`](crate::IdempotencyKey::step) runs one such
+//! step and records its output with the key's record; a later execution of the same
+//! request (a retry after a crash, a lost lease, or a released `5xx`) gets the recorded
+//! output back instead of running the step again, and so resumes where the last run
+//! stopped. [`IdempotencyKey::atomic_step`](crate::IdempotencyKey::atomic_step) runs a
+//! step whose writes go to the store's own database in one transaction with its record:
+//! exactly once.
+//!
+//! The guide's chapter [Multi-step handlers](crate::guide::steps) explains when to
+//! use which, and what a retry does after each kind of failure.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::StatusCode;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::{info, warn};
+
+use crate::lease::LeaseSignal;
+use crate::metrics::{self, StoreOperation};
+use crate::problem::{Problem, codes};
+#[cfg(feature = "sql")]
+use crate::store::TxSupport;
+use crate::store::{FencingToken, MAX_STEP_NAME, RecordedStep, Store, StoreError};
+#[cfg(feature = "sql")]
+use crate::transaction::{Tx, TxDatabase};
+
+/// Why a step did not give its output.
+///
+/// Answer it from a handler with `?` into your own error type, or return it: as a
+/// response ([`IntoResponse`]), [`Failed`](Self::Failed) answers the step's own error and
+/// every other variant a problem+json `5xx`, which gives the claim up (under
+/// `OnServerError::Release`) while keeping the steps already recorded, so a retry
+/// resumes after them.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StepError<E> {
+    /// The step returned this error. Nothing was recorded: a retry runs the step again.
+    Failed(E),
+    /// This request no longer holds its key's lease (before the step started, or the
+    /// store refused to record its output because another execution took the key over),
+    /// so the step did not run, or its output belongs to no one. Answered `503`.
+    LeaseLost {
+        /// The step.
+        step: String,
+    },
+    /// The store could not record the step's output, or could not begin or commit an
+    /// atomic step's transaction. An external step did run: a retry runs it again
+    /// (at-least-once; pass [`derive`](crate::IdempotencyKey::derive)`(step)` downstream).
+    /// Answered `503`.
+    Store {
+        /// The step.
+        step: String,
+        /// What the store said.
+        source: StoreError,
+    },
+    /// The handler called the same step name twice in one execution. Answered `500`.
+    NameUsedTwice {
+        /// The step.
+        step: String,
+    },
+    /// The name is empty or longer than [`MAX_STEP_NAME`] bytes. Answered `500`.
+    InvalidName {
+        /// The step.
+        step: String,
+    },
+    /// A recorded output no longer deserialises as the type the handler asks for (the
+    /// code changed between the runs). The step is not run again. Answered `500`.
+    Undecodable {
+        /// The step.
+        step: String,
+        /// Why it does not deserialise.
+        source: serde_json::Error,
+    },
+    /// The step's output does not serialise to JSON. Answered `500`.
+    Unserialisable {
+        /// The step.
+        step: String,
+        /// Why it does not serialise.
+        source: serde_json::Error,
+    },
+    /// The step's serialised output is larger than the engine's stored-body cap
+    /// (`IdempotencyBuilder::max_stored_body`). Answered `500`.
+    TooLarge {
+        /// The step.
+        step: String,
+        /// Its serialised length in bytes.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// The key was not handed out by the engine for a claimed request (made with
+    /// [`IdempotencyKey::new`](crate::IdempotencyKey::new), say): there is no record to
+    /// keep the step in. Answered `500`.
+    NotClaimed {
+        /// The step.
+        step: String,
+    },
+    /// An atomic step names a database the store does not keep its records in.
+    /// Answered `500`.
+    TransactionUnsupported {
+        /// The step.
+        step: String,
+        /// The database the step asked for.
+        database: &'static str,
+    },
+}
+
+impl<E> StepError<E> {
+    /// The step's name, for every variant but [`Failed`](Self::Failed).
+    pub fn step(&self) -> Option<&str> {
+        match self {
+            Self::Failed(_) => None,
+            Self::LeaseLost { step }
+            | Self::Store { step, .. }
+            | Self::NameUsedTwice { step }
+            | Self::InvalidName { step }
+            | Self::Undecodable { step, .. }
+            | Self::Unserialisable { step, .. }
+            | Self::TooLarge { step, .. }
+            | Self::NotClaimed { step }
+            | Self::TransactionUnsupported { step, .. } => Some(step),
+        }
+    }
+
+    /// The same error with the step's own error mapped by `f`.
+    pub fn map_failed<F>(self, f: impl FnOnce(E) -> F) -> StepError<F> {
+        match self {
+            Self::Failed(error) => StepError::Failed(f(error)),
+            Self::LeaseLost { step } => StepError::LeaseLost { step },
+            Self::Store { step, source } => StepError::Store { step, source },
+            Self::NameUsedTwice { step } => StepError::NameUsedTwice { step },
+            Self::InvalidName { step } => StepError::InvalidName { step },
+            Self::Undecodable { step, source } => StepError::Undecodable { step, source },
+            Self::Unserialisable { step, source } => StepError::Unserialisable { step, source },
+            Self::TooLarge { step, len, max } => StepError::TooLarge { step, len, max },
+            Self::NotClaimed { step } => StepError::NotClaimed { step },
+            Self::TransactionUnsupported { step, database } => {
+                StepError::TransactionUnsupported { step, database }
+            }
+        }
+    }
+}
+
+impl<E> StepError<E> {
+    /// What went wrong, for every variant but [`Failed`](Self::Failed) (which needs its
+    /// error displayed).
+    fn reason(&self) -> Option<String> {
+        Some(match self {
+            Self::Failed(_) => return None,
+            Self::LeaseLost { step } => format!("step {step:?}: this request lost its lease"),
+            Self::Store { step, source } => format!("step {step:?}: {source}"),
+            Self::NameUsedTwice { step } => {
+                format!("step {step:?} is called twice in one execution")
+            }
+            Self::InvalidName { step } => {
+                format!("step name {step:?} is empty or longer than {MAX_STEP_NAME} bytes")
+            }
+            Self::Undecodable { step, source } => {
+                format!("step {step:?}: the recorded output does not deserialise: {source}")
+            }
+            Self::Unserialisable { step, source } => {
+                format!("step {step:?}: the output does not serialise: {source}")
+            }
+            Self::TooLarge { step, len, max } => {
+                format!("step {step:?}: the output is {len} bytes, over the {max}-byte cap")
+            }
+            Self::NotClaimed { step } => format!(
+                "step {step:?}: the key was not handed out by the engine for a claimed request"
+            ),
+            Self::TransactionUnsupported { step, database } => {
+                format!("step {step:?}: the idempotency store keeps no records in {database}")
+            }
+        })
+    }
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for StepError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self, self.reason()) {
+            (Self::Failed(error), _) => write!(f, "the step failed: {error}"),
+            (_, reason) => f.write_str(&reason.unwrap_or_default()),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for StepError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Failed(error) => Some(error),
+            Self::Store { source, .. } => Some(source),
+            Self::Undecodable { source, .. } | Self::Unserialisable { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// [`Failed`](StepError::Failed) answers the step's own error; a lost lease or a store
+/// failure `503` (retry with the same key: it resumes); a misuse `500`.
+impl<E: IntoResponse> IntoResponse for StepError<E> {
+    fn into_response(self) -> Response {
+        let step = self.step().unwrap_or_default().to_owned();
+        match self {
+            Self::Failed(error) => error.into_response(),
+            Self::LeaseLost { .. } => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::LEASE_LOST,
+                "Request lease lost",
+                format!(
+                    "This execution of the request lost its claim before step {step:?} \
+                     finished; the completed steps are kept. Retry with the same key."
+                ),
+            )
+            .with_retry_after(1)
+            .into_response(),
+            Self::Store { .. } => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::STORE_UNAVAILABLE,
+                "Idempotency store unavailable",
+                format!(
+                    "Step {step:?} could not be recorded; the completed steps are kept. \
+                     Retry with the same key."
+                ),
+            )
+            .with_retry_after(1)
+            .into_response(),
+            other => {
+                let reason = other.reason().unwrap_or_default();
+                warn!(event = "step_invalid", step, reason, "step refused");
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    codes::HANDLER_PANICKED,
+                    "Internal server error",
+                    "A step of the request could not run; it is safe to retry with the same key.",
+                )
+                .into_response()
+            }
+        }
+    }
+}
+
+/// The steps of one claimed execution: what the claim brought back, which names this run
+/// used, and how to record more. The engine makes one per claim and hands it to the
+/// handler inside its [`IdempotencyKey`](crate::IdempotencyKey).
+pub(crate) struct StepLog {
+    store: Arc<dyn Store>,
+    /// The store's transactions, for atomic steps.
+    #[cfg(feature = "sql")]
+    transactions: Option<TxSupport>,
+    token: FencingToken,
+    lease: Arc<LeaseSignal>,
+    /// The handler's name, for metrics.
+    handler: Option<&'static str>,
+    store_timeout: Duration,
+    /// The largest serialised output recorded.
+    max_output: usize,
+    progress: Mutex<Progress>,
+}
+
+/// What the execution knows of its steps.
+#[derive(Default)]
+struct Progress {
+    /// Recorded by earlier executions of the request, as the claim brought them back.
+    recorded: Vec<RecordedStep>,
+    /// The names this execution called, in order.
+    used: Vec<String>,
+}
+
+impl std::fmt::Debug for StepLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("StepLog")
+            .field("token", &self.token)
+            .field(
+                "recorded",
+                &progress
+                    .recorded
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .field("used", &progress.used)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the engine gives a [`StepLog`]: the claim and the engine's settings.
+pub(crate) struct StepContext {
+    pub(crate) store: Arc<dyn Store>,
+    #[cfg(feature = "sql")]
+    pub(crate) transactions: Option<TxSupport>,
+    pub(crate) token: FencingToken,
+    pub(crate) lease: Arc<LeaseSignal>,
+    pub(crate) handler: Option<&'static str>,
+    pub(crate) store_timeout: Duration,
+    pub(crate) max_output: usize,
+}
+
+/// Where a step stands before it runs.
+enum Start {
+    /// Recorded by an earlier execution: this output, not run again.
+    Resume(Bytes),
+    /// Not recorded yet: run it.
+    Run,
+}
+
+impl StepLog {
+    /// The log of a claim that brought back `recorded` steps.
+    pub(crate) fn new(context: StepContext, recorded: Vec<RecordedStep>) -> Self {
+        Self {
+            store: context.store,
+            #[cfg(feature = "sql")]
+            transactions: context.transactions,
+            token: context.token,
+            lease: context.lease,
+            handler: context.handler,
+            store_timeout: context.store_timeout,
+            max_output: context.max_output,
+            progress: Mutex::new(Progress {
+                recorded,
+                used: Vec::new(),
+            }),
+        }
+    }
+
+    /// Runs step `name` of `(scope, key)` (see
+    /// [`IdempotencyKey::step`](crate::IdempotencyKey::step)).
+    pub(crate) async fn run<T, E, Fut>(
+        &self,
+        scope: &str,
+        key: &str,
+        name: &str,
+        step: impl FnOnce() -> Fut,
+    ) -> Result<T, StepError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        if let Start::Resume(output) = self.start(name)? {
+            return self.resume(name, &output);
+        }
+        let output = step().await.map_err(StepError::Failed)?;
+        let recorded = self.recorded(name, &output)?;
+        let record = self.store.record_step(scope, key, self.token, &recorded);
+        let stored = metrics::timed(
+            StoreOperation::RecordStep,
+            bounded(self.store_timeout, record),
+        );
+        match self.not_recorded(name, stored.await) {
+            None => Ok(output),
+            Some(error) => Err(error),
+        }
+    }
+
+    /// Runs atomic step `name` of `(scope, key)` in a transaction on database `DB` (see
+    /// [`IdempotencyKey::atomic_step`](crate::IdempotencyKey::atomic_step)).
+    #[cfg(feature = "sql")]
+    pub(crate) async fn run_atomic<DB, T, E, Fut>(
+        &self,
+        scope: &str,
+        key: &str,
+        name: &str,
+        step: impl FnOnce(Tx<DB>) -> Fut,
+    ) -> Result<T, StepError<E>>
+    where
+        DB: TxDatabase,
+        T: Serialize + DeserializeOwned,
+        Fut: Future<Output = (Result<T, E>, Tx<DB>)>,
+    {
+        if let Start::Resume(output) = self.start(name)? {
+            return self.resume(name, &output);
+        }
+        let Some(tx_store) = self
+            .transactions
+            .as_ref()
+            .and_then(TxSupport::for_database::<DB>)
+        else {
+            return Err(StepError::TransactionUnsupported {
+                step: name.to_owned(),
+                database: DB::DATABASE_NAME,
+            });
+        };
+        let store_failed = |source| StepError::Store {
+            step: name.to_owned(),
+            source,
+        };
+        let begun = crate::transaction::begin(tx_store.as_ref())
+            .await
+            .map_err(store_failed)?;
+        // The store may bound how long a transaction holds its lock (SQLite's one
+        // writer); past it the step is dropped with its transaction, which rolls back.
+        let ran = match tx_store.max_hold() {
+            Some(hold) => tokio::time::timeout(hold, step(Tx::new(begun.transaction)))
+                .await
+                .map_err(|_| store_failed(StoreError::Timeout(hold)))?,
+            None => step(Tx::new(begun.transaction)).await,
+        };
+        let (result, tx) = ran;
+        let mut transaction = tx.into_inner();
+        let output = match result {
+            Ok(output) => output,
+            Err(error) => {
+                rollback(transaction).await;
+                return Err(StepError::Failed(error));
+            }
+        };
+        let recorded = match self.recorded(name, &output) {
+            Ok(recorded) => recorded,
+            Err(error) => {
+                rollback(transaction).await;
+                return Err(error);
+            }
+        };
+        let record = tx_store.record_step_in(&mut transaction, scope, key, self.token, &recorded);
+        let stored = metrics::timed(
+            StoreOperation::RecordStep,
+            bounded(self.store_timeout, record),
+        );
+        let stored = stored.await;
+        if !matches!(stored, Ok(true)) {
+            rollback(transaction).await;
+            return Err(self
+                .not_recorded(name, stored)
+                .expect("an answer other than recorded"));
+        }
+        let commit = async { transaction.commit().await.map_err(StoreError::from) };
+        bounded(self.store_timeout, commit)
+            .await
+            .map_err(store_failed)?;
+        drop(begun.permit);
+        self.counted("recorded");
+        Ok(output)
+    }
+
+    /// Checks `name` and claims it for this execution: the recorded output when an
+    /// earlier execution recorded it, else whether this one may run it.
+    fn start<E>(&self, name: &str) -> Result<Start, StepError<E>> {
+        if name.is_empty() || name.len() > MAX_STEP_NAME {
+            return Err(StepError::InvalidName {
+                step: name.to_owned(),
+            });
+        }
+        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if progress.used.iter().any(|used| used == name) {
+            return Err(StepError::NameUsedTwice {
+                step: name.to_owned(),
+            });
+        }
+        progress.used.push(name.to_owned());
+        if let Some(step) = progress.recorded.iter().find(|step| step.name == name) {
+            return Ok(Start::Resume(step.output.clone()));
+        }
+        drop(progress);
+        // The lease is the only licence to run: a step never starts without it.
+        if self.lease.is_lost() {
+            return Err(StepError::LeaseLost {
+                step: name.to_owned(),
+            });
+        }
+        Ok(Start::Run)
+    }
+
+    /// The recorded `output` of step `name`, deserialised.
+    fn resume<T: DeserializeOwned, E>(&self, name: &str, output: &[u8]) -> Result<T, StepError<E>> {
+        let output = serde_json::from_slice(output).map_err(|source| StepError::Undecodable {
+            step: name.to_owned(),
+            source,
+        })?;
+        info!(
+            event = "step_resumed",
+            step = name,
+            "step recorded by an earlier execution; not run again"
+        );
+        self.counted("resumed");
+        Ok(output)
+    }
+
+    /// Step `name`'s `output` as the store records it.
+    fn recorded<T: Serialize, E>(
+        &self,
+        name: &str,
+        output: &T,
+    ) -> Result<RecordedStep, StepError<E>> {
+        let bytes = serde_json::to_vec(output).map_err(|source| StepError::Unserialisable {
+            step: name.to_owned(),
+            source,
+        })?;
+        if bytes.len() > self.max_output {
+            return Err(StepError::TooLarge {
+                step: name.to_owned(),
+                len: bytes.len(),
+                max: self.max_output,
+            });
+        }
+        Ok(RecordedStep {
+            name: name.to_owned(),
+            output: Bytes::from(bytes),
+            recorded_at: SystemTime::now(),
+        })
+    }
+
+    /// Why step `name` was not recorded, from the store's answer; `None` when it was
+    /// (and counted).
+    fn not_recorded<E>(
+        &self,
+        name: &str,
+        stored: Result<bool, StoreError>,
+    ) -> Option<StepError<E>> {
+        match stored {
+            Ok(true) => {
+                self.counted("recorded");
+                None
+            }
+            Ok(false) => {
+                // The token owns nothing: another execution took the key over.
+                self.lease.raise();
+                self.lease.count_loss_once(self.handler);
+                warn!(
+                    event = "step_lost",
+                    step = name,
+                    "the claim was taken over; the step's output was not recorded"
+                );
+                Some(StepError::LeaseLost {
+                    step: name.to_owned(),
+                })
+            }
+            Err(source) => {
+                warn!(event = "store_error", step = name, error = %source, "recording a step failed");
+                Some(StepError::Store {
+                    step: name.to_owned(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Counts one step of this handler under `outcome`.
+    fn counted(&self, outcome: &'static str) {
+        metrics::step(self.handler, outcome);
+    }
+}
+
+/// `operation`, failed with [`StoreError::Timeout`] when it takes longer than `timeout`.
+async fn bounded<T>(
+    timeout: Duration,
+    operation: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, operation)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(timeout)))
+}
+
+/// Rolls `transaction` back; a failure leaves it to the connection, which discards it.
+#[cfg(feature = "sql")]
+async fn rollback<DB: TxDatabase>(transaction: sqlx::Transaction<'static, DB>) {
+    if let Err(err) = transaction.rollback().await {
+        warn!(error = %err, "rollback failed; the connection discards the transaction");
+    }
+}

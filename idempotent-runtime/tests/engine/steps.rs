@@ -1,0 +1,340 @@
+//! Recovery points through the engine's public API on the memory store: a retry resumes
+//! after the steps an earlier execution recorded, and every misuse is a typed error,
+//! never a silent rerun.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use http_body_util::BodyExt;
+use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::{
+    Fingerprint, HandlerConfig, Idempotency, IdempotencyKey, RecordState, StepError,
+};
+
+const CONFIG: HandlerConfig = HandlerConfig::new();
+const SCOPE: &str = "acct_alice";
+
+fn fingerprint(n: u8) -> Fingerprint {
+    Fingerprint {
+        version: 1,
+        digest: [n; 32],
+    }
+}
+
+async fn text(response: Response) -> (StatusCode, String) {
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (status, String::from_utf8(body.to_vec()).expect("utf-8"))
+}
+
+/// How many times each step of [`charge`] ran.
+#[derive(Default)]
+struct Runs {
+    authorise: AtomicUsize,
+    receipt: AtomicUsize,
+    handler: AtomicUsize,
+}
+
+/// Authorise, then (on the first execution only, when `fail_first`) answer `502`, else
+/// send the receipt and answer `201` with both outputs.
+async fn charge(key: IdempotencyKey, runs: Arc<Runs>, fail_first: bool) -> Response {
+    let execution = runs.handler.fetch_add(1, Ordering::SeqCst);
+    let authorised = key
+        .step("authorise", || async {
+            let n = runs.authorise.fetch_add(1, Ordering::SeqCst) + 1;
+            Ok::<_, StatusCode>(format!("auth_{n}"))
+        })
+        .await;
+    let authorisation = match authorised {
+        Ok(authorisation) => authorisation,
+        Err(error) => return error.into_response(),
+    };
+    if fail_first && execution == 0 {
+        return StatusCode::BAD_GATEWAY.into_response();
+    }
+    let sent = key
+        .step("receipt", || async {
+            runs.receipt.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, StatusCode>(true)
+        })
+        .await;
+    match sent {
+        Ok(sent) => (
+            StatusCode::CREATED,
+            format!("{authorisation} receipt={sent}"),
+        )
+            .into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn run_charge(engine: &Idempotency, key: &str, n: u8, runs: &Arc<Runs>) -> Response {
+    let runs = runs.clone();
+    engine
+        .run(&CONFIG, SCOPE, key, fingerprint(n), move |key| {
+            charge(key, runs, true)
+        })
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_5xx_resumes_after_its_recorded_steps() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(Runs::default());
+
+    let (status, _) = text(run_charge(&engine, "k", 1, &runs).await).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    // The 5xx released the claim, but its step is kept: inspect shows it.
+    let info = engine.inspect(SCOPE, "k").await.unwrap().expect("kept");
+    assert!(matches!(
+        info.state,
+        RecordState::InProgress {
+            holder_alive: false,
+            ..
+        }
+    ));
+    let names: Vec<_> = info.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["authorise"]);
+    assert_eq!(&info.steps[0].output[..], br#""auth_1""#);
+
+    // Another request under the key: the completed steps belong to the first one.
+    let (status, _) = text(run_charge(&engine, "k", 2, &runs).await).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // The same request resumes: authorise is not run again, its output comes back.
+    let (status, body) = text(run_charge(&engine, "k", 1, &runs).await).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::CREATED, "auth_1 receipt=true")
+    );
+    assert_eq!(runs.authorise.load(Ordering::SeqCst), 1);
+    assert_eq!(runs.receipt.load(Ordering::SeqCst), 1);
+    assert_eq!(runs.handler.load(Ordering::SeqCst), 2);
+
+    // Completed: replayed, and the steps gave way to the response.
+    let replay = run_charge(&engine, "k", 1, &runs).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let (status, body) = text(replay).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::CREATED, "auth_1 receipt=true")
+    );
+    assert_eq!(runs.handler.load(Ordering::SeqCst), 2);
+    let info = engine
+        .inspect(SCOPE, "k")
+        .await
+        .unwrap()
+        .expect("completed");
+    assert!(info.steps.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_fails_is_not_recorded_and_runs_again() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let attempts = Arc::new(AtomicUsize::new(0));
+    for expected in [StatusCode::SERVICE_UNAVAILABLE, StatusCode::CREATED] {
+        let attempts = attempts.clone();
+        let response = engine
+            .run(&CONFIG, SCOPE, "k", fingerprint(1), move |key| async move {
+                let result = key
+                    .step("authorise", || async {
+                        match attempts.fetch_add(1, Ordering::SeqCst) {
+                            0 => Err(StatusCode::SERVICE_UNAVAILABLE),
+                            n => Ok(n),
+                        }
+                    })
+                    .await;
+                match result {
+                    Ok(n) => (StatusCode::CREATED, n.to_string()).into_response(),
+                    Err(error) => error.into_response(),
+                }
+            })
+            .await;
+        assert_eq!(response.status(), expected);
+    }
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misuse_is_a_typed_error_and_runs_nothing() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let ran = Arc::new(AtomicUsize::new(0));
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let response = {
+        let (ran, errors) = (ran.clone(), errors.clone());
+        engine
+            .run(&CONFIG, SCOPE, "k", fingerprint(1), move |key| async move {
+                let step = || async {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, StatusCode>(1u32)
+                };
+                key.step("a", step).await.expect("first use of the name");
+                let mut seen = Vec::new();
+                match key.step("a", step).await {
+                    Err(StepError::NameUsedTwice { step }) => seen.push(step),
+                    other => panic!("{other:?}"),
+                }
+                match key.step("", step).await {
+                    Err(error @ StepError::InvalidName { .. }) => seen.push(error.to_string()),
+                    other => panic!("{other:?}"),
+                }
+                let long = "n".repeat(idempotent_runtime::store::MAX_STEP_NAME + 1);
+                match key.step(&long, step).await {
+                    Err(StepError::InvalidName { .. }) => seen.push("long".into()),
+                    other => panic!("{other:?}"),
+                }
+                errors.lock().unwrap().extend(seen);
+                match key.step("a", step).await {
+                    Err(error) => error.into_response(),
+                    Ok(_) => unreachable!(),
+                }
+            })
+            .await
+    };
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "refused steps never run");
+    assert_eq!(errors.lock().unwrap().len(), 3);
+    let (status, body) = text(response).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body.contains("internal_error"), "{body}");
+
+    // A key the engine did not hand out has no record to keep a step in.
+    let key = IdempotencyKey::new(SCOPE.into(), "k".into());
+    let outside = key.step("a", || async { Ok::<_, StatusCode>(1u32) }).await;
+    assert!(
+        matches!(outside, Err(StepError::NotClaimed { .. })),
+        "{outside:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_output_that_no_longer_deserialises_is_refused_not_rerun() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let ran = Arc::new(AtomicUsize::new(0));
+    // The first execution records a number, then answers 500: released, step kept.
+    let first = {
+        let ran = ran.clone();
+        engine
+            .run(&CONFIG, SCOPE, "k", fingerprint(1), move |key| async move {
+                key.step("quote", || async {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, StatusCode>(42u64)
+                })
+                .await
+                .expect("recorded");
+                StatusCode::INTERNAL_SERVER_ERROR
+            })
+            .await
+    };
+    assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    // The code changed: the retry asks for a string.
+    let second = {
+        let ran = ran.clone();
+        engine
+            .run(&CONFIG, SCOPE, "k", fingerprint(1), move |key| async move {
+                match key
+                    .step("quote", || async {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, StatusCode>(String::from("rerun"))
+                    })
+                    .await
+                {
+                    Err(error @ StepError::Undecodable { .. }) => {
+                        assert!(error.to_string().contains("quote"), "{error}");
+                        error.into_response()
+                    }
+                    other => panic!("{other:?}"),
+                }
+            })
+            .await
+    };
+    assert_eq!(second.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "never rerun");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_that_lost_its_claim_records_nothing_and_runs_no_more_steps() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let ran = Arc::new(AtomicUsize::new(0));
+    let response = {
+        let (engine, ran) = (engine.clone(), ran.clone());
+        engine
+            .clone()
+            .run(&CONFIG, SCOPE, "k", fingerprint(1), move |key| async move {
+                // An operator forces the key free while this execution runs.
+                engine.forget(SCOPE, "k", true).await.expect("forget");
+                let lost = key
+                    .step("authorise", || async {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, StatusCode>(1u32)
+                    })
+                    .await;
+                assert!(matches!(lost, Err(StepError::LeaseLost { .. })), "{lost:?}");
+                assert!(key.lease_lost());
+                let next = key
+                    .step("receipt", || async {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, StatusCode>(1u32)
+                    })
+                    .await;
+                match next {
+                    Err(error @ StepError::LeaseLost { .. }) => error.into_response(),
+                    other => panic!("{other:?}"),
+                }
+            })
+            .await
+    };
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the second step never started"
+    );
+    let retry_after = response.headers().get("retry-after").cloned();
+    let (status, body) = text(response).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("idempotency_lease_lost"), "{body}");
+    assert!(retry_after.is_some());
+    assert!(engine.inspect(SCOPE, "k").await.unwrap().is_none());
+}
+
+/// The layer hands the same key to the handler (`Extension<IdempotencyKey>`), so steps
+/// resume behind it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_resume_behind_the_layer() {
+    use axum::routing::post;
+    use axum::{Extension, Router};
+    use idempotent_runtime::IdempotencyLayer;
+    use tower::ServiceExt;
+
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(Runs::default());
+    let handler = {
+        let runs = runs.clone();
+        move |Extension(key): Extension<IdempotencyKey>| charge(key, runs.clone(), true)
+    };
+    let app = Router::new().route("/charges", post(handler)).layer(
+        IdempotencyLayer::new(engine.clone())
+            .scope_with(|_parts: &http::request::Parts| Some(SCOPE.to_owned())),
+    );
+    let request = || {
+        http::Request::post("/charges")
+            .header("idempotency-key", "layer-1")
+            .body(axum::body::Body::from("{}"))
+            .unwrap()
+    };
+    let first = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+    let (status, body) = text(app.clone().oneshot(request()).await.unwrap()).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::CREATED, "auth_1 receipt=true")
+    );
+    assert_eq!(runs.authorise.load(Ordering::SeqCst), 1);
+    assert_eq!(runs.receipt.load(Ordering::SeqCst), 1);
+}
