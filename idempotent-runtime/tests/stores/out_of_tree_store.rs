@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use http::StatusCode;
 use idempotent_runtime::store::{
-    Capabilities, ClaimAnswer, ClaimWatch, Forward, MemoryStore, WatchClaims,
+    Capabilities, ClaimAnswer, ClaimWatch, Forward, MemoryStore, RecordedStep, WatchClaims,
 };
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial};
@@ -91,6 +91,17 @@ impl<S: Store> Forward for CountingStore<S> {
     ) -> Result<bool, StoreError> {
         self.count();
         self.inner.release(scope, key, token).await
+    }
+
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        self.count();
+        self.inner.record_step(scope, key, token, step).await
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
