@@ -12,6 +12,7 @@
 //! The guide's chapter [Multi-step handlers](crate::guide::steps) explains when to
 //! use which, and what a retry does after each kind of failure.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -102,6 +103,14 @@ pub enum StepError<E> {
         /// The step.
         step: String,
     },
+    /// A step inside a transactional handler (one that takes `Tx<DB>`): its writes
+    /// already commit with the response, all or nothing, so there is nothing to resume;
+    /// and a step's record would wait for the lock the handler's transaction holds.
+    /// Answered `500`.
+    InsideTransaction {
+        /// The step.
+        step: String,
+    },
     /// An atomic step names a database the store does not keep its records in.
     /// Answered `500`.
     TransactionUnsupported {
@@ -125,6 +134,7 @@ impl<E> StepError<E> {
             | Self::Unserialisable { step, .. }
             | Self::TooLarge { step, .. }
             | Self::NotClaimed { step }
+            | Self::InsideTransaction { step }
             | Self::TransactionUnsupported { step, .. } => Some(step),
         }
     }
@@ -141,6 +151,7 @@ impl<E> StepError<E> {
             Self::Unserialisable { step, source } => StepError::Unserialisable { step, source },
             Self::TooLarge { step, len, max } => StepError::TooLarge { step, len, max },
             Self::NotClaimed { step } => StepError::NotClaimed { step },
+            Self::InsideTransaction { step } => StepError::InsideTransaction { step },
             Self::TransactionUnsupported { step, database } => {
                 StepError::TransactionUnsupported { step, database }
             }
@@ -173,6 +184,10 @@ impl<E> StepError<E> {
             }
             Self::NotClaimed { step } => format!(
                 "step {step:?}: the key was not handed out by the engine for a claimed request"
+            ),
+            Self::InsideTransaction { step } => format!(
+                "step {step:?} is called inside a transactional handler, whose writes already \
+                 commit with its response"
             ),
             Self::TransactionUnsupported { step, database } => {
                 format!("step {step:?}: the idempotency store keeps no records in {database}")
@@ -260,6 +275,8 @@ pub(crate) struct StepLog {
     store_timeout: Duration,
     /// The largest serialised output recorded.
     max_output: usize,
+    /// The handler runs in a transaction of its own: steps are refused.
+    in_transaction: AtomicBool,
     progress: Mutex<Progress>,
 }
 
@@ -322,6 +339,7 @@ impl StepLog {
             handler: context.handler,
             store_timeout: context.store_timeout,
             max_output: context.max_output,
+            in_transaction: AtomicBool::new(false),
             progress: Mutex::new(Progress {
                 recorded,
                 used: Vec::new(),
@@ -438,11 +456,22 @@ impl StepLog {
         Ok(output)
     }
 
+    /// Marks the execution as a transactional handler's: its steps are refused
+    /// ([`StepError::InsideTransaction`]).
+    pub(crate) fn refuse_inside_transaction(&self) {
+        self.in_transaction.store(true, Ordering::Relaxed);
+    }
+
     /// Checks `name` and claims it for this execution: the recorded output when an
     /// earlier execution recorded it, else whether this one may run it.
     fn start<E>(&self, name: &str) -> Result<Start, StepError<E>> {
         if name.is_empty() || name.len() > MAX_STEP_NAME {
             return Err(StepError::InvalidName {
+                step: name.to_owned(),
+            });
+        }
+        if self.in_transaction.load(Ordering::Relaxed) {
+            return Err(StepError::InsideTransaction {
                 step: name.to_owned(),
             });
         }

@@ -423,6 +423,8 @@ where
     T: IntoResponse + 'static,
     E: IntoResponse + 'static,
 {
+    // Its writes commit with its response, all or nothing: there is nothing to resume.
+    execution.steps.refuse_inside_transaction();
     let transacted = transact(&execution, tx_store, idempotency_key, handler);
     with_heartbeat(&execution, transacted).await
 }

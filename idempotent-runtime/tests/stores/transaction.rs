@@ -635,6 +635,36 @@ pub(crate) async fn check_atomic_step_rolls_back_unless_recorded<H: Harness, DB:
     );
 }
 
+/// A transactional handler's writes already commit with its response: a step inside one
+/// is refused, and the refusal rolls its writes back like any `Err`.
+pub(crate) async fn check_steps_refused_inside_a_transactional_handler<H: Harness, DB: Ledger>() {
+    let setup = setup::<H, DB>().await;
+    let response = setup
+        .engine
+        .run_in_transaction::<DB, _, _, _, _>(
+            &CONFIG,
+            "acct_alice",
+            "inside",
+            FINGERPRINT,
+            |key, mut tx| async move {
+                DB::insert(&mut tx, "acct_alice").await.expect("insert");
+                let step = key
+                    .step("authorise", || async { Ok::<_, StatusCode>(1u32) })
+                    .await;
+                let result: Result<Response, Response> = match step {
+                    Err(error @ idempotent_runtime::StepError::InsideTransaction { .. }) => {
+                        Err(error.into_response())
+                    }
+                    other => panic!("{other:?}"),
+                };
+                (result, tx)
+            },
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(setup.rows().await, 0);
+}
+
 pub(crate) fn trials<H: Harness, DB: Ledger>() -> Vec<Trial> {
     let trial = |name: &str, check: fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>| {
         async_trial(format!("transaction::{name}"), check)
@@ -663,6 +693,9 @@ pub(crate) fn trials<H: Harness, DB: Ledger>() -> Vec<Trial> {
         }),
         trial("check_atomic_step_rolls_back_unless_recorded", || {
             Box::pin(check_atomic_step_rolls_back_unless_recorded::<H, DB>())
+        }),
+        trial("check_steps_refused_inside_a_transactional_handler", || {
+            Box::pin(check_steps_refused_inside_a_transactional_handler::<H, DB>())
         }),
     ];
     ignored_if(H::unavailable(), trials)
