@@ -12,9 +12,18 @@
 //! A record is one Redis hash with the fields `state` (`in_progress` / `completed`),
 //! `fp` (the 32-byte fingerprint digest), `fpv` (its version), `token`,
 //! `lease_expires_at`, `expires_at` and `created_at` (milliseconds since the Unix epoch;
-//! `created_at` is only read by [`Store::inspect`] and [`Store::forget`]), and once
-//! completed `status`, `headers` (encoded with [`encode_headers`]) and `body` (absent when
-//! the body was over the engine's cap; present and empty for an empty body).
+//! `created_at` is only read by [`Store::inspect`] and [`Store::forget`]), `steps` while
+//! in progress and once a step is recorded (the concatenation of [`encode_step`] in
+//! recording order, see [`RecordedStep`]; absent means none), and once completed `status`,
+//! `headers` (encoded with [`encode_headers`]) and `body` (absent when the body was over
+//! the engine's cap; present and empty for an empty body).
+//!
+//! Records written before the store kept steps simply lack the `steps` field, which
+//! reads as "no steps": an upgrade needs no migration. While instances of the previous
+//! version still run against the same Redis, a step recorded through a new instance may
+//! be dropped by an old one (its `claim` rewrites a taken-over record without it, its
+//! `release` deletes the record), which only means the step runs again, as it did before
+//! steps existed.
 //!
 //! Its key is `<prefix>:{<scope length>:<scope>:<key>}` (prefix `idempotent` unless
 //! [`RedisStoreBuilder::key_prefix`] says otherwise). The braces are a Redis Cluster hash
@@ -31,9 +40,19 @@
 //!   replay (with the stored response, in the same reply), in progress (with the lease
 //!   time left) or mismatch. **One round trip** for each outcome; a replay, a `409` and a
 //!   `422` write nothing.
-//! - `renew`, `complete` and `release` act only while their token owns the in-progress
-//!   record (fencing), one round trip each.
-//! - `inspect` and `forget` (operators) read, or decide and delete, in one script each.
+//!   A takeover because the lease ran out carries the record's `steps` over and returns
+//!   them in the same reply (read inside the script, so exactly the steps recorded before
+//!   the takeover); a takeover of an expired record drops them. A claim of a new key
+//!   reads nothing more than before.
+//! - `renew`, `complete`, `release` and `record_step` act only while their token owns the
+//!   in-progress record (fencing), one round trip each. `record_step` appends to `steps`;
+//!   `complete` deletes `steps` (the response replaces them); `release` deletes a record
+//!   without steps and keeps one with steps, in progress with `lease_expires_at` set to
+//!   the script's now (its Redis expiry back at `expires_at`), so that the same request's
+//!   next claim takes it over and resumes. The store has no change notifications, so
+//!   waiting duplicates poll either way.
+//! - `inspect` and `forget` (operators) read, or decide and delete, in one script each;
+//!   an in-progress record's description includes its decoded steps.
 //!
 //! # One clock: the Redis server's
 //!
@@ -145,8 +164,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, RedisResult, Value};
 
 use super::{
-    ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store,
-    StoreError, StoredResponse, Takeover, decode_headers, encode_headers, retry_after_from_millis,
+    ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordedStep,
+    Store, StoreError, StoredResponse, Takeover, decode_headers, decode_steps, encode_headers,
+    encode_step, retry_after_from_millis,
 };
 use crate::clock::millis;
 
@@ -472,19 +492,6 @@ impl std::fmt::Debug for RedisStore {
 
 #[async_trait]
 impl Store for RedisStore {
-    async fn record_step(
-        &self,
-        _scope: &str,
-        _key: &str,
-        _token: crate::store::FencingToken,
-        _step: &crate::store::RecordedStep,
-    ) -> Result<bool, StoreError> {
-        // WIP(steps): replaced by this store's implementation before the issue closes.
-        Err(StoreError::backend(
-            "recording steps is not implemented on this store yet",
-        ))
-    }
-
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let reply: Value = scripts::CLAIM
             .key(self.keys.record(claim.scope, claim.key))
@@ -561,6 +568,24 @@ impl Store for RedisStore {
             .await
             .map_err(store_error)?;
         Ok(released == 1)
+    }
+
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        let recorded: i64 = scripts::RECORD_STEP
+            .key(self.keys.record(scope, key))
+            .arg(self.offset())
+            .arg(token.0)
+            .arg(encode_step(step))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(store_error)?;
+        Ok(recorded == 1)
     }
 
     /// Walks the prefix with `SCAN` (on a cluster, on every primary in turn) and deletes
@@ -668,8 +693,8 @@ impl RedisStore {
     }
 }
 
-/// Decodes the claim script's reply (see `scripts/claim.lua`).
-/// The claim script's reply as an outcome, with a replayed record's remaining life.
+/// The claim script's reply (see `scripts/claim.lua`) as an outcome, with a replayed
+/// record's remaining life.
 fn claim_outcome(
     reply: Value,
     token: FencingToken,
@@ -691,11 +716,18 @@ fn claim_outcome(
                 Some(b"lease_lost") => Some(Takeover::LeaseLost),
                 Some(other) => return Err(corrupt(&String::from_utf8_lossy(other))),
             };
+            // Only a takeover that kept steps sends them; a new key's reply has none.
+            let steps = match items.next() {
+                None => Vec::new(),
+                Some(value) => decode_steps(
+                    &bulk(value).ok_or_else(|| corrupt("steps that are not a string"))?,
+                )?,
+            };
             Ok((
                 ClaimOutcome::Claimed {
                     token,
                     takeover,
-                    steps: Vec::new(),
+                    steps,
                 },
                 None,
             ))
@@ -970,6 +1002,32 @@ mod tests {
                 steps: Vec::new(),
             }
         );
+        let step = RecordedStep {
+            name: "charge".to_owned(),
+            output: Bytes::from_static(b"{}"),
+            recorded_at: std::time::UNIX_EPOCH + Duration::from_millis(99),
+        };
+        let steps = [encode_step(&step), encode_step(&step)].concat();
+        assert_eq!(
+            claim_outcome(
+                Value::Array(vec![s(b"claimed"), s(b"lease_lost"), s(&steps)]),
+                token
+            )
+            .unwrap()
+            .0,
+            ClaimOutcome::Claimed {
+                token,
+                takeover: Some(Takeover::LeaseLost),
+                steps: vec![step.clone(), step],
+            }
+        );
+        assert!(matches!(
+            claim_outcome(
+                Value::Array(vec![s(b"claimed"), s(b"lease_lost"), s(&steps[..3])]),
+                token
+            ),
+            Err(StoreError::Corrupt(_))
+        ));
         assert!(claim_outcome(Value::Array(vec![s(b"claimed"), s(b"later")]), token).is_err());
         assert_eq!(
             claim_outcome(Value::Array(vec![s(b"mismatch")]), token)

@@ -7,7 +7,7 @@ use redis::Value;
 use super::{RedisStore, bulk, scripts, store_error};
 use crate::fingerprint::Fingerprint;
 use crate::store::operator::{lease_left_from_millis, system_time_from_millis};
-use crate::store::{ForgetOutcome, RecordInfo, RecordState, StoreError};
+use crate::store::{ForgetOutcome, RecordInfo, RecordState, StoreError, decode_steps};
 
 impl RedisStore {
     pub(super) async fn inspect_record(
@@ -68,7 +68,7 @@ fn forget_outcome(reply: Value) -> Result<ForgetOutcome, StoreError> {
 }
 
 /// Decodes the prelude's `describe`: state, digest, version, created_at, expires_at,
-/// lease_expires_at, lease held (1/0), status.
+/// lease_expires_at, lease held (1/0), status, steps.
 fn record_info(items: Vec<Value>) -> Result<RecordInfo, StoreError> {
     let [
         state,
@@ -79,7 +79,8 @@ fn record_info(items: Vec<Value>) -> Result<RecordInfo, StoreError> {
         lease_expires_at,
         held,
         status,
-    ]: [Value; 8] = items
+        steps,
+    ]: [Value; 9] = items
         .try_into()
         .map_err(|_| corrupt("a record description of the wrong length"))?;
     let digest = bulk(fp)
@@ -108,12 +109,17 @@ fn record_info(items: Vec<Value>) -> Result<RecordInfo, StoreError> {
         },
         _ => return Err(corrupt("no valid state")),
     };
+    let steps = match steps {
+        Value::Nil => Vec::new(),
+        other => decode_steps(&bulk(other).ok_or_else(|| corrupt("steps that are not a string"))?)?,
+    };
     Ok(RecordInfo::new(
         state,
         Fingerprint { version, digest },
         system_time_from_millis(created_at),
         system_time_from_millis(expires_at),
-    ))
+    )
+    .with_steps(steps))
 }
 
 /// An integer sent as a string (hash fields) or as an integer reply.
@@ -132,7 +138,10 @@ fn corrupt(what: &str) -> StoreError {
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
+    use bytes::Bytes;
+
     use super::*;
+    use crate::store::{RecordedStep, encode_step};
 
     fn s(b: &[u8]) -> Value {
         Value::BulkString(b.to_vec())
@@ -148,6 +157,7 @@ mod tests {
             s(b"2000"),
             Value::Int(held),
             status,
+            Value::Nil,
         ]
     }
 
@@ -178,6 +188,18 @@ mod tests {
         assert_eq!(info.fingerprint.version, 2);
         assert_eq!(info.created_at, UNIX_EPOCH + Duration::from_secs(1));
         assert_eq!(info.expires_at, UNIX_EPOCH + Duration::from_secs(5));
+        assert!(info.steps.is_empty());
+        let step = RecordedStep {
+            name: "charge".to_owned(),
+            output: Bytes::from_static(b"{\"id\":1}"),
+            recorded_at: UNIX_EPOCH + Duration::from_millis(1234),
+        };
+        let mut with_steps = described(b"in_progress", 0, Value::Nil);
+        with_steps[8] = s(&encode_step(&step));
+        assert_eq!(record_info(with_steps).unwrap().steps, [step.clone()]);
+        let mut cut = described(b"in_progress", 0, Value::Nil);
+        cut[8] = s(&encode_step(&step)[..5]);
+        assert!(matches!(record_info(cut), Err(StoreError::Corrupt(_))));
         let completed = record_info(described(b"completed", 0, s(b"201"))).unwrap();
         assert_eq!(completed.state, RecordState::Completed { status: 201 });
         for bad in [

@@ -25,8 +25,10 @@ pub(super) static CLAIM: LazyLock<Script> = script!("claim.lua");
 pub(super) static RENEW: LazyLock<Script> = script!("renew.lua");
 /// Record the owner's response.
 pub(super) static COMPLETE: LazyLock<Script> = script!("complete.lua");
-/// Delete the owner's in-progress record.
+/// Delete the owner's in-progress record, or end its lease when it holds steps.
 pub(super) static RELEASE: LazyLock<Script> = script!("release.lua");
+/// Append a step to the owner's in-progress record.
+pub(super) static RECORD_STEP: LazyLock<Script> = script!("record_step.lua");
 /// Delete one record if it is expired.
 pub(super) static PURGE: LazyLock<Script> = script!("purge.lua");
 /// Describe one live record (operators).

@@ -10,6 +10,8 @@ if not record then
   return 0
 end
 redis.call('HSET', key, 'state', 'completed', 'status', ARGV[3], 'headers', ARGV[4])
+-- The response replaces the steps: a completed record replays, it never resumes.
+redis.call('HDEL', key, 'steps')
 if ARGV[5] == '1' then
   redis.call('HSET', key, 'body', ARGV[6])
 else

@@ -40,8 +40,8 @@ local function is_live(record, now)
     or (record.state == 'in_progress' and record.lease_expires_at > now)
 end
 
--- The in-progress record `token` owns, or nil (fencing for renew, complete and release);
--- a second result as for load.
+-- The in-progress record `token` owns, or nil (fencing for renew, complete, release and
+-- record_step); a second result as for load.
 local function owned(key, token, now)
   local record, err = load(key)
   if record and record.state == 'in_progress' and record.token == token
@@ -53,13 +53,19 @@ end
 
 -- What an operator sees of a live record (inspect, forget): {state, fingerprint digest,
 -- fingerprint version, created_at, expires_at, lease_expires_at, lease held (1/0),
--- status}. A field the record lacks is nil (Lua `false`, so the array stays whole).
+-- status, steps}. A field the record lacks is nil (Lua `false`, so the array stays
+-- whole); steps are an in-progress record's only (a completed one's response replaced
+-- them).
 local function describe(key, record, now)
-  local r = redis.call('HMGET', key, 'created_at', 'status')
+  local r = redis.call('HMGET', key, 'created_at', 'status', 'steps')
   local held = 0
-  if record.state == 'in_progress' and record.lease_expires_at > now then
-    held = 1
+  local steps = false
+  if record.state == 'in_progress' then
+    steps = r[3] or false
+    if record.lease_expires_at > now then
+      held = 1
+    end
   end
   return { record.state, record.fp, record.fpv, r[1] or false, ms(record.expires_at),
-    ms(record.lease_expires_at), held, r[2] or false }
+    ms(record.lease_expires_at), held, r[2] or false, steps }
 end
