@@ -1,6 +1,8 @@
 //! The conformance suite on [`RedisStore`], plus what only Redis has: the key layout and
 //! record encoding, redacted connection errors, Redis's own expiry (PTTL), several
-//! connection managers (instances) racing for one key, script reloading, round trips.
+//! connection managers (instances) racing for one key, script reloading, round trips,
+//! steps in the record's hash (records written before steps existed, a takeover racing
+//! the old owner's steps).
 //!
 //! Needs `IDEMPOTENT_TEST_REDIS_URL` (e.g. `redis://127.0.0.1:6379/`); without it every
 //! server test is reported as ignored, with the reason printed once. Each test works under a
@@ -13,15 +15,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use idempotent_runtime::store::RedisStore;
+use idempotent_runtime::store::{RecordedStep, RedisStore, encode_headers, encode_step};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoreError, StoredResponse,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, RecordState, Store, StoreError,
+    StoredResponse, Takeover,
 };
 use redis::AsyncCommands;
 
-use crate::fixtures::{LEASE, TTL, claim_request, stored};
+use crate::fixtures::{FINGERPRINT, LEASE, TTL, claim_request, stored};
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_REDIS_URL";
 
@@ -144,6 +147,21 @@ pub(crate) async fn must_claim(store: &RedisStore, request: &ClaimRequest<'_>) {
             steps: Vec::new(),
         }
     );
+}
+
+/// A step named `name` whose output is `output`, recorded at a fixed time.
+pub(crate) fn step(name: &str, output: &str) -> RecordedStep {
+    RecordedStep {
+        name: name.to_owned(),
+        output: Bytes::copy_from_slice(output.as_bytes()),
+        recorded_at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+    }
+}
+
+/// The server's clock in milliseconds since the Unix epoch (what the scripts read).
+async fn server_now_ms(conn: &mut (impl redis::aio::ConnectionLike + Send)) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    secs * 1000 + micros / 1000
 }
 
 async fn unreachable_server_is_an_open_error_naming_the_redacted_url() {
@@ -612,6 +630,367 @@ async fn debug_names_the_location_without_a_password() {
     }
 }
 
+async fn steps_are_a_field_of_the_hash_that_complete_deletes_and_release_keeps() {
+    let url = redis_url();
+    let prefix = TestPrefix::new(&url);
+    let store = prefix.store().await;
+    let mut conn = store.connection().clone();
+    let (first, second) = (step("authorise", r#"{"id":"a_1"}"#), step("capture", "7"));
+
+    // Appended in recording order to one field, the concatenation of encode_step.
+    let token = FencingToken::random();
+    must_claim(&store, &claim_request("k", token)).await;
+    let key = store.record_key("acct_alice", "k");
+    let none: Option<Vec<u8>> = conn.hget(&key, "steps").await.unwrap();
+    assert_eq!(none, None, "a claim writes no steps field");
+    assert!(
+        store
+            .record_step("acct_alice", "k", token, &first)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .record_step("acct_alice", "k", token, &second)
+            .await
+            .unwrap()
+    );
+    let stored_steps: Vec<u8> = conn.hget(&key, "steps").await.unwrap();
+    assert_eq!(
+        stored_steps,
+        [encode_step(&first), encode_step(&second)].concat()
+    );
+    // Another token appends nothing.
+    assert!(
+        !store
+            .record_step("acct_alice", "k", FencingToken::random(), &second)
+            .await
+            .unwrap()
+    );
+    let unchanged: Vec<u8> = conn.hget(&key, "steps").await.unwrap();
+    assert_eq!(unchanged, stored_steps);
+
+    // Release keeps the record: in progress, its lease ended at the script's now, its
+    // Redis expiry back at the end of its TTL.
+    let before = server_now_ms(&mut conn).await;
+    assert!(store.release("acct_alice", "k", token).await.unwrap());
+    let after = server_now_ms(&mut conn).await;
+    let fields: std::collections::HashMap<String, Vec<u8>> = conn.hgetall(&key).await.unwrap();
+    assert_eq!(fields["state"], b"in_progress");
+    assert_eq!(fields["steps"], stored_steps);
+    let lease_end: i64 = String::from_utf8_lossy(&fields["lease_expires_at"])
+        .parse()
+        .unwrap();
+    assert!(
+        before <= lease_end && lease_end <= after,
+        "{before} {lease_end} {after}"
+    );
+    let expires_at: i64 = String::from_utf8_lossy(&fields["expires_at"])
+        .parse()
+        .unwrap();
+    let pexpiretime: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pexpiretime, expires_at);
+
+    // The same request takes it over at once and gets the steps back; completing it
+    // deletes the field.
+    let next = FencingToken::random();
+    assert_eq!(
+        store
+            .claim(&claim_request("k", next))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed {
+            token: next,
+            takeover: Some(Takeover::LeaseLost),
+            steps: vec![first.clone(), second.clone()],
+        }
+    );
+    let carried: Vec<u8> = conn.hget(&key, "steps").await.unwrap();
+    assert_eq!(
+        carried, stored_steps,
+        "the takeover rewrote the record with its steps"
+    );
+    assert!(
+        store
+            .complete("acct_alice", "k", next, &stored(b"{}"))
+            .await
+            .unwrap()
+    );
+    let gone: Option<Vec<u8>> = conn.hget(&key, "steps").await.unwrap();
+    assert_eq!(gone, None);
+
+    // A release without steps still deletes the key.
+    let token = FencingToken::random();
+    must_claim(&store, &claim_request("bare", token)).await;
+    assert!(store.release("acct_alice", "bare", token).await.unwrap());
+    let exists: bool = conn
+        .exists(store.record_key("acct_alice", "bare"))
+        .await
+        .unwrap();
+    assert!(!exists);
+}
+
+async fn records_written_before_steps_existed_replay_take_over_and_take_steps() {
+    let url = redis_url();
+    let prefix = TestPrefix::new(&url);
+    // The previous version's layout, written by hand: exactly the fields its scripts
+    // wrote (no `steps`), with their Redis expiries.
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let now = server_now_ms(&mut conn).await;
+    let record_key = |key: &str| format!("{}:{{10:acct_alice:{key}}}", prefix.prefix);
+    let ttl = i64::try_from(TTL.as_millis()).unwrap();
+    let lease = i64::try_from(LEASE.as_millis()).unwrap();
+    let response = stored(b"old");
+    let () = redis::cmd("HSET")
+        .arg(record_key("done"))
+        .arg("state")
+        .arg("completed")
+        .arg("fp")
+        .arg(&FINGERPRINT.digest[..])
+        .arg("fpv")
+        .arg(FINGERPRINT.version)
+        .arg("token")
+        .arg(FencingToken::random().0)
+        .arg("lease_expires_at")
+        .arg(now + lease)
+        .arg("expires_at")
+        .arg(now + ttl)
+        .arg("created_at")
+        .arg(now)
+        .arg("status")
+        .arg(response.status)
+        .arg("headers")
+        .arg(encode_headers(&response.headers))
+        .arg("body")
+        .arg(response.body.as_deref().unwrap())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let old_owner = FencingToken::random();
+    let () = redis::cmd("HSET")
+        .arg(record_key("running"))
+        .arg("state")
+        .arg("in_progress")
+        .arg("fp")
+        .arg(&FINGERPRINT.digest[..])
+        .arg("fpv")
+        .arg(FINGERPRINT.version)
+        .arg("token")
+        .arg(old_owner.0)
+        .arg("lease_expires_at")
+        .arg(now + lease)
+        .arg("expires_at")
+        .arg(now + ttl)
+        .arg("created_at")
+        .arg(now)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for key in ["done", "running"] {
+        let () = conn.pexpire_at(record_key(key), now + ttl).await.unwrap();
+    }
+
+    // The new version opens on them as they are.
+    let store = prefix.store().await;
+    assert_eq!(store.record_key("acct_alice", "done"), record_key("done"));
+    assert_eq!(
+        store
+            .claim(&claim_request("done", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Replay(response)
+    );
+    let info = store
+        .inspect("acct_alice", "running")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(info.holder_alive());
+    assert!(info.steps.is_empty());
+    assert!(matches!(
+        store
+            .claim(&claim_request("running", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::InProgress { .. }
+    ));
+    // Its owner records a step on the old record, then loses its lease: the retry takes
+    // the record over as before, and resumes after the step.
+    let charged = step("charge", r#"{"charge":"ch_1"}"#);
+    assert!(
+        store
+            .record_step("acct_alice", "running", old_owner, &charged)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store
+            .inspect("acct_alice", "running")
+            .await
+            .unwrap()
+            .unwrap()
+            .steps,
+        [charged.clone()]
+    );
+    store.shift_clock_for_tests(LEASE + Duration::from_secs(1));
+    let retry = FencingToken::random();
+    assert_eq!(
+        store
+            .claim(&claim_request("running", retry))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed {
+            token: retry,
+            takeover: Some(Takeover::LeaseLost),
+            steps: vec![charged],
+        }
+    );
+    assert!(
+        !store
+            .record_step("acct_alice", "running", old_owner, &step("late", "0"))
+            .await
+            .unwrap(),
+        "the old owner is fenced off"
+    );
+}
+
+async fn a_takeover_answers_exactly_the_steps_the_old_owner_recorded_before_it() {
+    let url = redis_url();
+    let prefix = TestPrefix::new(&url);
+    // Two instances: the old owner's clock is the server's, the taker sees its lease run
+    // out (the test clock offset is per store).
+    let owner = Arc::new(prefix.store().await);
+    let taker = Arc::new(prefix.store().await);
+    taker.shift_clock_for_tests(LEASE + Duration::from_secs(1));
+    for round in 0..5 {
+        let key = format!("race-{round}");
+        let old = FencingToken::random();
+        must_claim(&owner, &claim_request(&key, old)).await;
+        let recorded = Arc::new(AtomicU64::new(0));
+        // The owner records steps one after another until one is fenced off.
+        let recording = tokio::spawn({
+            let (owner, key, recorded) = (Arc::clone(&owner), key.clone(), Arc::clone(&recorded));
+            async move {
+                let mut answers = Vec::new();
+                for i in 0..100_000 {
+                    let step = step(&format!("step-{i}"), &i.to_string());
+                    let appended = owner
+                        .record_step("acct_alice", &key, old, &step)
+                        .await
+                        .unwrap();
+                    answers.push((step, appended));
+                    recorded.fetch_add(1, Ordering::SeqCst);
+                    if !appended {
+                        break;
+                    }
+                }
+                answers
+            }
+        });
+        // The takeover lands while steps are being recorded, after a few of them.
+        while recorded.load(Ordering::SeqCst) < 3 * (round + 1) {
+            tokio::task::yield_now().await;
+        }
+        let new = FencingToken::random();
+        let outcome = taker
+            .claim(&claim_request(&key, new))
+            .await
+            .unwrap()
+            .outcome;
+        let answers = recording.await.unwrap();
+        let appended: Vec<RecordedStep> = answers
+            .iter()
+            .filter(|(_, appended)| *appended)
+            .map(|(step, _)| step.clone())
+            .collect();
+        assert!(
+            answers.last().is_some_and(|(_, appended)| !appended),
+            "round {round}: the old owner was fenced off"
+        );
+        assert!(appended.len() >= 3, "round {round}: {}", appended.len());
+        assert_eq!(
+            outcome,
+            ClaimOutcome::Claimed {
+                token: new,
+                takeover: Some(Takeover::LeaseLost),
+                steps: appended,
+            },
+            "round {round}"
+        );
+    }
+}
+
+async fn an_expired_records_steps_end_with_it_and_operators_see_steps_in_progress_only() {
+    let url = redis_url();
+    let prefix = TestPrefix::new(&url);
+    let store = prefix.store().await;
+    let token = FencingToken::random();
+    must_claim(&store, &claim_request("k", token)).await;
+    let charged = step("charge", "1");
+    assert!(
+        store
+            .record_step("acct_alice", "k", token, &charged)
+            .await
+            .unwrap()
+    );
+    let info = store.inspect("acct_alice", "k").await.unwrap().unwrap();
+    assert!(matches!(info.state, RecordState::InProgress { .. }));
+    assert_eq!(info.steps, [charged.clone()]);
+    // Past its TTL: a takeover starts a new lifetime without the steps.
+    store.shift_clock_for_tests(TTL + Duration::from_secs(1));
+    let next = FencingToken::random();
+    assert_eq!(
+        store
+            .claim(&claim_request("k", next))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed {
+            token: next,
+            takeover: Some(Takeover::Expired),
+            steps: Vec::new(),
+        }
+    );
+    let mut conn = store.connection().clone();
+    let field: Option<Vec<u8>> = conn
+        .hget(store.record_key("acct_alice", "k"), "steps")
+        .await
+        .unwrap();
+    assert_eq!(field, None);
+    // Forgetting a released record with steps answers them, then they are gone too.
+    assert!(
+        store
+            .record_step("acct_alice", "k", next, &charged)
+            .await
+            .unwrap()
+    );
+    assert!(store.release("acct_alice", "k", next).await.unwrap());
+    match store.forget("acct_alice", "k", false).await.unwrap() {
+        idempotent_runtime::ForgetOutcome::Forgotten(info) => {
+            assert_eq!(info.steps, [charged]);
+            assert!(!info.holder_alive());
+        }
+        other => panic!("expected Forgotten, got {other:?}"),
+    }
+    let exists: bool = conn
+        .exists(store.record_key("acct_alice", "k"))
+        .await
+        .unwrap();
+    assert!(!exists);
+}
+
 /// A TCP proxy in front of the server that counts turns: a turn begins each time the
 /// client sends after the server last spoke. Returns its port.
 async fn counting_proxy(target: String, turns: Arc<AtomicU64>) -> u16 {
@@ -686,6 +1065,20 @@ async fn every_outcome_of_a_claim_is_one_round_trip() {
             .await
             .unwrap()
     );
+    let token = FencingToken::random();
+    must_claim(&store, &claim_request("warm-steps", token)).await;
+    assert!(
+        store
+            .record_step("acct_alice", "warm-steps", token, &step("a", "1"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .release("acct_alice", "warm-steps", token)
+            .await
+            .unwrap()
+    );
     for key in ["a", "b", "c"] {
         let token = FencingToken::random();
         let claimed = turns_of(&turns, must_claim(&store, &claim_request(key, token))).await;
@@ -721,6 +1114,38 @@ async fn every_outcome_of_a_claim_is_one_round_trip() {
         .await;
         assert_eq!(replayed, 1, "a replay, response included");
     }
+    // Steps: recording one, a release that keeps the record, and the takeover that
+    // answers them are one round trip each.
+    let token = FencingToken::random();
+    must_claim(&store, &claim_request("steps", token)).await;
+    let recorded = turns_of(&turns, async {
+        assert!(
+            store
+                .record_step("acct_alice", "steps", token, &step("a", "1"))
+                .await
+                .unwrap()
+        );
+    })
+    .await;
+    assert_eq!(recorded, 1, "a step");
+    let released = turns_of(&turns, async {
+        assert!(store.release("acct_alice", "steps", token).await.unwrap());
+    })
+    .await;
+    assert_eq!(released, 1, "a release that keeps the record");
+    let resumed = turns_of(&turns, async {
+        let outcome = store
+            .claim(&claim_request("steps", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome;
+        assert!(
+            matches!(&outcome, ClaimOutcome::Claimed { steps, .. } if steps.len() == 1),
+            "{outcome:?}"
+        );
+    })
+    .await;
+    assert_eq!(resumed, 1, "a takeover, steps included");
 }
 
 pub(crate) fn trials() -> Vec<Trial> {
@@ -770,6 +1195,22 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "every_outcome_of_a_claim_is_one_round_trip",
             every_outcome_of_a_claim_is_one_round_trip,
+        ),
+        async_trial(
+            "steps_are_a_field_of_the_hash_that_complete_deletes_and_release_keeps",
+            steps_are_a_field_of_the_hash_that_complete_deletes_and_release_keeps,
+        ),
+        async_trial(
+            "records_written_before_steps_existed_replay_take_over_and_take_steps",
+            records_written_before_steps_existed_replay_take_over_and_take_steps,
+        ),
+        async_trial(
+            "a_takeover_answers_exactly_the_steps_the_old_owner_recorded_before_it",
+            a_takeover_answers_exactly_the_steps_the_old_owner_recorded_before_it,
+        ),
+        async_trial(
+            "an_expired_records_steps_end_with_it_and_operators_see_steps_in_progress_only",
+            an_expired_records_steps_end_with_it_and_operators_see_steps_in_progress_only,
         ),
     ];
     trials.extend(ignored_if(unavailable(), with_server));

@@ -1,7 +1,7 @@
 //! The conformance suite on [`RedisStore`] over a Redis Cluster, plus what only a cluster
-//! has: records spread over every primary and `purge_expired` reaching them all, racing
-//! cluster clients, scripts reloaded on every node, and a primary killed mid-traffic
-//! (`failover`).
+//! has: records spread over every primary and `purge_expired` reaching them all, steps
+//! recorded, released and resumed on every primary, racing cluster clients, scripts
+//! reloaded on every node, and a primary killed mid-traffic (`failover`).
 //!
 //! Needs `IDEMPOTENT_TEST_REDIS_CLUSTER_URL` (e.g. `redis+cluster://127.0.0.1:7000/`, the
 //! cluster `scripts/redis-cluster.sh start` makes); without it every server test is
@@ -15,10 +15,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use idempotent_runtime::store::{RedisConnection, RedisStore};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
-use idempotent_runtime::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError};
+use idempotent_runtime::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, Takeover};
 
 use crate::fixtures::{TTL, claim_request, stored};
-use crate::store_redis::must_claim;
+use crate::store_redis::{must_claim, step};
 
 mod failover;
 
@@ -286,6 +286,58 @@ async fn records_spread_over_every_primary_and_purge_reaches_them_all() {
     }
 }
 
+async fn steps_are_recorded_released_and_resumed_on_every_primary() {
+    let url = cluster_url();
+    let prefix = TestPrefix::new(&url);
+    let store = prefix.store().await;
+    const RECORDS: usize = 30;
+    let steps = [step("authorise", "1"), step("capture", "2")];
+    for i in 0..RECORDS {
+        let (key, token) = (format!("k-{i}"), FencingToken::random());
+        must_claim(&store, &claim_request(&key, token)).await;
+        for step in &steps {
+            assert!(
+                store
+                    .record_step("acct_alice", &key, token, step)
+                    .await
+                    .unwrap()
+            );
+        }
+        assert!(store.release("acct_alice", &key, token).await.unwrap());
+    }
+    // Released records with steps are kept, on every primary.
+    let held: Vec<usize> = primaries_of(&first_seed(&url))
+        .iter()
+        .map(|node| keys_on(node, &prefix.prefix))
+        .collect();
+    assert_eq!(held.iter().sum::<usize>(), RECORDS, "{held:?}");
+    assert!(held.iter().all(|&n| n > 0), "{held:?}");
+    for i in 0..RECORDS {
+        let (key, token) = (format!("k-{i}"), FencingToken::random());
+        assert_eq!(
+            store
+                .claim(&claim_request(&key, token))
+                .await
+                .unwrap()
+                .outcome,
+            ClaimOutcome::Claimed {
+                token,
+                takeover: Some(Takeover::LeaseLost),
+                steps: steps.to_vec(),
+            },
+            "{key}"
+        );
+        assert!(
+            store
+                .complete("acct_alice", &key, token, &stored(b"{}"))
+                .await
+                .unwrap()
+        );
+        let info = store.inspect("acct_alice", &key).await.unwrap().unwrap();
+        assert!(info.steps.is_empty(), "{key}: completed");
+    }
+}
+
 async fn concurrent_claims_across_four_cluster_clients_have_one_winner() {
     let url = cluster_url();
     let prefix = TestPrefix::new(&url);
@@ -395,6 +447,10 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "records_spread_over_every_primary_and_purge_reaches_them_all",
             records_spread_over_every_primary_and_purge_reaches_them_all,
+        ),
+        async_trial(
+            "steps_are_recorded_released_and_resumed_on_every_primary",
+            steps_are_recorded_released_and_resumed_on_every_primary,
         ),
         async_trial(
             "concurrent_claims_across_four_cluster_clients_have_one_winner",
