@@ -196,7 +196,10 @@ mod tests {
         };
         let mut with_steps = described(b"in_progress", 0, Value::Nil);
         with_steps[8] = s(&encode_step(&step));
-        assert_eq!(record_info(with_steps).unwrap().steps, [step.clone()]);
+        assert_eq!(
+            record_info(with_steps).unwrap().steps,
+            std::slice::from_ref(&step)
+        );
         let mut cut = described(b"in_progress", 0, Value::Nil);
         cut[8] = s(&encode_step(&step)[..5]);
         assert!(matches!(record_info(cut), Err(StoreError::Corrupt(_))));
