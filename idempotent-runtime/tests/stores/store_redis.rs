@@ -670,14 +670,22 @@ async fn steps_are_a_field_of_the_hash_that_complete_deletes_and_release_keeps()
     let unchanged: Vec<u8> = conn.hget(&key, "steps").await.unwrap();
     assert_eq!(unchanged, stored_steps);
 
-    // Release keeps the record: in progress, its lease ended at the script's now, its
-    // Redis expiry back at the end of its TTL.
+    // Release keeps the record: in progress, its lease ended at the script's now, its token
+    // RELEASED, its Redis expiry back at the end of its TTL.
     let before = server_now_ms(&mut conn).await;
     assert!(store.release("acct_alice", "k", token).await.unwrap());
     let after = server_now_ms(&mut conn).await;
     let fields: std::collections::HashMap<String, Vec<u8>> = conn.hgetall(&key).await.unwrap();
     assert_eq!(fields["state"], b"in_progress");
     assert_eq!(fields["steps"], stored_steps);
+    assert_eq!(
+        fields["token"],
+        FencingToken::RELEASED.0.to_string().as_bytes()
+    );
+    assert!(
+        !store.release("acct_alice", "k", token).await.unwrap(),
+        "the released token owns nothing"
+    );
     let lease_end: i64 = String::from_utf8_lossy(&fields["lease_expires_at"])
         .parse()
         .unwrap();

@@ -48,8 +48,9 @@
 //!   in-progress record (fencing), one round trip each. `record_step` appends to `steps`;
 //!   `complete` deletes `steps` (the response replaces them); `release` deletes a record
 //!   without steps and keeps one with steps, in progress with `lease_expires_at` set to
-//!   the script's now (its Redis expiry back at `expires_at`), so that the same request's
-//!   next claim takes it over and resumes. The store has no change notifications, so
+//!   the script's now and `token` set to [`FencingToken::RELEASED`] (its Redis expiry
+//!   back at `expires_at`), so that the released owner is fenced off and the same
+//!   request's next claim takes it over and resumes. The store has no change notifications, so
 //!   waiting duplicates poll either way.
 //! - `inspect` and `forget` (operators) read, or decide and delete, in one script each;
 //!   an in-progress record's description includes its decoded steps.
@@ -564,6 +565,7 @@ impl Store for RedisStore {
             .key(self.keys.record(scope, key))
             .arg(self.offset())
             .arg(token.0)
+            .arg(FencingToken::RELEASED.0)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(store_error)?;
