@@ -849,7 +849,7 @@ async fn records_written_before_steps_existed_replay_take_over_and_take_steps() 
             .unwrap()
             .unwrap()
             .steps,
-        [charged.clone()]
+        std::slice::from_ref(&charged)
     );
     store.shift_clock_for_tests(LEASE + Duration::from_secs(1));
     let retry = FencingToken::random();
@@ -955,7 +955,7 @@ async fn an_expired_records_steps_end_with_it_and_operators_see_steps_in_progres
     );
     let info = store.inspect("acct_alice", "k").await.unwrap().unwrap();
     assert!(matches!(info.state, RecordState::InProgress { .. }));
-    assert_eq!(info.steps, [charged.clone()]);
+    assert_eq!(info.steps, std::slice::from_ref(&charged));
     // Past its TTL: a takeover starts a new lifetime without the steps.
     store.shift_clock_for_tests(TTL + Duration::from_secs(1));
     let next = FencingToken::random();
