@@ -352,7 +352,7 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
     .expect("migrations table");
     assert_eq!(
         applied,
-        vec![1, 2, 3],
+        vec![1, 2, 3, 4],
         "each migration applied exactly once"
     );
 

@@ -82,13 +82,13 @@ use async_trait::async_trait;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row, SqlStr};
 
 use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
 use super::{
     Capabilities, ClaimAnswer, ClaimRequest, ClaimWatch, FencingToken, ForgetOutcome, RecordInfo,
-    Store, StoreError, StoredResponse, TxSupport, WatchClaims,
+    RecordedStep, Store, StoreError, StoredResponse, TxSupport, WatchClaims, encode_step,
 };
 use claim::QueuedClaim;
 use completion::QueuedCompletion;
@@ -121,6 +121,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         version: 3,
         description: "notify only waited claims",
         sql: include_str!("../../../migrations/postgres/0003_notify_only_waited_claims.sql"),
+    },
+    EmbeddedMigration {
+        version: 4,
+        description: "recorded steps",
+        sql: include_str!("../../../migrations/postgres/0004_recorded_steps.sql"),
     },
 ];
 
@@ -378,6 +383,22 @@ fn migrate<'c>(
     })
 }
 
+/// `sql/record_step.sql` with its parameters bound: scope, key, token, the encoded step.
+/// Run on a statement connection, or on a transactional handler's.
+fn bind_record_step(
+    sql: SqlStr,
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+    step: &RecordedStep,
+) -> Query<'static, Postgres, PgArguments> {
+    sqlx::query(sql)
+        .bind(scope.to_owned())
+        .bind(key.to_owned())
+        .bind(token.0)
+        .bind(encode_step(step))
+}
+
 /// A `Duration` as a Postgres interval of whole microseconds, clamped (see
 /// [`MAX_INTERVAL_MICROS`]).
 fn interval(duration: Duration) -> PgInterval {
@@ -391,19 +412,6 @@ fn interval(duration: Duration) -> PgInterval {
 
 #[async_trait]
 impl Store for PostgresStore {
-    async fn record_step(
-        &self,
-        _scope: &str,
-        _key: &str,
-        _token: crate::store::FencingToken,
-        _step: &crate::store::RecordedStep,
-    ) -> Result<bool, StoreError> {
-        // WIP(steps): replaced by this store's implementation before the issue closes.
-        Err(StoreError::backend(
-            "recording steps is not implemented on this store yet",
-        ))
-    }
-
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let (outcome, replay_lives_for) =
             sql::claim_with_retries(claim, || self.claim_once(claim)).await?;
@@ -449,7 +457,24 @@ impl Store for PostgresStore {
             .bind(scope)
             .bind(key)
             .bind(token.0);
-        Ok(self.execute(release).await? == 1)
+        let mut lent = self.connections.acquire().await?;
+        let released: i64 = release
+            .fetch_one(lent.connection())
+            .await?
+            .try_get("released")?;
+        lent.release();
+        Ok(released == 1)
+    }
+
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        let record = bind_record_step(self.sql.record_step.clone(), scope, key, token, step);
+        Ok(self.execute(record).await? == 1)
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
