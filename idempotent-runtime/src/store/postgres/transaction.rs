@@ -7,8 +7,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use sqlx::{PgConnection, PgPool, Postgres};
 
-use super::{bind_record_step, describe_options};
 use super::schema::Statements;
+use super::{bind_record_step, describe_options};
 use crate::store::TxStore;
 use crate::store::sql::bind_completion;
 use crate::store::{FencingToken, RecordedStep, StoreError, StoredResponse, TxSupport};

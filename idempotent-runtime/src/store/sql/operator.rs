@@ -239,7 +239,10 @@ impl InspectRow {
                 lease_expires_at: system_time_from_micros(lease_expires_at),
                 holder_alive: self.lease_alive.unwrap_or(false),
             };
-            (state, decode_steps(self.steps.as_deref().unwrap_or_default())?)
+            (
+                state,
+                decode_steps(self.steps.as_deref().unwrap_or_default())?,
+            )
         };
         let digest = <[u8; 32]>::try_from(self.fingerprint.as_slice())
             .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
