@@ -6,8 +6,9 @@
 -- Adding a nullable column without a default only changes the catalog: existing rows are
 -- neither rewritten nor locked for longer than the ALTER itself, and read as NULL.
 --
--- A release of a record that holds steps keeps it in progress, ends its lease and clears
--- `waited` (its waiters are woken now; the next owner's waiters mark it again). That
+-- A release of a record that holds steps keeps it in progress, ends its lease, gives it
+-- the released token and clears `waited` (its waiters are woken now; the next owner's
+-- waiters mark it again). That
 -- update notifies like the delete of migration 3: only for a record a duplicate waited
 -- for. Nothing else sets `waited` from true to false, so renewals, recorded steps and
 -- takeovers still notify nothing.

@@ -41,8 +41,30 @@
 //!   and kept by the store (`connections.rs`): sqlx 0.9's pool pings every connection
 //!   given back to it, a round trip per operation, and a cached generic plan for the
 //!   batch statements can go bad as the table grows.
-//! - `renew`, `complete` and `release` are fenced by `token = $token AND state =
-//!   'in_progress'`.
+//! - `renew`, `complete`, `release` and `record_step` are fenced by `token = $token AND
+//!   state = 'in_progress'`.
+//!
+//! # Recovery points: the `steps` column
+//!
+//! A record keeps the steps its handler completed in one nullable `bytea` column
+//! (migration 4), the concatenation of [`encode_step`] in recording order; NULL is none.
+//!
+//! - `record_step` (and `record_step_in`, on a transactional handler's connection) is one
+//!   fenced `UPDATE` appending one encoded step (`sql/record_step.sql`).
+//! - The claim statement keeps the steps when it takes a record over for a lost lease and
+//!   clears them for an expired one, and answers with the steps of the row it wrote (its
+//!   `RETURNING`), never the snapshot's: Postgres runs READ COMMITTED, and the takeover's
+//!   `DO UPDATE` acts on the newest committed version of the row, so a step the old owner
+//!   committed while the claim waited for the row lock is in the answer, and one it tries
+//!   after the takeover finds another token and is refused. A key without steps reads a
+//!   NULL column, nothing more.
+//! - Completion sets the column to NULL (the response replaces the steps).
+//! - `release` is one statement (`sql/release.sql`): a record without steps is deleted as
+//!   before; one with steps is kept in progress with its lease ended at `now()`, its token
+//!   set to [`FencingToken::RELEASED`] and `waited` cleared, which notifies its waiters
+//!   like the delete (see below).
+//! - `inspect` and `forget` report an in-progress record's steps; `forget` deletes them
+//!   with the row; `purge_expired` is unchanged (the TTL covers them).
 //! - `purge_expired` deletes one batch, the oldest expired records by a range scan of the
 //!   expiry index, by row address, skipping rows another session holds locked, so
 //!   sweepers on many instances never block each other or a claim.
@@ -53,9 +75,12 @@
 //!
 //! A duplicate that waits for a running original (`wait = "5s"`) on another instance is
 //! woken by a notification: before it waits, it marks the in-progress record
-//! (`waited`, `sql/mark_waited.sql`), and the triggers of migrations 2 and 3 `pg_notify`
-//! the channel `idempotent_claim_ended` when a *marked* claim completes or is released,
-//! with a hash of scope and key as payload. Only marked records notify: `NOTIFY`
+//! (`waited`, `sql/mark_waited.sql`), and the triggers of migrations 2 to 4 `pg_notify`
+//! the channel `idempotent_claim_ended` when a *marked* claim completes or is released
+//! (deleted, or kept for its steps: the release clears `waited`, and migration 4's trigger
+//! fires on that), with a hash of scope and key as payload. A record whose lease already
+//! ended (its holder crashed, or released it keeping its steps) is not marked: the
+//! duplicate claims again at once and takes it over or is refused. Only marked records notify: `NOTIFY`
 //! serialises the commits of notifying transactions, so notifying on every completion
 //! would serialise every fresh key's completion. Each store keeps one listener
 //! connection for it, on a one-connection pool of its own (never one of the request
@@ -152,7 +177,8 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 ///   drift without effect.
 /// - **One statement, one round trip per operation, shared under load.** A fresh request
 ///   costs two round trips (claim, complete), a replay, an in-progress duplicate or a
-///   mismatch one (the claim); a long handler adds one per heartbeat (`renew`).
+///   mismatch one (the claim); a long handler adds one per heartbeat (`renew`) and one
+///   per recorded step (`record_step`).
 ///   Concurrent claims share one statement, and so do concurrent completions (group
 ///   commit): one round trip and one commit for a whole batch.
 /// - **Connections.** The pool (yours with [`from_pool`](Self::from_pool)) serves
@@ -456,7 +482,8 @@ impl Store for PostgresStore {
         let release = sqlx::query(self.sql.release.clone())
             .bind(scope)
             .bind(key)
-            .bind(token.0);
+            .bind(token.0)
+            .bind(FencingToken::RELEASED.0);
         let mut lent = self.connections.acquire().await?;
         let released: i64 = release
             .fetch_one(lent.connection())

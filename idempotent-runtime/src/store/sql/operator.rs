@@ -365,8 +365,31 @@ mod tests {
         assert_eq!(info.fingerprint.version, 2);
         assert_eq!(info.created_at, UNIX_EPOCH + Duration::from_secs(1));
         assert_eq!(info.expires_at, UNIX_EPOCH + Duration::from_secs(5));
+        assert!(info.steps.is_empty());
+        let step = crate::store::RecordedStep {
+            name: "authorise".to_owned(),
+            output: bytes::Bytes::from_static(b"auth_1"),
+            recorded_at: UNIX_EPOCH + Duration::from_secs(3),
+        };
+        let encoded = Some(crate::store::encode_step(&step));
+        let with_steps = InspectRow {
+            steps: encoded.clone(),
+            ..row("in_progress")
+        };
+        assert_eq!(inspected(Some(with_steps)).unwrap().unwrap().steps, [step]);
         let info = inspected(Some(row("completed"))).unwrap().unwrap();
         assert_eq!(info.state, RecordState::Completed { status: 201 });
+        let completed = InspectRow {
+            steps: encoded,
+            ..row("completed")
+        };
+        assert!(
+            inspected(Some(completed))
+                .unwrap()
+                .unwrap()
+                .steps
+                .is_empty()
+        );
         let expired = InspectRow {
             live: false,
             ..row("completed")

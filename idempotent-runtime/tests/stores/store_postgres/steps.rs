@@ -352,19 +352,26 @@ async fn a_release_that_keeps_steps_notifies_waiters() {
         );
     }
 
-    // Kept, in progress, its lease over, no longer marked: the next waiter marks anew.
+    // Kept, in progress, its lease over, no longer marked (the next waiter marks anew),
+    // and the released owner fenced off.
     let row = sqlx::query(AssertSqlSafe(format!(
-        "SELECT state, waited, lease_expires_at <= now() AS lease_over, steps IS NOT NULL \
-         AS has_steps FROM {table} WHERE key = 'kept'"
+        "SELECT state, waited, token, lease_expires_at <= now() AS lease_over, \
+         steps IS NOT NULL AS has_steps FROM {table} WHERE key = 'kept'"
     )))
     .fetch_one(pool)
     .await
     .unwrap();
     assert_eq!(row.get::<String, _>("state"), "in_progress");
     assert!(!row.get::<bool, _>("waited"));
+    assert_eq!(row.get::<i64, _>("token"), FencingToken::RELEASED.0);
     assert!(row.get::<bool, _>("lease_over"));
     assert!(row.get::<bool, _>("has_steps"));
-    // The released owner owns nothing any more once the retry took the record over.
+    assert!(
+        !store
+            .record_step("acct_alice", "kept", owner, &recorded)
+            .await
+            .unwrap()
+    );
     let retry = FencingToken::random();
     assert_eq!(
         store
@@ -375,13 +382,7 @@ async fn a_release_that_keeps_steps_notifies_waiters() {
         ClaimOutcome::Claimed {
             token: retry,
             takeover: Some(Takeover::LeaseLost),
-            steps: vec![recorded.clone()],
+            steps: vec![recorded],
         }
-    );
-    assert!(
-        !store
-            .record_step("acct_alice", "kept", owner, &recorded)
-            .await
-            .unwrap()
     );
 }
