@@ -33,6 +33,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             "steps::a_release_that_keeps_steps_notifies_waiters",
             a_release_that_keeps_steps_notifies_waiters,
         ),
+        async_trial(
+            "steps::record_step_in_commits_and_rolls_back_with_the_transaction",
+            record_step_in_commits_and_rolls_back_with_the_transaction,
+        ),
     ]
 }
 
@@ -383,6 +387,71 @@ async fn a_release_that_keeps_steps_notifies_waiters() {
             token: retry,
             takeover: Some(Takeover::LeaseLost),
             steps: vec![recorded],
+        }
+    );
+}
+
+/// `record_step_in` appends on the handler's transaction: a rolled-back step is gone, a
+/// committed one comes back to the takeover, and a token that does not own the claim
+/// records nothing there either.
+async fn record_step_in_commits_and_rolls_back_with_the_transaction() {
+    let url = database_url();
+    let schema = TestSchema::new(&url).await;
+    let store = PostgresStore::connect_in_schema(&url, &schema.name)
+        .await
+        .unwrap();
+    let tx_store = store
+        .capabilities()
+        .transactions
+        .and_then(|support| support.for_database::<sqlx::Postgres>())
+        .expect("a Postgres store offers transactions");
+    let owner = FencingToken::random();
+    store.claim(&claim_request("tx", owner)).await.unwrap();
+    let (rolled_back, committed) = (step("draft", "x"), step("ledger", "entry_1"));
+
+    let mut tx = tx_store.begin().await.unwrap();
+    assert!(
+        tx_store
+            .record_step_in(&mut tx, "acct_alice", "tx", owner, &rolled_back)
+            .await
+            .unwrap()
+    );
+    tx.rollback().await.unwrap();
+
+    let mut tx = tx_store.begin().await.unwrap();
+    assert!(
+        !tx_store
+            .record_step_in(
+                &mut tx,
+                "acct_alice",
+                "tx",
+                FencingToken::random(),
+                &committed
+            )
+            .await
+            .unwrap(),
+        "another token does not own the claim"
+    );
+    assert!(
+        tx_store
+            .record_step_in(&mut tx, "acct_alice", "tx", owner, &committed)
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+
+    end_leases(store.pool(), &schema.table()).await;
+    let retry = FencingToken::random();
+    assert_eq!(
+        store
+            .claim(&claim_request("tx", retry))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed {
+            token: retry,
+            takeover: Some(Takeover::LeaseLost),
+            steps: vec![committed],
         }
     );
 }
