@@ -80,9 +80,9 @@
 //! (deleted, or kept for its steps: the release clears `waited`, and migration 4's trigger
 //! fires on that), with a hash of scope and key as payload. A record whose lease already
 //! ended (its holder crashed, or released it keeping its steps) is not marked: the
-//! duplicate claims again at once and takes it over or is refused. Only marked records notify: `NOTIFY`
-//! serialises the commits of notifying transactions, so notifying on every completion
-//! would serialise every fresh key's completion. Each store keeps one listener
+//! duplicate claims again at once and takes it over or is refused. Only marked records
+//! notify: `NOTIFY` serialises the commits of notifying transactions, so notifying on
+//! every completion would serialise every fresh key's completion. Each store keeps one listener
 //! connection for it, on a one-connection pool of its own (never one of the request
 //! pool's), started on the first wait and reconnected when lost; waiters poll while it is
 //! down (see `notify.rs`).
