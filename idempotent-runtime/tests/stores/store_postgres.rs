@@ -1,12 +1,14 @@
 //! The conformance and transactional suites on [`PostgresStore`], plus what only
 //! Postgres has: connection errors, concurrent migrations, several pools (instances) on
-//! one table, the database clock, round trips.
+//! one table, the database clock, round trips, recovery points under concurrency and
+//! the upgrade that adds them.
 //!
 //! Needs `IDEMPOTENT_TEST_POSTGRES_URL` (e.g. `postgres://postgres@127.0.0.1:5432/test`);
 //! without it every database test is reported *ignored* (the reason printed once). Each
 //! test works in a fresh schema with a random name, dropped again when the test ends, so
 //! tests run in parallel and leave nothing behind.
 mod group_commit;
+mod steps;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -272,6 +274,7 @@ pub(crate) fn trials() -> Vec<Trial> {
         ),
     ];
     trials.extend(ignored_if(unavailable(), with_database));
+    trials.extend(ignored_if(unavailable(), steps::trials()));
     trials.extend(ignored_if(
         round_trips_unavailable(),
         std::iter::once(async_trial(
@@ -352,7 +355,7 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
     .expect("migrations table");
     assert_eq!(
         applied,
-        vec![1, 2, 3],
+        vec![1, 2, 3, 4],
         "each migration applied exactly once"
     );
 

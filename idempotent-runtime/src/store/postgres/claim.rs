@@ -10,7 +10,7 @@ use super::group_commit::{Batch, element_of};
 use super::{PostgresStore, interval};
 use crate::fingerprint::Fingerprint;
 use crate::store::sql::{self, Classified, FoundRow};
-use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
+use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover, decode_steps};
 
 /// One claim, owned so it can wait for its batch.
 pub(super) struct QueuedClaim {
@@ -120,11 +120,13 @@ fn answer(
 ) -> Result<Option<sql::Answer>, StoreError> {
     if row.try_get::<bool, _>("claimed")? {
         let takeover: Option<String> = row.try_get("takeover")?;
+        // The steps of the row the claim wrote (NULL for a new key or an expired record).
+        let steps: Option<Vec<u8>> = row.try_get("steps")?;
         return Ok(Some((
             ClaimOutcome::Claimed {
                 token,
                 takeover: parse_takeover(takeover.as_deref())?,
-                steps: Vec::new(),
+                steps: decode_steps(steps.as_deref().unwrap_or_default())?,
             },
             None,
         )));

@@ -41,8 +41,30 @@
 //!   and kept by the store (`connections.rs`): sqlx 0.9's pool pings every connection
 //!   given back to it, a round trip per operation, and a cached generic plan for the
 //!   batch statements can go bad as the table grows.
-//! - `renew`, `complete` and `release` are fenced by `token = $token AND state =
-//!   'in_progress'`.
+//! - `renew`, `complete`, `release` and `record_step` are fenced by `token = $token AND
+//!   state = 'in_progress'`.
+//!
+//! # Recovery points: the `steps` column
+//!
+//! A record keeps the steps its handler completed in one nullable `bytea` column
+//! (migration 4), the concatenation of [`encode_step`] in recording order; NULL is none.
+//!
+//! - `record_step` (and `record_step_in`, on a transactional handler's connection) is one
+//!   fenced `UPDATE` appending one encoded step (`sql/record_step.sql`).
+//! - The claim statement keeps the steps when it takes a record over for a lost lease and
+//!   clears them for an expired one, and answers with the steps of the row it wrote (its
+//!   `RETURNING`), never the snapshot's: Postgres runs READ COMMITTED, and the takeover's
+//!   `DO UPDATE` acts on the newest committed version of the row, so a step the old owner
+//!   committed while the claim waited for the row lock is in the answer, and one it tries
+//!   after the takeover finds another token and is refused. A key without steps reads a
+//!   NULL column, nothing more.
+//! - Completion sets the column to NULL (the response replaces the steps).
+//! - `release` is one statement (`sql/release.sql`): a record without steps is deleted as
+//!   before; one with steps is kept in progress with its lease ended at `now()`, its token
+//!   set to [`FencingToken::RELEASED`] and `waited` cleared, which notifies its waiters
+//!   like the delete (see below).
+//! - `inspect` and `forget` report an in-progress record's steps; `forget` deletes them
+//!   with the row; `purge_expired` is unchanged (the TTL covers them).
 //! - `purge_expired` deletes one batch, the oldest expired records by a range scan of the
 //!   expiry index, by row address, skipping rows another session holds locked, so
 //!   sweepers on many instances never block each other or a claim.
@@ -53,11 +75,14 @@
 //!
 //! A duplicate that waits for a running original (`wait = "5s"`) on another instance is
 //! woken by a notification: before it waits, it marks the in-progress record
-//! (`waited`, `sql/mark_waited.sql`), and the triggers of migrations 2 and 3 `pg_notify`
-//! the channel `idempotent_claim_ended` when a *marked* claim completes or is released,
-//! with a hash of scope and key as payload. Only marked records notify: `NOTIFY`
-//! serialises the commits of notifying transactions, so notifying on every completion
-//! would serialise every fresh key's completion. Each store keeps one listener
+//! (`waited`, `sql/mark_waited.sql`), and the triggers of migrations 2 to 4 `pg_notify`
+//! the channel `idempotent_claim_ended` when a *marked* claim completes or is released
+//! (deleted, or kept for its steps: the release clears `waited`, and migration 4's trigger
+//! fires on that), with a hash of scope and key as payload. A record whose lease already
+//! ended (its holder crashed, or released it keeping its steps) is not marked: the
+//! duplicate claims again at once and takes it over or is refused. Only marked records
+//! notify: `NOTIFY` serialises the commits of notifying transactions, so notifying on
+//! every completion would serialise every fresh key's completion. Each store keeps one listener
 //! connection for it, on a one-connection pool of its own (never one of the request
 //! pool's), started on the first wait and reconnected when lost; waiters poll while it is
 //! down (see `notify.rs`).
@@ -82,13 +107,13 @@ use async_trait::async_trait;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row, SqlStr};
 
 use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
 use super::{
     Capabilities, ClaimAnswer, ClaimRequest, ClaimWatch, FencingToken, ForgetOutcome, RecordInfo,
-    Store, StoreError, StoredResponse, TxSupport, WatchClaims,
+    RecordedStep, Store, StoreError, StoredResponse, TxSupport, WatchClaims, encode_step,
 };
 use claim::QueuedClaim;
 use completion::QueuedCompletion;
@@ -122,6 +147,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "notify only waited claims",
         sql: include_str!("../../../migrations/postgres/0003_notify_only_waited_claims.sql"),
     },
+    EmbeddedMigration {
+        version: 4,
+        description: "recorded steps",
+        sql: include_str!("../../../migrations/postgres/0004_recorded_steps.sql"),
+    },
 ];
 
 /// Where applied migration versions are recorded (see the module docs).
@@ -147,7 +177,8 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 ///   drift without effect.
 /// - **One statement, one round trip per operation, shared under load.** A fresh request
 ///   costs two round trips (claim, complete), a replay, an in-progress duplicate or a
-///   mismatch one (the claim); a long handler adds one per heartbeat (`renew`).
+///   mismatch one (the claim); a long handler adds one per heartbeat (`renew`) and one
+///   per recorded step (`record_step`).
 ///   Concurrent claims share one statement, and so do concurrent completions (group
 ///   commit): one round trip and one commit for a whole batch.
 /// - **Connections.** The pool (yours with [`from_pool`](Self::from_pool)) serves
@@ -378,6 +409,22 @@ fn migrate<'c>(
     })
 }
 
+/// `sql/record_step.sql` with its parameters bound: scope, key, token, the encoded step.
+/// Run on a statement connection, or on a transactional handler's.
+fn bind_record_step(
+    sql: SqlStr,
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+    step: &RecordedStep,
+) -> Query<'static, Postgres, PgArguments> {
+    sqlx::query(sql)
+        .bind(scope.to_owned())
+        .bind(key.to_owned())
+        .bind(token.0)
+        .bind(encode_step(step))
+}
+
 /// A `Duration` as a Postgres interval of whole microseconds, clamped (see
 /// [`MAX_INTERVAL_MICROS`]).
 fn interval(duration: Duration) -> PgInterval {
@@ -391,19 +438,6 @@ fn interval(duration: Duration) -> PgInterval {
 
 #[async_trait]
 impl Store for PostgresStore {
-    async fn record_step(
-        &self,
-        _scope: &str,
-        _key: &str,
-        _token: crate::store::FencingToken,
-        _step: &crate::store::RecordedStep,
-    ) -> Result<bool, StoreError> {
-        // WIP(steps): replaced by this store's implementation before the issue closes.
-        Err(StoreError::backend(
-            "recording steps is not implemented on this store yet",
-        ))
-    }
-
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let (outcome, replay_lives_for) =
             sql::claim_with_retries(claim, || self.claim_once(claim)).await?;
@@ -448,8 +482,26 @@ impl Store for PostgresStore {
         let release = sqlx::query(self.sql.release.clone())
             .bind(scope)
             .bind(key)
-            .bind(token.0);
-        Ok(self.execute(release).await? == 1)
+            .bind(token.0)
+            .bind(FencingToken::RELEASED.0);
+        let mut lent = self.connections.acquire().await?;
+        let released: i64 = release
+            .fetch_one(lent.connection())
+            .await?
+            .try_get("released")?;
+        lent.release();
+        Ok(released == 1)
+    }
+
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        let record = bind_record_step(self.sql.record_step.clone(), scope, key, token, step);
+        Ok(self.execute(record).await? == 1)
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {

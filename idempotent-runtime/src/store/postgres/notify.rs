@@ -2,7 +2,8 @@
 //! [`PostgresStore`](super::PostgresStore)).
 //!
 //! Migration 2's triggers notify the channel [`CHANNEL`] when an in-progress claim
-//! completes or is released, with a compact payload ([`claim_id`]: a hash of scope and
+//! completes or is released (migration 4: also a release that keeps the record for its
+//! steps), with a compact payload ([`claim_id`]: a hash of scope and
 //! key, never the raw key). One listener connection per store — lazily started on the
 //! first wait, on a one-connection pool of its own, never one of the request pool's —
 //! fans the notifications out to the waiters, each keeping the ids it watches.

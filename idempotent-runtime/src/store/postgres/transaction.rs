@@ -1,23 +1,24 @@
-//! Transactional handlers on Postgres (`Tx<Postgres>`): the completion runs inside the
-//! handler's transaction, on the store's (possibly schema-qualified) table.
+//! Transactional handlers on Postgres (`Tx<Postgres>`): the completion, and the steps an
+//! atomic step records, run inside the handler's transaction, on the store's (possibly
+//! schema-qualified) table.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use sqlx::{PgConnection, PgPool, Postgres};
 
-use super::describe_options;
 use super::schema::Statements;
+use super::{bind_record_step, describe_options};
 use crate::store::TxStore;
 use crate::store::sql::bind_completion;
-use crate::store::{FencingToken, StoreError, StoredResponse, TxSupport};
+use crate::store::{FencingToken, RecordedStep, StoreError, StoredResponse, TxSupport};
 
 /// The [`TxSupport`] a [`PostgresStore`](super::PostgresStore) offers.
 pub(super) fn support(pool: PgPool, sql: Arc<Statements>) -> TxSupport {
     TxSupport::new::<Postgres>(Arc::new(PgTxStore { pool, sql }))
 }
 
-/// The store's pool and its statements: the completion needs nothing else, so a
+/// The store's pool and its statements: the completion and steps need nothing else, so a
 /// decorator store that forwards `transactions()` works exactly like the store.
 struct PgTxStore {
     pool: PgPool,
@@ -36,16 +37,16 @@ impl std::fmt::Debug for PgTxStore {
 impl TxStore<Postgres> for PgTxStore {
     async fn record_step_in(
         &self,
-        _conn: &mut <Postgres as sqlx::Database>::Connection,
-        _scope: &str,
-        _key: &str,
-        _token: crate::store::FencingToken,
-        _step: &crate::store::RecordedStep,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
     ) -> Result<bool, StoreError> {
-        // WIP(steps): replaced by this store's implementation before the issue closes.
-        Err(StoreError::backend(
-            "recording steps is not implemented on this store yet",
-        ))
+        let done = bind_record_step(self.sql.record_step.clone(), scope, key, token, step)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn begin(&self) -> Result<sqlx::Transaction<'static, Postgres>, StoreError> {

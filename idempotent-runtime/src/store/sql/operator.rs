@@ -12,7 +12,7 @@ use sqlx::{ColumnIndex, Database, Decode, Executor, FromRow, IntoArguments, Pool
 
 use crate::fingerprint::Fingerprint;
 use crate::store::operator::{lease_left_from_millis, system_time_from_micros};
-use crate::store::{ForgetOutcome, RecordInfo, RecordState, StoreError};
+use crate::store::{ForgetOutcome, RecordInfo, RecordState, StoreError, decode_steps};
 
 /// How often `forget` runs again when the record changed between its read and its
 /// delete (completed, renewed, taken over meanwhile). One retry almost always suffices.
@@ -175,6 +175,9 @@ pub(crate) struct InspectRow {
     pub(crate) lease_alive: Option<bool>,
     /// `lease_expires_at - now` in milliseconds, rounded up (in progress only).
     pub(crate) lease_left_ms: Option<i64>,
+    /// The recorded steps, encoded (in progress only); `None` also where a dialect's
+    /// statement has no `steps` column yet.
+    pub(crate) steps: Option<Vec<u8>>,
 }
 
 /// The columns of every dialect's `inspect.sql`, by name.
@@ -199,6 +202,10 @@ where
             live: row.try_get("live")?,
             lease_alive: row.try_get("lease_alive")?,
             lease_left_ms: row.try_get("lease_left_ms")?,
+            steps: match row.try_get("steps") {
+                Err(sqlx::Error::ColumnNotFound(_)) => None,
+                steps => steps?,
+            },
         })
     }
 }
@@ -216,22 +223,26 @@ impl InspectRow {
 
     /// The record as an operator sees it (whether or not it is live).
     pub(crate) fn info(&self) -> Result<RecordInfo, StoreError> {
-        let state = if self.completed()? {
+        let (state, steps) = if self.completed()? {
             let status = self
                 .status
                 .and_then(|s| u16::try_from(s).ok())
                 .ok_or_else(|| {
                     StoreError::Corrupt(format!("completed record with status {:?}", self.status))
                 })?;
-            RecordState::Completed { status }
+            (RecordState::Completed { status }, Vec::new())
         } else {
             let lease_expires_at = self
                 .lease_expires_at_us
                 .ok_or_else(|| StoreError::Corrupt("in progress without a lease".into()))?;
-            RecordState::InProgress {
+            let state = RecordState::InProgress {
                 lease_expires_at: system_time_from_micros(lease_expires_at),
                 holder_alive: self.lease_alive.unwrap_or(false),
-            }
+            };
+            (
+                state,
+                decode_steps(self.steps.as_deref().unwrap_or_default())?,
+            )
         };
         let digest = <[u8; 32]>::try_from(self.fingerprint.as_slice())
             .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
@@ -246,7 +257,8 @@ impl InspectRow {
             Fingerprint { version, digest },
             system_time_from_micros(self.created_at_us),
             system_time_from_micros(self.expires_at_us),
-        ))
+        )
+        .with_steps(steps))
     }
 }
 
@@ -336,6 +348,7 @@ mod tests {
             live: true,
             lease_alive: Some(state == "in_progress"),
             lease_left_ms: Some(1_500),
+            steps: None,
         }
     }
 
@@ -352,8 +365,31 @@ mod tests {
         assert_eq!(info.fingerprint.version, 2);
         assert_eq!(info.created_at, UNIX_EPOCH + Duration::from_secs(1));
         assert_eq!(info.expires_at, UNIX_EPOCH + Duration::from_secs(5));
+        assert!(info.steps.is_empty());
+        let step = crate::store::RecordedStep {
+            name: "authorise".to_owned(),
+            output: bytes::Bytes::from_static(b"auth_1"),
+            recorded_at: UNIX_EPOCH + Duration::from_secs(3),
+        };
+        let encoded = Some(crate::store::encode_step(&step));
+        let with_steps = InspectRow {
+            steps: encoded.clone(),
+            ..row("in_progress")
+        };
+        assert_eq!(inspected(Some(with_steps)).unwrap().unwrap().steps, [step]);
         let info = inspected(Some(row("completed"))).unwrap().unwrap();
         assert_eq!(info.state, RecordState::Completed { status: 201 });
+        let completed = InspectRow {
+            steps: encoded,
+            ..row("completed")
+        };
+        assert!(
+            inspected(Some(completed))
+                .unwrap()
+                .unwrap()
+                .steps
+                .is_empty()
+        );
         let expired = InspectRow {
             live: false,
             ..row("completed")

@@ -24,7 +24,14 @@
 --   claim again with a fresh snapshot.
 -- - New keys are inserted in the order of `n` (the batch is sorted by scope and key),
 --   so two batches lock rows in one order.
--- - The final SELECT returns the claim (with its takeover reason, NULL for a new key),
+-- - A takeover for a lost lease keeps the record's recorded steps, one for an expired
+--   record clears them (`steps_survive`), a new key has none. The claim's steps come from
+--   the row the takeover wrote (RETURNING), never from the snapshot: under READ COMMITTED
+--   the DO UPDATE acts on the newest version of the row, so a step the old owner
+--   committed after the snapshot (same token: the takeover still happens) is in the
+--   answer, and one it tries after the takeover is fenced off by the new token.
+-- - The final SELECT returns the claim (with its takeover reason, NULL for a new key,
+--   and its steps),
 --   or else the snapshot's record, judged at now(), with headers and body only for a
 --   completed same-fingerprint record. The lease and TTL time left use clock_timestamp()
 --   (the TTL's rounded down: it bounds the replay cache's copy of the record).
@@ -75,7 +82,11 @@ claimed AS (
         headers = NULL,
         body = NULL,
         created_at = EXCLUDED.created_at,
-        expires_at = EXCLUDED.expires_at
+        expires_at = EXCLUDED.expires_at,
+        -- Kept for the reason reported (LeaseLost), cleared otherwise (`steps_survive`).
+        steps = CASE WHEN (SELECT t.reason FROM existing e JOIN takeover t ON t.n = e.n
+                           WHERE e.scope = r.scope AND e.key = r.key) = 'lease_lost'
+                     THEN r.steps END
     WHERE (r.token, r.state) = (SELECT e.token, e.state FROM existing e
                                 WHERE e.scope = r.scope AND e.key = r.key)
       AND ((r.expires_at <= now()
@@ -84,11 +95,12 @@ claimed AS (
                AND r.lease_expires_at <= now()
                AND r.fingerprint = EXCLUDED.fingerprint
                AND r.fingerprint_version = EXCLUDED.fingerprint_version))
-    RETURNING r.scope, r.key
+    RETURNING r.scope, r.key, r.steps
 )
 SELECT i.n,
        (c.key IS NOT NULL) AS claimed,
        t.reason AS takeover,
+       c.steps,
        e.state,
        e.ttl_ran_out,
        e.lease_ran_out,
