@@ -12,7 +12,7 @@ use sqlx::{ColumnIndex, Database, Decode, Executor, FromRow, IntoArguments, Pool
 
 use crate::fingerprint::Fingerprint;
 use crate::store::operator::{lease_left_from_millis, system_time_from_micros};
-use crate::store::{ForgetOutcome, RecordInfo, RecordState, StoreError};
+use crate::store::{ForgetOutcome, RecordInfo, RecordState, StoreError, decode_steps};
 
 /// How often `forget` runs again when the record changed between its read and its
 /// delete (completed, renewed, taken over meanwhile). One retry almost always suffices.
@@ -175,6 +175,9 @@ pub(crate) struct InspectRow {
     pub(crate) lease_alive: Option<bool>,
     /// `lease_expires_at - now` in milliseconds, rounded up (in progress only).
     pub(crate) lease_left_ms: Option<i64>,
+    /// The record's steps, encoded ([`encode_step`](crate::store::encode_step)); `None`:
+    /// none, or a dialect whose statement selects no `steps` column.
+    pub(crate) steps: Option<Vec<u8>>,
 }
 
 /// The columns of every dialect's `inspect.sql`, by name.
@@ -199,6 +202,11 @@ where
             live: row.try_get("live")?,
             lease_alive: row.try_get("lease_alive")?,
             lease_left_ms: row.try_get("lease_left_ms")?,
+            steps: match row.try_get("steps") {
+                // A dialect that keeps no steps yet selects no such column.
+                Err(sqlx::Error::ColumnNotFound(_)) => None,
+                steps => steps?,
+            },
         })
     }
 }
@@ -233,6 +241,11 @@ impl InspectRow {
                 holder_alive: self.lease_alive.unwrap_or(false),
             }
         };
+        // A completed record's response replaced its steps.
+        let steps = match &self.steps {
+            Some(steps) if matches!(state, RecordState::InProgress { .. }) => decode_steps(steps)?,
+            _ => Vec::new(),
+        };
         let digest = <[u8; 32]>::try_from(self.fingerprint.as_slice())
             .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
         let version = i16::try_from(self.fingerprint_version).map_err(|_| {
@@ -246,7 +259,8 @@ impl InspectRow {
             Fingerprint { version, digest },
             system_time_from_micros(self.created_at_us),
             system_time_from_micros(self.expires_at_us),
-        ))
+        )
+        .with_steps(steps))
     }
 }
 
@@ -336,6 +350,7 @@ mod tests {
             live: true,
             lease_alive: Some(state == "in_progress"),
             lease_left_ms: Some(1_500),
+            steps: None,
         }
     }
 
@@ -377,6 +392,28 @@ mod tests {
         ] {
             assert!(matches!(inspected(Some(bad)), Err(StoreError::Corrupt(_))));
         }
+    }
+
+    #[test]
+    fn an_in_progress_record_carries_its_decoded_steps() {
+        let step = crate::store::RecordedStep {
+            name: "charge".to_owned(),
+            output: bytes::Bytes::from_static(&[0, 255, 0]),
+            recorded_at: UNIX_EPOCH + Duration::from_millis(1_234),
+        };
+        let with_steps = |state| InspectRow {
+            steps: Some(crate::store::encode_step(&step)),
+            ..row(state)
+        };
+        let info = inspected(Some(with_steps("in_progress"))).unwrap().unwrap();
+        assert_eq!(info.steps, [step.clone()]);
+        let info = inspected(Some(with_steps("completed"))).unwrap().unwrap();
+        assert_eq!(info.steps, []);
+        let cut = InspectRow {
+            steps: Some(vec![9]),
+            ..row("in_progress")
+        };
+        assert!(matches!(inspected(Some(cut)), Err(StoreError::Corrupt(_))));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use super::group_read::ClaimRead;
 use super::lease_time::{Now, statement};
 use crate::clock::millis;
 use crate::store::sql::{self, Classified};
-use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
+use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover, decode_steps, steps_survive};
 
 const CLAIM_NEW: &str = include_str!("sql/claim_new.sql");
 
@@ -44,7 +44,8 @@ impl SqliteStore {
         };
         let Some(found) = self.reader.read(read).await? else {
             let inserted = self
-                .claim_write(CLAIM_NEW, WriteKind::Claim, claim, now)
+                .writer
+                .write(claim_write(CLAIM_NEW, WriteKind::Claim, claim, now))
                 .await?;
             // No row inserted: a racing claim created the record since the read.
             return Ok((inserted == 1).then_some((
@@ -65,41 +66,48 @@ impl SqliteStore {
             Takeover::LeaseLost => statement!("sql/take_over_lease_lost.sql"),
         };
         let taken = self
-            .claim_write(statement, WriteKind::TakeOver, claim, now)
+            .writer
+            .write_returning(claim_write(statement, WriteKind::TakeOver, claim, now))
             .await?;
-        Ok((taken == 1).then_some((
+        if taken.rows != 1 {
+            return Ok(None);
+        }
+        // The steps as the takeover's own statement left them (its `RETURNING`), never
+        // as the read saw them: the old owner may have recorded one in between.
+        let steps = match taken.steps {
+            Some(steps) if steps_survive(reason) => decode_steps(&steps)?,
+            _ => Vec::new(),
+        };
+        Ok(Some((
             ClaimOutcome::Claimed {
                 token: claim.token,
                 takeover: Some(reason),
-                steps: Vec::new(),
+                steps,
             },
             None,
         )))
     }
+}
 
-    /// Runs a claim statement (see `sql/claim_new.sql` for the parameters they share)
-    /// through the store's writer; the rows it affected.
-    async fn claim_write(
-        &self,
-        statement: &'static str,
-        kind: WriteKind,
-        claim: &ClaimRequest<'_>,
-        now: Now,
-    ) -> Result<u64, StoreError> {
-        self.writer
-            .write(Write::Claim {
-                statement,
-                kind,
-                scope: claim.scope.to_owned(),
-                key: claim.key.to_owned(),
-                fingerprint: claim.fingerprint.digest,
-                fingerprint_version: i64::from(claim.fingerprint.version),
-                token: claim.token,
-                lease_expires_at: now.lease_expires_at(claim.lease),
-                now,
-                expires_at: now.wall.saturating_add(millis(claim.ttl)),
-                lease_ends_boot: now.lease_ends_boot(claim.lease),
-            })
-            .await
+/// The write of a claim statement (see `sql/claim_new.sql` for the parameters they
+/// share), for the store's writer.
+fn claim_write(
+    statement: &'static str,
+    kind: WriteKind,
+    claim: &ClaimRequest<'_>,
+    now: Now,
+) -> Write {
+    Write::Claim {
+        statement,
+        kind,
+        scope: claim.scope.to_owned(),
+        key: claim.key.to_owned(),
+        fingerprint: claim.fingerprint.digest,
+        fingerprint_version: i64::from(claim.fingerprint.version),
+        token: claim.token,
+        lease_expires_at: now.lease_expires_at(claim.lease),
+        now,
+        expires_at: now.wall.saturating_add(millis(claim.ttl)),
+        lease_ends_boot: now.lease_ends_boot(claim.lease),
     }
 }

@@ -72,8 +72,8 @@ use sqlx::sqlite::{
 use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
 use super::{
-    Capabilities, ClaimAnswer, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store,
-    StoreError, StoredResponse, TxSupport,
+    Capabilities, ClaimAnswer, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordedStep,
+    Store, StoreError, StoredResponse, TxSupport, encode_step,
 };
 use crate::clock::{Clock, SystemClock};
 use group_commit::Write;
@@ -104,6 +104,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "lease on the boot clock",
         sql: include_str!("../../../migrations/sqlite/0002_lease_on_the_boot_clock.sql"),
     },
+    EmbeddedMigration {
+        version: 3,
+        description: "recorded steps",
+        sql: include_str!("../../../migrations/sqlite/0003_recorded_steps.sql"),
+    },
 ];
 
 /// How often opening tries to apply the migrations. Two processes (or pools) opening one
@@ -116,7 +121,8 @@ const MIGRATION_ATTEMPTS: u32 = 10;
 const OPEN_ATTEMPTS: u32 = 10;
 
 const COMPLETE: &str = include_str!("sql/complete.sql");
-const RELEASE: &str = include_str!("sql/release.sql");
+/// Appends a step; the writer runs it, and a transactional handler on its connection.
+const RECORD_STEP: &str = include_str!("sql/record_step.sql");
 
 /// A [`Store`] in an SQLite database file: the single-host embedded default (see the
 /// module docs).
@@ -369,19 +375,6 @@ fn is_url(url_or_path: &str) -> bool {
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn record_step(
-        &self,
-        _scope: &str,
-        _key: &str,
-        _token: crate::store::FencingToken,
-        _step: &crate::store::RecordedStep,
-    ) -> Result<bool, StoreError> {
-        // WIP(steps): replaced by this store's implementation before the issue closes.
-        Err(StoreError::backend(
-            "recording steps is not implemented on this store yet",
-        ))
-    }
-
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let _write = self.writes.enter();
         let (outcome, replay_lives_for) =
@@ -435,6 +428,26 @@ impl Store for SqliteStore {
         Ok(completed > 0)
     }
 
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        let _write = self.writes.enter();
+        let recorded = self
+            .writer
+            .write(Write::RecordStep {
+                scope: scope.to_owned(),
+                key: key.to_owned(),
+                token,
+                step: encode_step(step),
+            })
+            .await?;
+        Ok(recorded > 0)
+    }
+
     async fn release(
         &self,
         scope: &str,
@@ -448,6 +461,7 @@ impl Store for SqliteStore {
                 scope: scope.to_owned(),
                 key: key.to_owned(),
                 token,
+                now: lease_time::Now::of(self.clock.as_ref()),
             })
             .await?;
         Ok(released > 0)
