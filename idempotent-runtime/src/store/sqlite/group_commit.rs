@@ -265,8 +265,8 @@ pub(super) struct Written {
 }
 
 /// `release`: deletes the claim `token` owns when it holds no steps, else keeps it with
-/// its lease ended at `now` (`release_keeps_record`); the rows affected (0: the token
-/// owns nothing).
+/// its lease ended at `now` and its token [`FencingToken::RELEASED`]
+/// (`release_keeps_record`); the rows affected (0: the token owns nothing).
 ///
 /// Two statements, each fenced by the token, need no transaction around them: while the
 /// token owns the record only this request changes its steps (and only by adding one),
@@ -296,6 +296,7 @@ fn release(
             boot_param(now.boot_id.as_ref()),
             now.lease_ends_boot(Duration::ZERO)
                 .map_or(Param::Null, Param::Int),
+            Param::Int(FencingToken::RELEASED.0),
         ],
     )
 }

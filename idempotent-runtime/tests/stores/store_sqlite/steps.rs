@@ -154,7 +154,7 @@ async fn a_release_that_keeps_the_record_ends_its_lease_on_the_boot_clock() {
     .await
     .unwrap();
     assert_eq!(row.get::<String, _>(0), "in_progress");
-    assert_eq!(row.get::<i64, _>(1), token.0);
+    assert_eq!(row.get::<i64, _>(1), FencingToken::RELEASED.0);
     assert_eq!(row.get::<i64, _>(2), START + 3_000 - 60_000);
     assert_eq!(row.get::<Vec<u8>, _>(3), 1u128.to_be_bytes().to_vec());
     assert_eq!(row.get::<i64, _>(4), START + 3_000);
@@ -166,8 +166,14 @@ async fn a_release_that_keeps_the_record_ends_its_lease_on_the_boot_clock() {
             ..
         }
     ));
-    // Released twice: the token still owns the kept record, which stays as it is.
-    assert!(store.release(SCOPE, KEY, token).await.unwrap());
+    // The released token owns the kept record no more.
+    assert!(!store.release(SCOPE, KEY, token).await.unwrap());
+    assert!(
+        !store
+            .record_step(SCOPE, KEY, token, &step("b", 2))
+            .await
+            .unwrap()
+    );
     let other = Fingerprint {
         version: 1,
         digest: [7; 32],
