@@ -406,7 +406,7 @@ mod tests {
             ..row(state)
         };
         let info = inspected(Some(with_steps("in_progress"))).unwrap().unwrap();
-        assert_eq!(info.steps, [step.clone()]);
+        assert_eq!(info.steps, std::slice::from_ref(&step));
         let info = inspected(Some(with_steps("completed"))).unwrap().unwrap();
         assert_eq!(info.steps, []);
         let cut = InspectRow {

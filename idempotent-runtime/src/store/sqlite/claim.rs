@@ -11,6 +11,12 @@
 //! purged, completed, taken over) makes that write affect no row, and the claim runs
 //! again from the start — so exactly one of any number of racing claims wins.
 //!
+//! A takeover of a lost lease resumes the earlier execution: its `UPDATE` keeps the
+//! record's steps and returns them (`RETURNING steps`), as the writer left the row — every
+//! step committed before it, none after, since the old owner's `record_step.sql` is
+//! fenced by the token the takeover replaced. The read's snapshot is never where they come
+//! from: a step may commit between the read and the write.
+//!
 //! The read goes through the store's reader (`group_read.rs`), batched with other
 //! claims' reads. The write goes through the store's writer (`group_commit.rs`), which
 //! may run it in one transaction with other requests' writes; it is answered only once

@@ -25,8 +25,19 @@
 //!   takeover rule lets the claim replace is taken by an `UPDATE … WHERE <that reason
 //!   still holds>` — so the claim knows, and reports, whether it took over an expired
 //!   record or a lost lease (see `claim.rs`).
+//! - **Recorded steps** (recovery points, `store/steps.rs`) are one `steps` BLOB column
+//!   of the record (migration 0003; NULL: none, and only an in-progress record holds
+//!   any): `record_step.sql` appends a step's encoding with `||`, cast back to a BLOB so
+//!   the bytes stay as they are (outputs hold NUL and 0xFF), fenced by the token like
+//!   `complete.sql`, which clears them. A takeover of a lost lease keeps them and returns
+//!   them from its own `UPDATE … RETURNING steps`, so the claim gets exactly the steps
+//!   committed before it (the read before the write only decides to write); a takeover of
+//!   an expired record clears them. A release deletes a record without steps
+//!   (`release.sql`) and keeps one with steps in progress, its lease ended now on the
+//!   lease clock and its token `FencingToken::RELEASED` (`release_keep.sql`). A claim of a
+//!   new key is unchanged: the same read and insert, no statement more.
 //! - **Group commit.** Every write of the store (claims' inserts and takeovers,
-//!   renewals, completions, releases, purges) goes through one writer task, which runs
+//!   renewals, recorded steps, completions, releases, purges) goes through one writer task, which runs
 //!   the writes waiting (a bounded batch) in one `BEGIN IMMEDIATE … COMMIT` and answers
 //!   each only after the commit: one transaction (one WAL commit, one fsync at
 //!   `synchronous = FULL`) for many requests, and no queue of connections polling for
