@@ -4,14 +4,18 @@
 //! saw, racing the old owner's steps on the one writer.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
+
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
 
 use bytes::Bytes;
 use idempotent_runtime::store::{RecordedStep, SqliteStore, encode_step};
 use idempotent_runtime::testing::{Trial, async_trial};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ManualClock, RecordState, Store,
-    StoredResponse, Takeover,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency,
+    IdempotencyKey, ManualClock, RecordState, Store, StoredResponse, Takeover,
 };
 use sqlx::Row;
 use tempfile::TempDir;
@@ -39,6 +43,10 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "steps::the_schema_refuses_steps_on_a_completed_record",
             the_schema_refuses_steps_on_a_completed_record,
+        ),
+        async_trial(
+            "steps::a_handler_resumes_after_its_steps_in_a_store_reopened_on_the_file",
+            a_handler_resumes_after_its_steps_in_a_store_reopened_on_the_file,
         ),
     ]
 }
@@ -350,4 +358,86 @@ async fn the_schema_refuses_steps_on_a_completed_record() {
         .await
         .expect_err("a completed record holds no steps");
     assert!(refused.to_string().contains("CHECK"), "{refused}");
+}
+
+/// How often each part of [`charge`] ran, across every store opened on the file.
+#[derive(Debug, Default)]
+struct Runs {
+    authorise: AtomicUsize,
+    receipt: AtomicUsize,
+}
+
+/// Authorises (a step), then answers `502` when `fail`, else sends the receipt (a step)
+/// and answers `201`.
+async fn charge(key: IdempotencyKey, runs: Arc<Runs>, fail: bool) -> Response {
+    let authorised = key
+        .step("authorise", || async {
+            let n = runs.authorise.fetch_add(1, Ordering::SeqCst) + 1;
+            Ok::<_, StatusCode>(format!("auth_{n}"))
+        })
+        .await;
+    let authorisation = match authorised {
+        Ok(authorisation) => authorisation,
+        Err(error) => return error.into_response(),
+    };
+    if fail {
+        return StatusCode::BAD_GATEWAY.into_response();
+    }
+    let sent = key
+        .step("receipt", || async {
+            runs.receipt.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, StatusCode>(())
+        })
+        .await;
+    match sent {
+        Ok(()) => (StatusCode::CREATED, authorisation).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Through the engine: a released `5xx` keeps its recorded step in the file, and the
+/// retry, served by a store opened anew on the file (as after a restart), resumes after
+/// it instead of authorising again.
+async fn a_handler_resumes_after_its_steps_in_a_store_reopened_on_the_file() {
+    const CONFIG: HandlerConfig = HandlerConfig::new();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::at_millis(START);
+    let runs = Arc::new(Runs::default());
+    let fingerprint = Fingerprint {
+        version: 1,
+        digest: [3; 32],
+    };
+    let run = |engine: Idempotency, fail: bool| {
+        let runs = runs.clone();
+        async move {
+            engine
+                .run(&CONFIG, SCOPE, KEY, fingerprint, move |key| {
+                    charge(key, runs, fail)
+                })
+                .await
+        }
+    };
+    let first = open(&dir, &clock).await;
+    let answer = run(Idempotency::new(first.clone()), true).await;
+    assert_eq!(answer.status(), StatusCode::BAD_GATEWAY);
+    first.pool().close().await;
+    drop(first);
+
+    let second = open(&dir, &clock).await;
+    let info = second.inspect(SCOPE, KEY).await.unwrap().expect("kept");
+    let names: Vec<_> = info.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["authorise"]);
+    let engine = Idempotency::new(second.clone());
+    let answer = run(engine.clone(), false).await;
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    assert_eq!(
+        runs.authorise.load(Ordering::SeqCst),
+        1,
+        "resumed, not rerun"
+    );
+    assert_eq!(runs.receipt.load(Ordering::SeqCst), 1);
+    let replay = run(engine, false).await;
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(steps_column(&second).await, (None, "null".to_owned()));
 }
