@@ -3,6 +3,7 @@
 //! migrations, journal mode.
 pub(crate) mod group_commit;
 pub(crate) mod leases;
+pub(crate) mod steps;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,6 +85,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             migrations_are_idempotent_on_reopen,
         ),
         async_trial(
+            "a_database_of_the_schema_before_steps_upgrades_in_place",
+            a_database_of_the_schema_before_steps_upgrades_in_place,
+        ),
+        async_trial(
             "concurrent_first_opens_of_one_file_all_succeed",
             concurrent_first_opens_of_one_file_all_succeed,
         ),
@@ -109,6 +114,7 @@ pub(crate) fn trials() -> Vec<Trial> {
     trials.extend(own);
     trials.extend(group_commit::trials());
     trials.extend(leases::trials());
+    trials.extend(steps::trials());
     trials
 }
 
@@ -255,6 +261,119 @@ async fn migrations_are_idempotent_on_reopen() {
         assert_eq!(applied, SqliteStore::migrator().iter().count() as i64);
         store.pool().close().await;
     }
+}
+
+/// A file at schema version 2 (before recorded steps), holding a completed record and an
+/// in-progress one as the store of that version wrote them: opening it applies migration
+/// 3 in place, the completed record replays, the running claim's token still owns its
+/// record and records steps on it, and a retry after its lease takes it over with them.
+async fn a_database_of_the_schema_before_steps_upgrades_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = path_in(&dir, "v2.db");
+    let clock = ManualClock::at_millis(START);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(SqliteStore::connect_options(&path).unwrap())
+        .await
+        .unwrap();
+    SqliteStore::migrator().run_to(2, &pool).await.unwrap();
+    let columns = |pool| async move {
+        sqlx::query_scalar::<_, String>("SELECT name FROM pragma_table_info('idempotency_records')")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+    };
+    assert!(!columns(&pool).await.contains(&"steps".to_owned()));
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![("location".to_owned(), b"/payments/1".to_vec())],
+        body: Some(bytes::Bytes::from_static(b"{\"id\":1}")),
+    };
+    let done = FencingToken::random();
+    sqlx::query(
+        "INSERT INTO idempotency_records (scope, key, fingerprint, fingerprint_version, \
+         state, token, lease_expires_at, status, headers, body, created_at, expires_at) \
+         VALUES ('acct_alice', 'key-1', ?1, 1, 'completed', ?2, NULL, 201, ?3, ?4, ?5, ?6)",
+    )
+    .bind(fingerprint().digest.to_vec())
+    .bind(done.0)
+    .bind(idempotent_runtime::store::encode_headers(&stored.headers))
+    .bind(stored.body.as_deref().map(<[u8]>::to_vec))
+    .bind(START)
+    .bind(START + 3_600_000)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Running, its lease on the manual clock's boot (id 1) until 30 s from now.
+    let running = FencingToken::random();
+    sqlx::query(
+        "INSERT INTO idempotency_records (scope, key, fingerprint, fingerprint_version, \
+         state, token, lease_expires_at, created_at, expires_at, lease_boot_id, \
+         lease_ends_boot_ms) \
+         VALUES ('acct_alice', 'key-2', ?1, 1, 'in_progress', ?2, ?3, ?4, ?5, ?6, ?3)",
+    )
+    .bind(fingerprint().digest.to_vec())
+    .bind(running.0)
+    .bind(START + 30_000)
+    .bind(START)
+    .bind(START + 3_600_000)
+    .bind(1u128.to_be_bytes().to_vec())
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+
+    let store = SqliteStore::open_with_clock(&path, Arc::new(clock.clone()))
+        .await
+        .expect("open upgrades the file");
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _idempotent_sqlite_migrations ORDER BY version")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(applied, [1, 2, 3]);
+    assert!(columns(store.pool()).await.contains(&"steps".to_owned()));
+    assert_eq!(
+        store
+            .claim(&claim_request(FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Replay(stored)
+    );
+    let running_claim = |token| ClaimRequest {
+        key: "key-2",
+        ..claim_request(token)
+    };
+    assert!(matches!(
+        store
+            .claim(&running_claim(FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::InProgress { .. }
+    ));
+    let step = idempotent_runtime::store::RecordedStep {
+        name: "charge".to_owned(),
+        output: bytes::Bytes::from_static(&[0, 0xFF, 0]),
+        recorded_at: std::time::UNIX_EPOCH + Duration::from_millis(START as u64),
+    };
+    assert!(
+        store
+            .record_step("acct_alice", "key-2", running, &step)
+            .await
+            .unwrap()
+    );
+    clock.advance(Duration::from_secs(31));
+    let retry = FencingToken::random();
+    assert_eq!(
+        store.claim(&running_claim(retry)).await.unwrap().outcome,
+        ClaimOutcome::Claimed {
+            token: retry,
+            takeover: Some(idempotent_runtime::Takeover::LeaseLost),
+            steps: vec![step],
+        }
+    );
 }
 
 async fn concurrent_first_opens_of_one_file_all_succeed() {

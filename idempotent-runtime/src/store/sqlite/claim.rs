@@ -11,6 +11,12 @@
 //! purged, completed, taken over) makes that write affect no row, and the claim runs
 //! again from the start — so exactly one of any number of racing claims wins.
 //!
+//! A takeover of a lost lease resumes the earlier execution: its `UPDATE` keeps the
+//! record's steps and returns them (`RETURNING steps`), as the writer left the row — every
+//! step committed before it, none after, since the old owner's `record_step.sql` is
+//! fenced by the token the takeover replaced. The read's snapshot is never where they come
+//! from: a step may commit between the read and the write.
+//!
 //! The read goes through the store's reader (`group_read.rs`), batched with other
 //! claims' reads. The write goes through the store's writer (`group_commit.rs`), which
 //! may run it in one transaction with other requests' writes; it is answered only once
@@ -23,7 +29,7 @@ use super::group_read::ClaimRead;
 use super::lease_time::{Now, statement};
 use crate::clock::millis;
 use crate::store::sql::{self, Classified};
-use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover};
+use crate::store::{ClaimOutcome, ClaimRequest, StoreError, Takeover, decode_steps, steps_survive};
 
 const CLAIM_NEW: &str = include_str!("sql/claim_new.sql");
 
@@ -44,7 +50,8 @@ impl SqliteStore {
         };
         let Some(found) = self.reader.read(read).await? else {
             let inserted = self
-                .claim_write(CLAIM_NEW, WriteKind::Claim, claim, now)
+                .writer
+                .write(claim_write(CLAIM_NEW, WriteKind::Claim, claim, now))
                 .await?;
             // No row inserted: a racing claim created the record since the read.
             return Ok((inserted == 1).then_some((
@@ -65,41 +72,48 @@ impl SqliteStore {
             Takeover::LeaseLost => statement!("sql/take_over_lease_lost.sql"),
         };
         let taken = self
-            .claim_write(statement, WriteKind::TakeOver, claim, now)
+            .writer
+            .write_returning(claim_write(statement, WriteKind::TakeOver, claim, now))
             .await?;
-        Ok((taken == 1).then_some((
+        if taken.rows != 1 {
+            return Ok(None);
+        }
+        // The steps as the takeover's own statement left them (its `RETURNING`), never
+        // as the read saw them: the old owner may have recorded one in between.
+        let steps = match taken.steps {
+            Some(steps) if steps_survive(reason) => decode_steps(&steps)?,
+            _ => Vec::new(),
+        };
+        Ok(Some((
             ClaimOutcome::Claimed {
                 token: claim.token,
                 takeover: Some(reason),
-                steps: Vec::new(),
+                steps,
             },
             None,
         )))
     }
+}
 
-    /// Runs a claim statement (see `sql/claim_new.sql` for the parameters they share)
-    /// through the store's writer; the rows it affected.
-    async fn claim_write(
-        &self,
-        statement: &'static str,
-        kind: WriteKind,
-        claim: &ClaimRequest<'_>,
-        now: Now,
-    ) -> Result<u64, StoreError> {
-        self.writer
-            .write(Write::Claim {
-                statement,
-                kind,
-                scope: claim.scope.to_owned(),
-                key: claim.key.to_owned(),
-                fingerprint: claim.fingerprint.digest,
-                fingerprint_version: i64::from(claim.fingerprint.version),
-                token: claim.token,
-                lease_expires_at: now.lease_expires_at(claim.lease),
-                now,
-                expires_at: now.wall.saturating_add(millis(claim.ttl)),
-                lease_ends_boot: now.lease_ends_boot(claim.lease),
-            })
-            .await
+/// The write of a claim statement (see `sql/claim_new.sql` for the parameters they
+/// share), for the store's writer.
+fn claim_write(
+    statement: &'static str,
+    kind: WriteKind,
+    claim: &ClaimRequest<'_>,
+    now: Now,
+) -> Write {
+    Write::Claim {
+        statement,
+        kind,
+        scope: claim.scope.to_owned(),
+        key: claim.key.to_owned(),
+        fingerprint: claim.fingerprint.digest,
+        fingerprint_version: i64::from(claim.fingerprint.version),
+        token: claim.token,
+        lease_expires_at: now.lease_expires_at(claim.lease),
+        now,
+        expires_at: now.wall.saturating_add(millis(claim.ttl)),
+        lease_ends_boot: now.lease_ends_boot(claim.lease),
     }
 }

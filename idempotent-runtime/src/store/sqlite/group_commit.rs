@@ -1,5 +1,5 @@
-//! Group commit: the store's writes — claims, renewals, completions, releases, purges —
-//! batched into shared write transactions by one writer task.
+//! Group commit: the store's writes — claims, renewals, recorded steps, completions,
+//! releases, purges — batched into shared write transactions by one writer task.
 //!
 //! SQLite has one writer at a time. With every request writing on its own pooled
 //! connection, each write is a transaction of its own (a WAL commit, and at
@@ -57,23 +57,28 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use sqlx::SqlitePool;
 
 use super::checkpoint::{self, Checkpointer, Checkpoints};
 use super::dedicated::{self, Batch, BatchEnd, Batches};
 use super::lease_time::{Now, statement};
-use super::raw_connection::{Param, RawConnection};
+use super::raw_connection::{Param, RawConnection, SqliteFailure};
 use super::writers::StoreWrites;
-use super::{COMPLETE, RELEASE};
+use super::{COMPLETE, RECORD_STEP};
 use crate::store::sql::CompletionColumns;
 use crate::store::sql::batcher::{self, Batcher, Queued};
 use crate::store::{FencingToken, StoreError, StoredResponse};
 
+const RELEASE: &str = include_str!("sql/release.sql");
+const RELEASE_KEEP: &str = include_str!("sql/release_keep.sql");
+
 /// One write: a single statement and its parameters, owned so it can wait in the queue.
 #[derive(Debug)]
 pub(super) enum Write {
-    /// A claim's insert of a new key (`claim_new.sql`) or fenced takeover `UPDATE`.
+    /// A claim's insert of a new key (`claim_new.sql`) or fenced takeover `UPDATE` (whose
+    /// `RETURNING steps`, for a lost lease, is the write's [`Written::steps`]).
     Claim {
         /// Which of the claim statements.
         statement: &'static str,
@@ -100,16 +105,27 @@ pub(super) enum Write {
         boot_id: Option<[u8; 16]>,
         lease_ends_boot: Option<i64>,
     },
+    /// Appends one encoded step (`record_step.sql`).
+    RecordStep {
+        scope: String,
+        key: String,
+        token: FencingToken,
+        /// `encode_step` of the step.
+        step: Vec<u8>,
+    },
     Complete {
         scope: String,
         key: String,
         token: FencingToken,
         response: StoredResponse,
     },
+    /// Deletes the claim (`release.sql`), or, when it holds steps, ends its lease at
+    /// `now` (`release_keep.sql`).
     Release {
         scope: String,
         key: String,
         token: FencingToken,
+        now: Now,
     },
     Purge {
         now: Now,
@@ -122,14 +138,15 @@ impl Write {
         match self {
             Self::Claim { kind, .. } => *kind,
             Self::Renew { .. } => WriteKind::Renew,
+            Self::RecordStep { .. } => WriteKind::RecordStep,
             Self::Complete { .. } => WriteKind::Complete,
             Self::Release { .. } => WriteKind::Release,
             Self::Purge { .. } => WriteKind::Purge,
         }
     }
 
-    /// Runs the statement; the rows it affected.
-    fn execute(&self, db: &mut RawConnection) -> Result<u64, StoreError> {
+    /// Runs the statement; the rows it affected, and the steps a takeover returned.
+    fn execute(&self, db: &mut RawConnection) -> Result<Written, StoreError> {
         let rows = match self {
             Self::Claim {
                 statement,
@@ -143,9 +160,8 @@ impl Write {
                 expires_at,
                 lease_ends_boot,
                 ..
-            } => db.execute(
-                statement,
-                &[
+            } => {
+                let params = [
                     Param::Text(scope),
                     Param::Text(key),
                     Param::Blob(fingerprint),
@@ -157,8 +173,17 @@ impl Write {
                     boot_param(now.boot_id.as_ref()),
                     Param::Int(now.boot),
                     lease_ends_boot.map_or(Param::Null, Param::Int),
-                ],
-            ),
+                ];
+                // A lost lease's takeover returns the steps it kept (a NULL column: none);
+                // the other claim statements return no row.
+                let (rows, steps) = db
+                    .execute_returning(statement, &params, |row| row.bytes(0))
+                    .map_err(|failure| StoreError::Database(failure.into_sqlx()))?;
+                return Ok(Written {
+                    rows,
+                    steps: steps.flatten(),
+                });
+            }
             Self::Renew {
                 scope,
                 key,
@@ -175,6 +200,20 @@ impl Write {
                     Param::Int(*lease_expires_at),
                     boot_param(boot_id.as_ref()),
                     lease_ends_boot.map_or(Param::Null, Param::Int),
+                ],
+            ),
+            Self::RecordStep {
+                scope,
+                key,
+                token,
+                step,
+            } => db.execute(
+                RECORD_STEP,
+                &[
+                    Param::Text(scope),
+                    Param::Text(key),
+                    Param::Int(token.0),
+                    Param::Blob(step),
                 ],
             ),
             Self::Complete {
@@ -196,10 +235,12 @@ impl Write {
                     ],
                 )
             }
-            Self::Release { scope, key, token } => db.execute(
-                RELEASE,
-                &[Param::Text(scope), Param::Text(key), Param::Int(token.0)],
-            ),
+            Self::Release {
+                scope,
+                key,
+                token,
+                now,
+            } => release(db, scope, key, *token, *now),
             Self::Purge { now, limit } => db.execute(
                 statement!("sql/purge.sql"),
                 &[
@@ -210,8 +251,54 @@ impl Write {
                 ],
             ),
         };
-        rows.map_err(|failure| StoreError::Database(failure.into_sqlx()))
+        let rows = rows.map_err(|failure| StoreError::Database(failure.into_sqlx()))?;
+        Ok(Written { rows, steps: None })
     }
+}
+
+/// What a write did: the rows it affected and, for a takeover of a lost lease, the steps
+/// its `RETURNING` read from the row it wrote (`None`: none, or another write).
+#[derive(Debug, Default)]
+pub(super) struct Written {
+    pub(super) rows: u64,
+    pub(super) steps: Option<Vec<u8>>,
+}
+
+/// `release`: deletes the claim `token` owns when it holds no steps, else keeps it with
+/// its lease ended at `now` and its token [`FencingToken::RELEASED`]
+/// (`release_keeps_record`); the rows affected (0: the token owns nothing).
+///
+/// Two statements, each fenced by the token, need no transaction around them: while the
+/// token owns the record only this request changes its steps (and only by adding one),
+/// so if neither matches, the token lost the record in between, and "owned nothing" is
+/// true of that moment. A record without steps, the usual one, costs the one `DELETE`.
+fn release(
+    db: &mut RawConnection,
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+    now: Now,
+) -> Result<u64, SqliteFailure> {
+    let deleted = db.execute(
+        RELEASE,
+        &[Param::Text(scope), Param::Text(key), Param::Int(token.0)],
+    )?;
+    if deleted > 0 {
+        return Ok(deleted);
+    }
+    db.execute(
+        RELEASE_KEEP,
+        &[
+            Param::Text(scope),
+            Param::Text(key),
+            Param::Int(token.0),
+            Param::Int(now.wall),
+            boot_param(now.boot_id.as_ref()),
+            now.lease_ends_boot(Duration::ZERO)
+                .map_or(Param::Null, Param::Int),
+            Param::Int(FencingToken::RELEASED.0),
+        ],
+    )
 }
 
 /// A boot id as a statement parameter; NULL without one.
@@ -229,6 +316,8 @@ pub enum WriteKind {
     TakeOver,
     /// A renewal.
     Renew,
+    /// A step recorded.
+    RecordStep,
     /// A completion.
     Complete,
     /// A release.
@@ -297,12 +386,12 @@ impl Counters {
 }
 
 /// A write waiting for its batch, and where its answer goes (the rows it affected).
-type Pending = Queued<Write, u64>;
+type Pending = Queued<Write, Written>;
 
 /// The handle callers send their writes through; clones share the one writer.
 #[derive(Debug, Clone)]
 pub(super) struct GroupCommit {
-    writer: Batcher<Write, u64>,
+    writer: Batcher<Write, Written>,
     counters: Arc<Counters>,
     checkpoints: Arc<Checkpoints>,
 }
@@ -334,6 +423,11 @@ impl GroupCommit {
 
     /// Runs `write` in the next batch; the rows it affected, once its batch committed.
     pub(super) async fn write(&self, write: Write) -> Result<u64, StoreError> {
+        Ok(self.writer.ask(write).await?.rows)
+    }
+
+    /// Like [`write`](Self::write), with what a `RETURNING` clause read ([`Written`]).
+    pub(super) async fn write_returning(&self, write: Write) -> Result<Written, StoreError> {
         self.writer.ask(write).await
     }
 
@@ -362,7 +456,7 @@ struct Writer {
 
 impl Batches for Writer {
     type Item = Write;
-    type Reply = u64;
+    type Reply = Written;
 
     const SETUP: Option<&'static str> = Some(checkpoint::WRITER_SETUP);
 

@@ -25,8 +25,19 @@
 //!   takeover rule lets the claim replace is taken by an `UPDATE … WHERE <that reason
 //!   still holds>` — so the claim knows, and reports, whether it took over an expired
 //!   record or a lost lease (see `claim.rs`).
+//! - **Recorded steps** (recovery points, `store/steps.rs`) are one `steps` BLOB column
+//!   of the record (migration 0003; NULL: none, and only an in-progress record holds
+//!   any): `record_step.sql` appends a step's encoding with `||`, cast back to a BLOB so
+//!   the bytes stay as they are (outputs hold NUL and 0xFF), fenced by the token like
+//!   `complete.sql`, which clears them. A takeover of a lost lease keeps them and returns
+//!   them from its own `UPDATE … RETURNING steps`, so the claim gets exactly the steps
+//!   committed before it (the read before the write only decides to write); a takeover of
+//!   an expired record clears them. A release deletes a record without steps
+//!   (`release.sql`) and keeps one with steps in progress, its lease ended now on the
+//!   lease clock and its token `FencingToken::RELEASED` (`release_keep.sql`). A claim of a
+//!   new key is unchanged: the same read and insert, no statement more.
 //! - **Group commit.** Every write of the store (claims' inserts and takeovers,
-//!   renewals, completions, releases, purges) goes through one writer task, which runs
+//!   renewals, recorded steps, completions, releases, purges) goes through one writer task, which runs
 //!   the writes waiting (a bounded batch) in one `BEGIN IMMEDIATE … COMMIT` and answers
 //!   each only after the commit: one transaction (one WAL commit, one fsync at
 //!   `synchronous = FULL`) for many requests, and no queue of connections polling for
@@ -72,8 +83,8 @@ use sqlx::sqlite::{
 use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
 use super::{
-    Capabilities, ClaimAnswer, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store,
-    StoreError, StoredResponse, TxSupport,
+    Capabilities, ClaimAnswer, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordedStep,
+    Store, StoreError, StoredResponse, TxSupport, encode_step,
 };
 use crate::clock::{Clock, SystemClock};
 use group_commit::Write;
@@ -104,6 +115,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "lease on the boot clock",
         sql: include_str!("../../../migrations/sqlite/0002_lease_on_the_boot_clock.sql"),
     },
+    EmbeddedMigration {
+        version: 3,
+        description: "recorded steps",
+        sql: include_str!("../../../migrations/sqlite/0003_recorded_steps.sql"),
+    },
 ];
 
 /// How often opening tries to apply the migrations. Two processes (or pools) opening one
@@ -116,7 +132,8 @@ const MIGRATION_ATTEMPTS: u32 = 10;
 const OPEN_ATTEMPTS: u32 = 10;
 
 const COMPLETE: &str = include_str!("sql/complete.sql");
-const RELEASE: &str = include_str!("sql/release.sql");
+/// Appends a step; the writer runs it, and a transactional handler on its connection.
+const RECORD_STEP: &str = include_str!("sql/record_step.sql");
 
 /// A [`Store`] in an SQLite database file: the single-host embedded default (see the
 /// module docs).
@@ -369,19 +386,6 @@ fn is_url(url_or_path: &str) -> bool {
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn record_step(
-        &self,
-        _scope: &str,
-        _key: &str,
-        _token: crate::store::FencingToken,
-        _step: &crate::store::RecordedStep,
-    ) -> Result<bool, StoreError> {
-        // WIP(steps): replaced by this store's implementation before the issue closes.
-        Err(StoreError::backend(
-            "recording steps is not implemented on this store yet",
-        ))
-    }
-
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let _write = self.writes.enter();
         let (outcome, replay_lives_for) =
@@ -435,6 +439,26 @@ impl Store for SqliteStore {
         Ok(completed > 0)
     }
 
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        let _write = self.writes.enter();
+        let recorded = self
+            .writer
+            .write(Write::RecordStep {
+                scope: scope.to_owned(),
+                key: key.to_owned(),
+                token,
+                step: encode_step(step),
+            })
+            .await?;
+        Ok(recorded > 0)
+    }
+
     async fn release(
         &self,
         scope: &str,
@@ -448,6 +472,7 @@ impl Store for SqliteStore {
                 scope: scope.to_owned(),
                 key: key.to_owned(),
                 token,
+                now: lease_time::Now::of(self.clock.as_ref()),
             })
             .await?;
         Ok(released > 0)

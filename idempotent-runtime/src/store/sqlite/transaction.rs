@@ -1,5 +1,6 @@
-//! Transactional handlers on SQLite (`Tx<Sqlite>`): the handler's writes and the
-//! completion share one `BEGIN IMMEDIATE` transaction on the store's pool.
+//! Transactional handlers on SQLite (`Tx<Sqlite>`): the handler's writes, the steps it
+//! records and the completion share one `BEGIN IMMEDIATE` transaction on the store's
+//! pool.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,11 +9,13 @@ use async_trait::async_trait;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::Semaphore;
 
-use super::COMPLETE;
 use super::writers::StoreWrites;
+use super::{COMPLETE, RECORD_STEP};
 use crate::store::TxStore;
 use crate::store::sql::bind_completion;
-use crate::store::{FencingToken, StoreError, StoredResponse, TxSupport};
+use crate::store::{
+    FencingToken, RecordedStep, StoreError, StoredResponse, TxSupport, encode_step,
+};
 
 /// The [`TxSupport`] a [`SqliteStore`](super::SqliteStore) offers.
 pub(super) fn support(pool: SqlitePool, writes: Arc<StoreWrites>, max_hold: Duration) -> TxSupport {
@@ -45,20 +48,6 @@ struct SqliteTxStore {
 
 #[async_trait]
 impl TxStore<Sqlite> for SqliteTxStore {
-    async fn record_step_in(
-        &self,
-        _conn: &mut <Sqlite as sqlx::Database>::Connection,
-        _scope: &str,
-        _key: &str,
-        _token: crate::store::FencingToken,
-        _step: &crate::store::RecordedStep,
-    ) -> Result<bool, StoreError> {
-        // WIP(steps): replaced by this store's implementation before the issue closes.
-        Err(StoreError::backend(
-            "recording steps is not implemented on this store yet",
-        ))
-    }
-
     /// `BEGIN IMMEDIATE`: the transaction takes the write lock at once (waiting up to the
     /// busy timeout for it). A deferred transaction that reads first holds a WAL snapshot,
     /// and its first write fails with `SQLITE_BUSY_SNAPSHOT` — without waiting — if any
@@ -87,6 +76,26 @@ impl TxStore<Sqlite> for SqliteTxStore {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         let done = bind_completion(COMPLETE, scope, key, token, response)?
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// `record_step.sql` in the handler's transaction: the step commits with the
+    /// handler's writes, or neither does.
+    async fn record_step_in(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(RECORD_STEP)
+            .bind(scope)
+            .bind(key)
+            .bind(token.0)
+            .bind(encode_step(step))
             .execute(conn)
             .await?;
         Ok(done.rows_affected() > 0)
