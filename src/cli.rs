@@ -1,6 +1,7 @@
 //! Command-line flags shared by the demo binaries, each with an environment fallback.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::parser::ValueSource;
@@ -54,6 +55,23 @@ pub struct DemoArgs {
     /// `409` at once. Off by default.
     #[arg(long, env = "IDEMPOTENCY_WAIT", value_parser = humantime::parse_duration)]
     pub wait: Option<Duration>,
+
+    /// Payments demo: append one line per external effect of the fake providers
+    /// (`authorised …` or `declined …` per gateway call, `receipt_sent …` per receipt
+    /// mailed) to this file, so they can be counted across crashes. Off by default.
+    #[arg(long, env = "PAYMENTS_DEMO_EFFECTS_LOG")]
+    pub effects_log: Option<PathBuf>,
+
+    /// Test hook of the payments demo, off by default: after `POST /payments` has recorded
+    /// the named step (`authorise`, `ledger` or `receipt`), print `paused after step NAME`
+    /// to stderr and wait forever, so a test can `kill -9` the process at a known point.
+    #[arg(
+        long,
+        env = "PAYMENTS_DEMO_PAUSE_AFTER_STEP",
+        value_name = "STEP",
+        value_parser = ["authorise", "ledger", "receipt"]
+    )]
+    pub pause_after_step: Option<String>,
 }
 
 /// Where the database URL came from.
@@ -146,6 +164,16 @@ mod tests {
             err.to_string()
                 .contains("--lease (20s) must be shorter than --ttl (20s)")
         );
+    }
+
+    #[test]
+    fn the_payments_test_hooks_are_off_unless_asked_for() {
+        let args = DemoArgs::try_from_iter(["demo"]).unwrap();
+        assert_eq!((args.effects_log, args.pause_after_step), (None, None));
+        let args = DemoArgs::try_from_iter(["demo", "--pause-after-step", "ledger"]).unwrap();
+        assert_eq!(args.pause_after_step.as_deref(), Some("ledger"));
+        let bad = DemoArgs::try_from_iter(["demo", "--pause-after-step", "charge"]).unwrap_err();
+        assert_eq!(bad.kind(), clap::error::ErrorKind::InvalidValue);
     }
 
     #[test]

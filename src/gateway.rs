@@ -8,11 +8,18 @@
 //!
 //! A second call with the same downstream key returns the first charge, as a real
 //! provider does, so a retry after a crash is deduplicated downstream too.
+//!
+//! Every call that authorises or declines a charge, deduplicated or not, is also a line in
+//! the [`EffectsLog`] when the demo has one (`--effects-log`), so that a test can count
+//! the provider's effects across a `kill -9` of the process.
 
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::database::Database;
@@ -73,7 +80,7 @@ const INSERT_CHARGE_MYSQL: &str = "INSERT IGNORE INTO demo_charges (id, account,
      VALUES (?, ?, ?, ?, ?, ?, ?)";
 
 /// A charge as the gateway recorded it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Charge {
     /// `pay_…`
     pub id: String,
@@ -101,6 +108,9 @@ pub enum GatewayError {
     /// The gateway's ledger failed.
     #[error("gateway ledger error: {0}")]
     Ledger(#[from] sqlx::Error),
+    /// Appending the call to the effects log failed (the charge itself is recorded).
+    #[error("effects log error: {0}")]
+    EffectsLog(#[from] std::io::Error),
 }
 
 /// The fake gateway.
@@ -108,6 +118,43 @@ pub enum GatewayError {
 pub struct Gateway {
     db: Database,
     latency: Duration,
+    effects: EffectsLog,
+}
+
+/// An append-only file of the fake providers' external effects, one line each
+/// (`authorised pay_… idem_…`, `receipt_sent pay_… rcpt_…`), shared by every process of a
+/// demo that names it; or nothing, when the demo runs without `--effects-log`.
+///
+/// The file is opened with `O_APPEND` and each line is one `write`: lines from several
+/// processes do not interleave, and a line written before a `kill -9` is in the page
+/// cache, so the next process and the test read it.
+#[derive(Debug, Clone, Default)]
+pub struct EffectsLog {
+    file: Option<Arc<std::fs::File>>,
+}
+
+impl EffectsLog {
+    /// The log at `path` (created if missing, appended to if not), or no log for `None`.
+    pub fn open(path: Option<&Path>) -> std::io::Result<Self> {
+        let file = match path {
+            Some(path) => Some(Arc::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            )),
+            None => None,
+        };
+        Ok(Self { file })
+    }
+
+    /// Appends `line` and a newline in one write; nothing without a log.
+    pub fn append(&self, line: &str) -> std::io::Result<()> {
+        match &self.file {
+            Some(file) => (&**file).write_all(format!("{line}\n").as_bytes()),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Gateway {
@@ -119,7 +166,18 @@ impl Gateway {
             _ => SCHEMA,
         };
         db.execute_script(schema).await?;
-        Ok(Self { db, latency })
+        Ok(Self {
+            db,
+            latency,
+            effects: EffectsLog::default(),
+        })
+    }
+
+    /// This gateway, appending a line to `effects` for every call that authorises or
+    /// declines a charge.
+    pub fn with_effects_log(mut self, effects: EffectsLog) -> Self {
+        self.effects = effects;
+        self
     }
 
     /// Charges `amount` to `account`, deduplicated by `downstream_key`.
@@ -179,6 +237,14 @@ impl Gateway {
             .into_iter()
             .next()
             .ok_or(sqlx::Error::RowNotFound)?;
+        // Deduplicated calls are effects too: a handler that asked twice is what a test of
+        // recovery points must see.
+        let effect = match charge.status.as_str() {
+            "declined" => "declined",
+            _ => "authorised",
+        };
+        self.effects
+            .append(&format!("{effect} {} {downstream_key}", charge.id))?;
         // What a provider's dashboard would show: a new charge, or a call answered with
         // the charge an earlier call with the same downstream key made.
         if inserted == 1 {

@@ -3,14 +3,17 @@
 //! (`src/bin/`), the examples (`examples/`) and the end-to-end tests all run this code, so
 //! the tests drive the very handlers a reader sees.
 //!
-//! - [`payments`]: the payments API over a fake gateway;
+//! - [`payments`]: the payments API over a fake gateway and a fake mailer, in three steps
+//!   (recovery points);
 //! - [`ledger`]: a transactional handler (SQLite, with twins for Postgres and MySQL);
 //! - `chaos` (feature `postgres`): the chaos check of the payments demo;
 //! - [`auth`]: bearer-token authentication with fixed demo API keys (the idempotency
 //!   scope);
 //! - [`cli`]: the flags, each with an environment fallback;
 //! - [`database`]: SQLite or Postgres, chosen by URL, shared by the store and the demo;
-//! - [`gateway`]: a fake payment provider that deduplicates on the key it is sent;
+//! - [`gateway`]: a fake payment provider that deduplicates on the key it is sent, and the
+//!   effects log the fake providers append to;
+//! - [`mailer`]: a fake mailer that sends (and counts) receipts;
 //! - [`prometheus`]: `GET /metrics`, the engine's metrics in the Prometheus text format;
 //! - [`serve`]: logging, the serve loop and a graceful shutdown that drains the engine.
 
@@ -22,6 +25,7 @@ pub mod cli;
 pub mod database;
 pub mod gateway;
 pub mod ledger;
+pub mod mailer;
 pub mod payments;
 pub mod prometheus;
 pub mod serve;

@@ -10,10 +10,21 @@
 //! - `GET /openapi.json` — the API in OpenAPI 3.1, `POST /payments` with its published
 //!   idempotency policy (key header, problem answers, TTL and lease as configured).
 //!
-//! What a user of `idempotent` writes is all here: the `#[idempotent]` handler, the
-//! router state with the engine in it (`FromRef`), the engine wiring and the router. The
-//! plumbing (bearer auth, flags, the fake gateway, the serve loop) is in the other
-//! modules of this library.
+//! `POST /payments` runs three steps, each a recovery point: a later execution of the same
+//! request (a retry after a crash, once the lease has run out) gets each recorded output
+//! back instead of running the step again:
+//!
+//! 1. `authorise`: the gateway charges the card (an external effect, deduplicated by the
+//!    gateway too through `key.derive("authorise")`);
+//! 2. `ledger`: one row in `demo_payment_ledger`. With an SQL store the row is written in
+//!    the store's own database and commits together with the step's record (exactly
+//!    once); with Redis it goes to the gateway's database as a plain step;
+//! 3. `receipt`: the (fake) mailer mails a receipt, which it would do again if asked.
+//!
+//! What a user of `idempotent` writes is all here: the `#[idempotent]` handler and its
+//! steps, the router state with the engine in it (`FromRef`), the engine wiring and the
+//! router. The plumbing (bearer auth, flags, the fake gateway and mailer, the serve loop)
+//! is in the other modules of this library.
 
 use std::time::Duration;
 
@@ -24,24 +35,32 @@ use axum::{Json, Router};
 use http::{HeaderValue, StatusCode, header};
 use idempotent_runtime::openapi::PublishedPolicy;
 use idempotent_runtime::rejection::AsProblem;
-use idempotent_runtime::{Idempotency, IdempotencyKey, Problem, idempotent};
+use idempotent_runtime::transaction::TxDatabase;
+use idempotent_runtime::{Idempotency, IdempotencyKey, Problem, StepError, idempotent};
 use serde::{Deserialize, Serialize};
 use utoipa::OpenApi;
 
 use crate::amount;
 use crate::auth::{BearerAuth, Caller};
 use crate::cli::DemoArgs;
-use crate::database;
-use crate::gateway::{Charge, Gateway, GatewayError};
+use crate::database::{self, Database};
+use crate::gateway::{Charge, EffectsLog, Gateway, GatewayError};
+use crate::mailer::Mailer;
 use crate::serve::{self, Banner, BoxError};
 
-/// The router state: the idempotency engine and the payment gateway.
+/// The router state: the idempotency engine, the fake providers and the payments ledger.
 #[derive(Debug, Clone)]
 pub struct AppState {
     /// The idempotency engine (`#[idempotent]` handlers find it through `FromRef`).
     pub idempotency: Idempotency,
     /// The payment provider.
     pub gateway: Gateway,
+    /// The receipt mailer.
+    pub mailer: Mailer,
+    /// Where each payment's ledger row goes.
+    pub ledger: Ledger,
+    /// The test hook that stops a request after a step (`--pause-after-step`).
+    pub pause: PauseAfterStep,
 }
 
 impl FromRef<AppState> for Idempotency {
@@ -90,12 +109,13 @@ pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
     doc
 }
 
-/// `POST /payments`: charges the gateway once per idempotency key and caller.
+/// `POST /payments`: charges the gateway once per idempotency key and caller, then writes
+/// the ledger row and mails the receipt, each step once.
 ///
-/// `scope = caller`: keys are unique per authenticated account. `key` is the claimed key;
-/// `key.derive("charge")` is the gateway's own idempotency key, the same on every retry of
-/// this request, so a retry after a crash is deduplicated by the provider too.
-/// `AsProblem` answers malformed JSON as problem+json, before the key is claimed.
+/// `scope = caller`: keys are unique per authenticated account. `key` is the claimed key
+/// and runs the steps; `key.derive("authorise")` is the gateway's own idempotency key, the
+/// same on every retry of this request, so the provider deduplicates too. `AsProblem`
+/// answers malformed JSON as problem+json, before the key is claimed.
 #[utoipa::path(
     post,
     path = "/payments",
@@ -132,13 +152,48 @@ pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
 async fn create_payment(
     caller: Caller,
     key: IdempotencyKey,
-    State(gateway): State<Gateway>,
+    State(state): State<AppState>,
     AsProblem(Json(request)): AsProblem<Json<ChargeRequest>>,
 ) -> Result<impl IntoResponse, ApiError> {
     let (amount, currency) = request.validate()?;
-    let charge = gateway
-        .charge(caller.account(), amount, &currency, &key.derive("charge"))
+    let account = caller.account();
+
+    let charge: Charge = key
+        .step("authorise", || async {
+            let downstream_key = key.derive("authorise");
+            Ok::<_, ApiError>(
+                state
+                    .gateway
+                    .charge(account, amount, &currency, &downstream_key)
+                    .await?,
+            )
+        })
         .await?;
+    state.pause.after("authorise").await;
+
+    let entry = LedgerEntry::new(account, &charge);
+    let _entry_id: String = match &state.ledger {
+        Ledger::Atomic(db) => write_atomically(&key, db, &entry).await?,
+        Ledger::Separate(db) => {
+            key.step("ledger", || async {
+                Ok::<_, ApiError>(entry.insert_on(db).await?)
+            })
+            .await?
+        }
+    };
+    state.pause.after("ledger").await;
+
+    let _receipt = key
+        .step("receipt", || async {
+            state
+                .mailer
+                .send_receipt(account, &charge.id)
+                .await
+                .map_err(|err| ApiError::Internal(err.to_string()))
+        })
+        .await?;
+    state.pause.after("receipt").await;
+
     let payment = Payment::from(charge);
     let location = HeaderValue::try_from(format!("/payments/{}", payment.id))
         .map_err(|err| ApiError::Internal(err.to_string()))?;
@@ -147,6 +202,58 @@ async fn create_payment(
         [(header::LOCATION, location)],
         Json(payment),
     ))
+}
+
+/// The `ledger` step as an atomic step on the store's own database: the row and the step's
+/// record commit in one transaction.
+async fn write_atomically(
+    key: &IdempotencyKey,
+    db: &Database,
+    entry: &LedgerEntry,
+) -> Result<String, StepError<ApiError>> {
+    let insert = db.dialect(INSERT_LEDGER_ROW);
+    match db {
+        Database::Sqlite(_) => {
+            atomic_ledger_step::<idempotent_runtime::Sqlite>(key, &insert, entry).await
+        }
+        #[cfg(feature = "postgres")]
+        Database::Postgres(_) => {
+            atomic_ledger_step::<idempotent_runtime::Postgres>(key, &insert, entry).await
+        }
+        #[cfg(feature = "mysql")]
+        Database::MySql(_) => {
+            atomic_ledger_step::<idempotent_runtime::MySql>(key, &insert, entry).await
+        }
+    }
+}
+
+/// `atomic_step::<DB>("ledger", …)` inserting `entry` with `insert` (in `DB`'s dialect).
+async fn atomic_ledger_step<DB>(
+    key: &IdempotencyKey,
+    insert: &str,
+    entry: &LedgerEntry,
+) -> Result<String, StepError<ApiError>>
+where
+    DB: TxDatabase,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    key.atomic_step::<DB, _, _, _, _>("ledger", |mut tx| async move {
+        let written = sqlx::query::<DB>(sqlx::AssertSqlSafe(insert.to_owned()))
+            .bind(entry.id.clone())
+            .bind(entry.payment.clone())
+            .bind(entry.account.clone())
+            .bind(entry.amount)
+            .bind(entry.currency.clone())
+            .bind(entry.created_at)
+            .execute(tx.conn())
+            .await;
+        let result = written.map(|_| entry.id.clone()).map_err(ApiError::from);
+        (result, tx)
+    })
+    .await
 }
 
 /// `GET /payments`: the caller's charges. Reads need no idempotency key.
@@ -260,6 +367,144 @@ impl From<Charge> for Payment {
     }
 }
 
+/// Where the `ledger` step writes each payment's row (`demo_payment_ledger`).
+#[derive(Debug, Clone)]
+pub enum Ledger {
+    /// In the idempotency store's own database (an SQL store): an atomic step, so the row
+    /// and the step's record commit together.
+    Atomic(Database),
+    /// In another database than the store's (a Redis store keeps only records): a plain
+    /// step, so a crash between the row's commit and the step's record writes it again on
+    /// the retry.
+    Separate(Database),
+}
+
+impl Ledger {
+    /// The ledger in `db` (its table created if missing): [`Atomic`](Self::Atomic) when
+    /// `db` is also where the store keeps its records.
+    pub async fn new(db: Database, shared_with_store: bool) -> Result<Self, sqlx::Error> {
+        let schema = match &db {
+            #[cfg(feature = "mysql")]
+            Database::MySql(_) => LEDGER_SCHEMA_MYSQL,
+            _ => LEDGER_SCHEMA,
+        };
+        db.execute_script(schema).await?;
+        Ok(if shared_with_store {
+            Ledger::Atomic(db)
+        } else {
+            Ledger::Separate(db)
+        })
+    }
+
+    /// The database the ledger's rows are in.
+    pub fn database(&self) -> &Database {
+        match self {
+            Ledger::Atomic(db) | Ledger::Separate(db) => db,
+        }
+    }
+}
+
+/// The payments ledger. No unique constraint on `payment_id`, on purpose: the `ledger`
+/// step alone keeps a payment to one row, and the crash tests count them.
+const LEDGER_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS demo_payment_ledger (
+    id TEXT PRIMARY KEY,
+    payment_id TEXT NOT NULL,
+    account TEXT NOT NULL,
+    amount BIGINT NOT NULL,
+    currency TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS demo_payment_ledger_payment ON demo_payment_ledger (payment_id)
+";
+
+/// [`LEDGER_SCHEMA`] for MySQL, which indexes no `TEXT` without a length.
+#[cfg(feature = "mysql")]
+const LEDGER_SCHEMA_MYSQL: &str = "
+CREATE TABLE IF NOT EXISTS demo_payment_ledger (
+    id VARCHAR(64) PRIMARY KEY,
+    payment_id VARCHAR(64) NOT NULL,
+    account VARCHAR(255) NOT NULL,
+    amount BIGINT NOT NULL,
+    currency VARCHAR(16) NOT NULL,
+    created_at BIGINT NOT NULL,
+    INDEX demo_payment_ledger_payment (payment_id)
+)
+";
+
+/// Inserts one ledger row (`$N` placeholders: pass it through [`Database::dialect`]).
+const INSERT_LEDGER_ROW: &str = "INSERT INTO demo_payment_ledger \
+    (id, payment_id, account, amount, currency, created_at) VALUES ($1, $2, $3, $4, $5, $6)";
+
+/// One row of the payments ledger.
+#[derive(Debug, Clone)]
+struct LedgerEntry {
+    /// `led_…`, new for every row written.
+    id: String,
+    payment: String,
+    account: String,
+    amount: i64,
+    currency: String,
+    created_at: i64,
+}
+
+impl LedgerEntry {
+    fn new(account: &str, charge: &Charge) -> Self {
+        Self {
+            id: format!("led_{:016x}", rand::random::<u64>()),
+            payment: charge.id.clone(),
+            account: account.to_owned(),
+            amount: charge.amount,
+            currency: charge.currency.clone(),
+            created_at: crate::ledger::now_millis(),
+        }
+    }
+
+    /// Inserts the row on `db`'s pool (its own transaction); answers its id.
+    async fn insert_on(&self, db: &Database) -> Result<String, sqlx::Error> {
+        let insert = db.dialect(INSERT_LEDGER_ROW);
+        crate::on_pool!(db, |pool| sqlx::query(sqlx::AssertSqlSafe(insert.as_str()))
+            .bind(&self.id)
+            .bind(&self.payment)
+            .bind(&self.account)
+            .bind(self.amount)
+            .bind(&self.currency)
+            .bind(self.created_at)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))?;
+        Ok(self.id.clone())
+    }
+}
+
+/// The test hook `--pause-after-step` (`PAYMENTS_DEMO_PAUSE_AFTER_STEP`): stops every
+/// `POST /payments` for good once the named step is recorded. Off unless asked for.
+#[derive(Debug, Clone, Default)]
+pub struct PauseAfterStep {
+    step: Option<std::sync::Arc<str>>,
+}
+
+impl PauseAfterStep {
+    /// Pauses after `step`, or never for `None`.
+    pub fn new(step: Option<&str>) -> Self {
+        Self {
+            step: step.map(Into::into),
+        }
+    }
+
+    /// Prints `paused after step STEP` to stderr and never completes when `step` is the
+    /// one to pause after; completes at once otherwise.
+    async fn after(&self, step: &str) {
+        if self.step.as_deref() == Some(step) {
+            eprintln!("{PAUSE_LINE} {step} (PAYMENTS_DEMO_PAUSE_AFTER_STEP): waiting to be killed");
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// How the line the pause hook prints starts (followed by the step's name).
+pub const PAUSE_LINE: &str = "payments-demo: paused after step";
+
 /// The API's errors, answered as problem+json like the library's own.
 #[derive(Debug)]
 enum ApiError {
@@ -273,6 +518,18 @@ enum ApiError {
     NotFound,
     /// The demo's database failed (`500`).
     Internal(String),
+    /// A step could not run or be recorded (the lease was lost, the store failed): the
+    /// engine's answer for it, a problem+json `5xx`.
+    Step(Response),
+}
+
+impl From<StepError<ApiError>> for ApiError {
+    fn from(err: StepError<ApiError>) -> Self {
+        match err {
+            StepError::Failed(err) => err,
+            other => ApiError::Step(other.into_response()),
+        }
+    }
 }
 
 impl From<GatewayError> for ApiError {
@@ -281,6 +538,7 @@ impl From<GatewayError> for ApiError {
             GatewayError::Declined(charge) => ApiError::Declined(charge.into()),
             GatewayError::Unavailable => ApiError::GatewayUnavailable,
             GatewayError::Ledger(err) => err.into(),
+            GatewayError::EffectsLog(err) => ApiError::Internal(err.to_string()),
         }
     }
 }
@@ -325,6 +583,7 @@ impl IntoResponse for ApiError {
                 "Not found",
                 "No such payment for this account.",
             ),
+            ApiError::Step(response) => return response,
             ApiError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
                 Problem::new(
@@ -352,6 +611,7 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
         );
     }
     let (db, store) = database::open_store(&args.database_url, &args.gateway_database_url).await?;
+    let effects = EffectsLog::open(args.effects_log.as_deref())?;
     let idempotency = Idempotency::builder_shared(store)
         .default_lease(args.lease)
         .default_ttl(args.ttl)
@@ -359,10 +619,19 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
         .build();
     // Purges expired keys every minute, in the background.
     let _sweeper = idempotency.spawn_sweeper(Duration::from_secs(60));
-    let gateway = Gateway::new(db, args.gateway_latency()).await?;
+    let gateway = Gateway::new(db.clone(), args.gateway_latency())
+        .await?
+        .with_effects_log(effects.clone());
+    let ledger = Ledger::new(db, !database::is_key_value_store(&args.database_url)).await?;
+    if let Some(step) = &args.pause_after_step {
+        tracing::warn!(%step, "test hook: every POST /payments stops after this step");
+    }
     let app = router(AppState {
         idempotency: idempotency.clone(),
         gateway,
+        mailer: Mailer::new(effects),
+        ledger,
+        pause: PauseAfterStep::new(args.pause_after_step.as_deref()),
     });
     let banner = Banner {
         name: "payments",

@@ -236,7 +236,7 @@ fn payment(run_id: &str, i: usize) -> Payment {
     }
 }
 
-/// The gateway key the demo's handler derives for `payment`: `key.derive("charge")` of
+/// The gateway key the demo's handler derives for `payment`: `key.derive("authorise")` of
 /// the claimed key (scope = the caller's account; raw fingerprint, the default).
 fn downstream_key(payment: &Payment) -> String {
     let account = match payment.api_key {
@@ -255,7 +255,7 @@ fn downstream_key(payment: &Payment) -> String {
         payment.idempotency_key.clone(),
         fingerprint,
     )
-    .derive("charge")
+    .derive("authorise")
 }
 
 impl fmt::Display for Report {

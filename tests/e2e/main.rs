@@ -1,7 +1,8 @@
 //! The end-to-end tests of the demo apps, in one binary so the dependency tree is linked
 //! once: the HTTP contract on both protections, the payments and ledger demos in-process
-//! and as real processes, several instances on one database, outages, the chaos check and
-//! the published OpenAPI document under a fuzzer (schemathesis).
+//! and as real processes, several instances on one database, outages, recovery points under
+//! `kill -9`, the chaos check and the published OpenAPI document under a fuzzer
+//! (schemathesis).
 //! They run through libtest-mimic (`idempotent_runtime::testing`), so a test whose server
 //! is not configured shows as ignored, never passed.
 //!
@@ -18,6 +19,7 @@ mod multi_instance;
 mod openapi;
 #[cfg(feature = "postgres")]
 mod postgres_outage;
+mod recovery_points;
 mod schemathesis;
 mod support;
 
@@ -34,6 +36,7 @@ fn main() {
     add("metrics_endpoint", metrics_endpoint::trials());
     add("multi_instance", multi_instance::trials());
     add("openapi", openapi::trials());
+    add("recovery_points", recovery_points::trials());
     add("schemathesis", schemathesis::trials());
     #[cfg(feature = "postgres")]
     add("postgres_outage", postgres_outage::trials());

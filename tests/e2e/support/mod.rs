@@ -16,7 +16,8 @@ use idempotent_demo::gateway::Gateway;
 use idempotent_runtime::{Idempotency, Store};
 use tower::ServiceExt;
 
-use idempotent_demo::payments::{AppState, router};
+use idempotent_demo::mailer::Mailer;
+use idempotent_demo::payments::{AppState, Ledger, PauseAfterStep, router};
 
 /// The payments demo on an SQLite file in `dir`.
 pub(crate) async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, Gateway) {
@@ -30,11 +31,17 @@ async fn payments_app_on(
     store: Arc<dyn Store>,
     latency: Duration,
 ) -> (Router, Gateway) {
-    let gateway = Gateway::new(db, latency).await.expect("gateway schema");
+    let gateway = Gateway::new(db.clone(), latency)
+        .await
+        .expect("gateway schema");
+    let ledger = Ledger::new(db, true).await.expect("ledger schema");
     let idempotency = Idempotency::builder_shared(store).build();
     let app = router(AppState {
         idempotency,
         gateway: gateway.clone(),
+        mailer: Mailer::default(),
+        ledger,
+        pause: PauseAfterStep::default(),
     });
     (app, gateway)
 }

@@ -24,23 +24,54 @@ impl Instance {
 
     /// Like [`start`](Self::start), for a prepared command (e.g. with extra environment).
     pub(crate) async fn start_command(
-        mut command: Command,
+        command: Command,
         database_url: &str,
         extra: &[&str],
     ) -> Instance {
+        Self::spawn(command, database_url, extra, None).await
+    }
+
+    /// Like [`start_command`](Self::start_command), with the process's stderr collected
+    /// in the returned [`Output`] instead of shown (`RUST_LOG` as `command` sets it, else
+    /// `warn`).
+    pub(crate) async fn start_captured(
+        command: Command,
+        database_url: &str,
+        extra: &[&str],
+    ) -> (Instance, Output) {
+        let output = Output::default();
+        let instance = Self::spawn(command, database_url, extra, Some(output.clone())).await;
+        (instance, output)
+    }
+
+    async fn spawn(
+        mut command: Command,
+        database_url: &str,
+        extra: &[&str],
+        capture: Option<Output>,
+    ) -> Instance {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let child = command
+        if !command.get_envs().any(|(name, _)| name == "RUST_LOG") {
+            command.env("RUST_LOG", "warn");
+        }
+        let mut child = command
             .arg("--addr")
             .arg(addr.to_string())
             .arg("--database-url")
             .arg(database_url)
             .args(extra)
-            .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(if capture.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::inherit()
+            })
             .spawn()
             .expect("start demo process");
+        if let (Some(output), Some(stderr)) = (capture, child.stderr.take()) {
+            output.collect(stderr);
+        }
         let mut instance = Instance { child, addr };
         for _ in 0..300 {
             if tokio::net::TcpStream::connect(addr).await.is_ok() {
@@ -69,6 +100,38 @@ impl Instance {
 impl Drop for Instance {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// What a demo process wrote to stderr so far, read line by line by a thread of its own
+/// (until the process exits or is killed).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Output {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Output {
+    fn collect(&self, stderr: std::process::ChildStderr) {
+        let lines = self.lines.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            }
+        });
+    }
+
+    /// The lines so far.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether a line so far contains every one of `parts`.
+    pub(crate) fn has_line_with(&self, parts: &[&str]) -> bool {
+        self.lines()
+            .iter()
+            .any(|line| parts.iter().all(|part| line.contains(part)))
     }
 }
 
