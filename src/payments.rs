@@ -158,6 +158,8 @@ async fn create_payment(
     let (amount, currency) = request.validate()?;
     let account = caller.account();
 
+    // A resumed request gets the recorded charge back and does not call the gateway again;
+    // the derived key would have the gateway deduplicate such a call anyway.
     let charge: Charge = key
         .step("authorise", || async {
             let downstream_key = key.derive("authorise");
@@ -171,6 +173,7 @@ async fn create_payment(
         .await?;
     state.pause.after("authorise").await;
 
+    // The row's id is recorded as the step's output; a resumed request writes no row.
     let entry = LedgerEntry::new(account, &charge);
     let _entry_id: String = match &state.ledger {
         Ledger::Atomic(db) => write_atomically(&key, db, &entry).await?,
@@ -183,6 +186,7 @@ async fn create_payment(
     };
     state.pause.after("ledger").await;
 
+    // The mailer has no idempotency key: only the step keeps a retry from mailing twice.
     let _receipt = key
         .step("receipt", || async {
             state
@@ -520,14 +524,14 @@ enum ApiError {
     Internal(String),
     /// A step could not run or be recorded (the lease was lost, the store failed): the
     /// engine's answer for it, a problem+json `5xx`.
-    Step(Response),
+    Step(Box<Response>),
 }
 
 impl From<StepError<ApiError>> for ApiError {
     fn from(err: StepError<ApiError>) -> Self {
         match err {
             StepError::Failed(err) => err,
-            other => ApiError::Step(other.into_response()),
+            other => ApiError::Step(Box::new(other.into_response())),
         }
     }
 }
@@ -583,7 +587,7 @@ impl IntoResponse for ApiError {
                 "Not found",
                 "No such payment for this account.",
             ),
-            ApiError::Step(response) => return response,
+            ApiError::Step(response) => return *response,
             ApiError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
                 Problem::new(

@@ -298,12 +298,12 @@ async fn kill_9_after_a_step_resumes(server: Option<Server>, paused_after: &'sta
     let effects = place.effects();
     assert_eq!(
         payments_with(&effects, "authorised"),
-        [payment.clone()],
+        [payment.as_str()],
         "{effects:?}"
     );
     assert_eq!(
         payments_with(&effects, "receipt_sent"),
-        [payment.clone()],
+        [payment.as_str()],
         "{effects:?}"
     );
     assert_eq!(effects.len(), 2, "{effects:?}");
