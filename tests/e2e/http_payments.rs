@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::StatusCode;
 use idempotent_runtime::testing::{Trial, async_trial};
 
-use crate::support::{self, payments_app, post_payment, send};
+use crate::support::{self, payments_app, payments_demo, post_payment, send};
 
 const CHARGE: &str = r#"{"amount": 10000, "currency": "BRL"}"#;
 
@@ -33,6 +33,10 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "listing_and_fetching_payments",
             listing_and_fetching_payments,
+        ),
+        async_trial(
+            "a_charge_authorises_writes_one_ledger_row_and_mails_one_receipt",
+            a_charge_authorises_writes_one_ledger_row_and_mails_one_receipt,
         ),
     ]
 }
@@ -156,4 +160,36 @@ async fn listing_and_fetching_payments() {
         send(&app, get("/payments", "sk_test_bob")).await.json(),
         serde_json::json!([])
     );
+}
+
+/// The demo's ledger rows for `payment`.
+async fn ledger_rows(ledger: &idempotent_demo::payments::Ledger, payment: &str) -> i64 {
+    let idempotent_demo::database::Database::Sqlite(pool) = ledger.database() else {
+        panic!("the in-process demo runs on SQLite");
+    };
+    sqlx::query_scalar("SELECT COUNT(*) FROM demo_payment_ledger WHERE payment_id = $1")
+        .bind(payment)
+        .fetch_one(pool)
+        .await
+        .expect("count ledger rows")
+}
+
+/// Without a crash the three steps run once each, a replay runs none, and a declined
+/// card stops the request at `authorise` (its `402` is recorded, nothing else happens).
+async fn a_charge_authorises_writes_one_ledger_row_and_mails_one_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = payments_demo(dir.path(), Duration::ZERO).await;
+    let charged = send_twice(&demo.app, "order-1", CHARGE).await;
+    assert_eq!(charged.status, StatusCode::CREATED);
+    let payment = charged.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(demo.gateway.calls().await.unwrap(), 1);
+    assert_eq!(ledger_rows(&demo.ledger, &payment).await, 1);
+    assert_eq!(demo.mailer.sent(), 1, "one receipt, none for the replay");
+
+    let declined = send_twice(&demo.app, "dec", r#"{"amount": 40200, "currency": "BRL"}"#).await;
+    assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
+    let charges = demo.gateway.all().await.unwrap();
+    let declined_id = &charges.iter().find(|c| c.status == "declined").unwrap().id;
+    assert_eq!(ledger_rows(&demo.ledger, declined_id).await, 0);
+    assert_eq!(demo.mailer.sent(), 1, "no receipt for a declined card");
 }

@@ -26,7 +26,7 @@ const DEMO: &str = env!("CARGO_BIN_EXE_payments-demo");
 const CHARGE: &str = r#"{"amount": 10000, "currency": "BRL"}"#;
 /// Short, so the test waits little for the dead owner's lease; long enough that the
 /// restarted demo's first retry still finds it held.
-const LEASE: &str = "3s";
+const LEASE: &str = "4s";
 /// The handler as the metrics and logs name it.
 const HANDLER: &str = "idempotent_demo::payments::create_payment";
 

@@ -21,29 +21,45 @@ use idempotent_demo::payments::{AppState, Ledger, PauseAfterStep, router};
 
 /// The payments demo on an SQLite file in `dir`.
 pub(crate) async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, Gateway) {
-    let url = format!("sqlite://{}", dir.join("payments.db").display());
-    let (db, store) = database::open(&url).await.expect("open demo database");
-    payments_app_on(db, store, latency).await
+    let demo = payments_demo(dir, latency).await;
+    (demo.app, demo.gateway)
 }
 
-async fn payments_app_on(
-    db: Database,
-    store: Arc<dyn Store>,
-    latency: Duration,
-) -> (Router, Gateway) {
+/// The payments demo's router and the parts behind it, to look at its effects.
+pub(crate) struct PaymentsDemo {
+    pub(crate) app: Router,
+    pub(crate) gateway: Gateway,
+    pub(crate) mailer: Mailer,
+    pub(crate) ledger: Ledger,
+}
+
+/// The payments demo on an SQLite file in `dir`, as [`PaymentsDemo`].
+pub(crate) async fn payments_demo(dir: &std::path::Path, latency: Duration) -> PaymentsDemo {
+    let url = format!("sqlite://{}", dir.join("payments.db").display());
+    let (db, store) = database::open(&url).await.expect("open demo database");
+    payments_demo_on(db, store, latency).await
+}
+
+async fn payments_demo_on(db: Database, store: Arc<dyn Store>, latency: Duration) -> PaymentsDemo {
     let gateway = Gateway::new(db.clone(), latency)
         .await
         .expect("gateway schema");
     let ledger = Ledger::new(db, true).await.expect("ledger schema");
+    let mailer = Mailer::default();
     let idempotency = Idempotency::builder_shared(store).build();
     let app = router(AppState {
         idempotency,
         gateway: gateway.clone(),
-        mailer: Mailer::default(),
-        ledger,
+        mailer: mailer.clone(),
+        ledger: ledger.clone(),
         pause: PauseAfterStep::default(),
     });
-    (app, gateway)
+    PaymentsDemo {
+        app,
+        gateway,
+        mailer,
+        ledger,
+    }
 }
 
 /// `POST /payments` as `api_key` with `idempotency_key` (raw header value) and `body`.
