@@ -6,8 +6,9 @@
 //! the ledger holds one row, the resumed steps show in the metrics and the logs, and the
 //! client gets the answer a run without the crash gives.
 //!
-//! On SQLite (a file) always; on Postgres with `IDEMPOTENT_TEST_POSTGRES_URL`, else
-//! reported ignored.
+//! On SQLite (a file) always; on Postgres, MySQL and Redis with their test URLs
+//! (`IDEMPOTENT_TEST_POSTGRES_URL`, …), else reported ignored. With Redis the ledger row
+//! goes to the gateway's SQLite file in a plain step, not an atomic one.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -35,7 +36,12 @@ type Test = fn(Option<Server>, &'static str) -> Pin<Box<dyn Future<Output = ()>>
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = Vec::new();
     // `None` is SQLite on a file, which needs no server.
-    for server in [None, Some(Server::Postgres)] {
+    for server in [
+        None,
+        Some(Server::Postgres),
+        Some(Server::MySql),
+        Some(Server::Redis),
+    ] {
         let name = server.map_or("sqlite", Server::name);
         let mut on_server = Vec::new();
         for step in ["authorise", "ledger"] {
@@ -107,7 +113,7 @@ impl Place {
         Instance::start_captured(command, &self.url, &flags).await
     }
 
-    /// The database holding the demo's ledger (the store's own).
+    /// The database holding the demo's ledger (the store's own, but with Redis).
     async fn tables(&self) -> Database {
         match &self.backend {
             Some(backend) => backend.tables().await,
