@@ -2,9 +2,9 @@
 //! `group_commit.rs`), insert the record of every key that has none and read back every
 //! claim's record (`sql/claim_batch.sql`): the claims whose record carries their token
 //! are claimed; the others are judged by the shared takeover rule — replay, in progress
-//! or mismatch from that one read. Only a takeover costs a second statement, a fenced
-//! `UPDATE` of its own (see the module docs for why not `ON DUPLICATE KEY UPDATE` or
-//! `FOR UPDATE`).
+//! or mismatch from that one read. Only a takeover costs a second request: a fenced
+//! `UPDATE`, and for a lost lease the read of the steps it kept by the new token (see the
+//! module docs for why not `ON DUPLICATE KEY UPDATE` or `FOR UPDATE`).
 
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::{Either, Row};
@@ -13,7 +13,9 @@ use super::group_commit::{self, Answer, Batch, Value, inline, run_request};
 use super::{MySqlStore, micros, scope_key_sha256};
 use crate::fingerprint::Fingerprint;
 use crate::store::sql::{self, Classified, FoundRow};
-use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, StoreError, Takeover};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, FencingToken, RecordedStep, StoreError, Takeover, decode_steps,
+};
 
 const CLAIM_BATCH: &str = include_str!("sql/claim_batch.sql");
 const CLAIM_BATCH_ELEMENT: &str = include_str!("sql/claim_batch_element.sql");
@@ -87,47 +89,120 @@ impl MySqlStore {
     }
 
     /// The fenced takeover of a record the batch read as claimable for `reason`; `None`
-    /// when the reason no longer held on the newest version of the row.
+    /// when the reason no longer held on the newest version of the row. A takeover for
+    /// a lost lease answers with the record's steps as the takeover left them.
     async fn take_over(
         &self,
         claim: &ClaimRequest<'_>,
         id: &[u8],
         reason: Takeover,
     ) -> Result<Option<sql::Answer>, StoreError> {
-        let take_over = match reason {
-            Takeover::Expired => sqlx::query(TAKE_OVER_EXPIRED)
-                .bind(&claim.fingerprint.digest[..])
-                .bind(claim.fingerprint.version)
-                .bind(claim.token.0)
-                .bind(micros(claim.lease))
-                .bind(micros(claim.ttl))
-                .bind(id)
-                .bind(claim.scope)
-                .bind(claim.key),
-            Takeover::LeaseLost => sqlx::query(TAKE_OVER_LEASE_LOST)
-                .bind(claim.token.0)
-                .bind(micros(claim.lease))
-                .bind(micros(claim.ttl))
-                .bind(id)
-                .bind(claim.scope)
-                .bind(claim.key)
-                .bind(&claim.fingerprint.digest[..])
-                .bind(claim.fingerprint.version),
+        let taken = match reason {
+            Takeover::Expired => self.take_over_expired(claim, id).await,
+            Takeover::LeaseLost => self.take_over_lease_lost(claim, id).await,
         };
-        match take_over.execute(&self.pool).await {
-            // Rows matched: the reason still held on the newest version of the row.
-            Ok(done) => Ok((done.rows_affected() == 1).then_some((
-                ClaimOutcome::Claimed {
-                    token: claim.token,
-                    takeover: Some(reason),
-                    steps: Vec::new(),
-                },
-                None,
-            ))),
+        match taken {
+            Ok(steps) => Ok(steps.map(|steps| {
+                (
+                    ClaimOutcome::Claimed {
+                        token: claim.token,
+                        takeover: Some(reason),
+                        steps,
+                    },
+                    None,
+                )
+            })),
             // Another statement on the same row won a lock race: claim again.
-            Err(error) if group_commit::is_lock_conflict(&error) => Ok(None),
-            Err(error) => Err(error.into()),
+            Err(TakeOverError::Sql(error)) if group_commit::is_lock_conflict(&error) => Ok(None),
+            Err(TakeOverError::Sql(error)) => Err(error.into()),
+            Err(TakeOverError::Store(error)) => Err(error),
         }
+    }
+
+    /// `sql/take_over_expired.sql`, a prepared statement: a new record lifetime, so no
+    /// steps (it clears them). `None`: no row matched.
+    async fn take_over_expired(
+        &self,
+        claim: &ClaimRequest<'_>,
+        id: &[u8],
+    ) -> Result<Option<Vec<RecordedStep>>, TakeOverError> {
+        let done = sqlx::query(TAKE_OVER_EXPIRED)
+            .bind(&claim.fingerprint.digest[..])
+            .bind(claim.fingerprint.version)
+            .bind(claim.token.0)
+            .bind(micros(claim.lease))
+            .bind(micros(claim.ttl))
+            .bind(id)
+            .bind(claim.scope)
+            .bind(claim.key)
+            .execute(&self.pool)
+            .await?;
+        // Rows matched: the reason still held on the newest version of the row.
+        Ok((done.rows_affected() == 1).then(Vec::new))
+    }
+
+    /// `sql/take_over_lease_lost.sql`: the fenced `UPDATE` and the read of the steps by
+    /// the new token, one request. `None`: the `UPDATE` matched nothing, or the record
+    /// was no longer the new token's by the read.
+    async fn take_over_lease_lost(
+        &self,
+        claim: &ClaimRequest<'_>,
+        id: &[u8],
+    ) -> Result<Option<Vec<RecordedStep>>, TakeOverError> {
+        let (scope, key) = (claim.scope.as_bytes(), claim.key.as_bytes());
+        let statements = inline(
+            TAKE_OVER_LEASE_LOST,
+            &[
+                Value::Int(claim.token.0),
+                Value::Int(micros(claim.lease)),
+                Value::Int(micros(claim.ttl)),
+                Value::Bytes(id),
+                Value::Bytes(scope),
+                Value::Bytes(key),
+                Value::Bytes(&claim.fingerprint.digest),
+                Value::Int(i64::from(claim.fingerprint.version)),
+                Value::Bytes(id),
+                Value::Bytes(scope),
+                Value::Bytes(key),
+                Value::Int(claim.token.0),
+            ],
+        );
+        let results = run_request(&self.pool, statements).await?;
+        let matched = results.iter().find_map(|result| match result {
+            Either::Left(done) => Some(done.rows_affected()),
+            Either::Right(_) => None,
+        });
+        let row = results.iter().find_map(|result| match result {
+            Either::Right(row) => Some(row),
+            Either::Left(_) => None,
+        });
+        match (matched, row) {
+            (Some(1), Some(row)) => {
+                let steps: Option<Vec<u8>> = row.try_get("steps")?;
+                Ok(Some(decode_steps(steps.as_deref().unwrap_or_default())?))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// A takeover's failure: from the server (a lock conflict means claim again), or the
+/// steps it read were unreadable.
+#[derive(Debug)]
+enum TakeOverError {
+    Sql(sqlx::Error),
+    Store(StoreError),
+}
+
+impl From<sqlx::Error> for TakeOverError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Sql(error)
+    }
+}
+
+impl From<StoreError> for TakeOverError {
+    fn from(error: StoreError) -> Self {
+        Self::Store(error)
     }
 }
 

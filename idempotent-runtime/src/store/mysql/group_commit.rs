@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult, MySqlRow};
-use sqlx::{AssertSqlSafe, Either};
+use sqlx::{AssertSqlSafe, Either, Executor, MySql};
 use tokio::time::Instant;
 
 use crate::store::sql::batcher::{self, MAX_BATCH, Waiting};
@@ -159,10 +159,11 @@ fn hex(sql: &mut String, bytes: &[u8]) {
     sql.push('\'');
 }
 
-/// Sends `statements` (one text-protocol request) on `db` and collects every result:
-/// one `Left` per statement, after the rows (`Right`) of a `SELECT`.
-pub(super) async fn run_request(
-    db: &mut MySqlConnection,
+/// Sends `statements` (one text-protocol request) on `db` — a batcher's connection, or
+/// the pool for a takeover or a release — and collects every result: one `Left` per
+/// statement, after the rows (`Right`) of a `SELECT`.
+pub(super) async fn run_request<'e>(
+    db: impl Executor<'e, Database = MySql>,
     statements: String,
 ) -> Result<Vec<Either<MySqlQueryResult, MySqlRow>>, sqlx::Error> {
     sqlx::raw_sql(AssertSqlSafe(statements))

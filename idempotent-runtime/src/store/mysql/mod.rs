@@ -122,8 +122,8 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row};
 use super::sql::operator::OperatorStatements;
 use super::sql::{self, CompletionColumns, EmbeddedMigration};
 use super::{
-    Capabilities, ClaimAnswer, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, Store,
-    StoreError, StoredResponse, TxSupport,
+    Capabilities, ClaimAnswer, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordedStep,
+    Store, StoreError, StoredResponse, TxSupport,
 };
 
 mod claim;
@@ -134,20 +134,31 @@ mod transaction;
 
 use claim::QueuedClaim;
 use completion::QueuedCompletion;
-use group_commit::Batcher;
+use group_commit::{Batcher, Value, inline, run_request};
 
 /// The embedded migrations, in version order; the files live in `migrations/mysql/`.
-const MIGRATIONS: &[EmbeddedMigration] = &[EmbeddedMigration {
-    version: 1,
-    description: "idempotency records",
-    sql: include_str!("../../../migrations/mysql/0001_idempotency_records.sql"),
-}];
+const MIGRATIONS: &[EmbeddedMigration] = &[
+    EmbeddedMigration {
+        version: 1,
+        description: "idempotency records",
+        sql: include_str!("../../../migrations/mysql/0001_idempotency_records.sql"),
+    },
+    EmbeddedMigration {
+        version: 2,
+        description: "recorded steps",
+        sql: include_str!("../../../migrations/mysql/0002_recorded_steps.sql"),
+    },
+];
 
 const RENEW: &str = include_str!("sql/renew.sql");
 /// The fenced completion: run alone (prepared), in a handler's transaction, or inlined
 /// into a batch (`completion.rs`).
 const COMPLETE: &str = include_str!("sql/complete.sql");
 const RELEASE: &str = include_str!("sql/release.sql");
+/// The fenced append of one step: on the pool, or in a handler's transaction.
+const RECORD_STEP: &str = include_str!("sql/record_step.sql");
+/// Why [`RECORD_STEP`] matched nothing, read only when it did.
+const RECORD_STEP_REFUSED: &str = include_str!("sql/record_step_refused.sql");
 const PURGE_FIND: &str = include_str!("sql/purge_find.sql");
 const PURGE_DELETE: &str = include_str!("sql/purge_delete.sql");
 
@@ -386,19 +397,64 @@ fn completion<'q>(
     Ok(bind_record_token(query, scope, key, token))
 }
 
+/// `sql/record_step.sql` with its parameters: appends `encoded` (one
+/// [`encode_step`](super::encode_step)) to the steps of the claim `token` holds.
+fn record_step_statement<'q>(
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+    encoded: &'q [u8],
+) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    let query = bind_record_token(sqlx::query(RECORD_STEP).bind(encoded), scope, key, token);
+    query.bind(i64::try_from(encoded.len()).unwrap_or(i64::MAX))
+}
+
+/// `sql/record_step_refused.sql`: whether `token` still holds the record that
+/// [`record_step_statement`] did not append to.
+fn record_step_refused_statement(
+    scope: &str,
+    key: &str,
+    token: FencingToken,
+) -> sqlx::query::Query<'static, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    bind_record_token(sqlx::query(RECORD_STEP_REFUSED), scope, key, token)
+}
+
+/// `record_step`'s answer once its append matched nothing, from the row
+/// [`record_step_refused_statement`] read: no row, the token owns nothing (`Ok(false)`);
+/// a row, the token holds the record but the step would take its steps past the
+/// server's `max_allowed_packet`, which is an error, not a lost claim.
+fn step_refused(row: Option<sqlx::mysql::MySqlRow>, step_bytes: usize) -> Result<bool, StoreError> {
+    let Some(row) = row else {
+        return Ok(false);
+    };
+    let held: i64 = row.try_get("steps_bytes")?;
+    let limit: i64 = row.try_get("max_allowed_packet")?;
+    Err(StoreError::backend(format!(
+        "a step of {step_bytes} bytes would take the record's {held} bytes of steps past \
+         the server's max_allowed_packet ({limit} bytes)"
+    )))
+}
+
 #[async_trait]
 impl Store for MySqlStore {
     async fn record_step(
         &self,
-        _scope: &str,
-        _key: &str,
-        _token: crate::store::FencingToken,
-        _step: &crate::store::RecordedStep,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
     ) -> Result<bool, StoreError> {
-        // WIP(steps): replaced by this store's implementation before the issue closes.
-        Err(StoreError::backend(
-            "recording steps is not implemented on this store yet",
-        ))
+        let encoded = super::encode_step(step);
+        let done = record_step_statement(scope, key, token, &encoded)
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 1 {
+            return Ok(true);
+        }
+        let row = record_step_refused_statement(scope, key, token)
+            .fetch_optional(&self.pool)
+            .await?;
+        step_refused(row, encoded.len())
     }
 
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
@@ -450,10 +506,21 @@ impl Store for MySqlStore {
         key: &str,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        let done = bind_record_token(sqlx::query(RELEASE), scope, key, token)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let id = scope_key_sha256(scope, key);
+        let record = [
+            Value::Bytes(&id),
+            Value::Bytes(scope.as_bytes()),
+            Value::Bytes(key.as_bytes()),
+            Value::Int(token.0),
+        ];
+        let statements = inline(RELEASE, &[record, record].concat());
+        // One count per statement: the DELETE's, then the UPDATE's (rows matched).
+        let matched: u64 = run_request(&self.pool, statements)
+            .await?
+            .iter()
+            .filter_map(|result| result.as_ref().left().map(|done| done.rows_affected()))
+            .sum();
+        Ok(matched == 1)
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {

@@ -1,13 +1,19 @@
 //! Transactional handlers on MySQL (`Tx<MySql>`): the handler's writes and the
-//! completion share one InnoDB transaction on the store's pool.
+//! completion, or a step's writes and its recording, share one InnoDB transaction on the
+//! store's pool.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use sqlx::{MySql, MySqlConnection, MySqlPool};
 
-use super::{completion, describe_options};
-use crate::store::{FencingToken, StoreError, StoredResponse, TxSupport};
+use super::{
+    completion, describe_options, record_step_refused_statement, record_step_statement,
+    step_refused,
+};
+use crate::store::{
+    FencingToken, RecordedStep, StoreError, StoredResponse, TxSupport, encode_step,
+};
 use crate::transaction::TxStore;
 
 /// The [`TxSupport`] a [`MySqlStore`](super::MySqlStore) offers.
@@ -30,18 +36,27 @@ impl std::fmt::Debug for MySqlTxStore {
 
 #[async_trait]
 impl TxStore<MySql> for MySqlTxStore {
+    /// The same fenced append as `record_step`, on the handler's transaction: the step's
+    /// writes and its record commit or roll back together.
     async fn record_step_in(
         &self,
-        _conn: &mut <MySql as sqlx::Database>::Connection,
-        _scope: &str,
-        _key: &str,
-        _token: crate::store::FencingToken,
-        _step: &crate::store::RecordedStep,
+        conn: &mut MySqlConnection,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
     ) -> Result<bool, StoreError> {
-        // WIP(steps): replaced by this store's implementation before the issue closes.
-        Err(StoreError::backend(
-            "recording steps is not implemented on this store yet",
-        ))
+        let encoded = encode_step(step);
+        let done = record_step_statement(scope, key, token, &encoded)
+            .execute(&mut *conn)
+            .await?;
+        if done.rows_affected() == 1 {
+            return Ok(true);
+        }
+        let row = record_step_refused_statement(scope, key, token)
+            .fetch_optional(&mut *conn)
+            .await?;
+        step_refused(row, encoded.len())
     }
 
     /// A plain `BEGIN` at the session's isolation level (REPEATABLE READ by default). The

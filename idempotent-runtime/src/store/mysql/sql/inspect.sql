@@ -1,6 +1,7 @@
 -- The record as an operator sees it, judged at this statement's UTC_TIMESTAMP(6):
 -- `inspect`, and the read `forget` decides on. A consistent (non-locking) read. Times as
--- microseconds since the epoch (the columns hold UTC).
+-- microseconds since the epoch (the columns hold UTC). The steps of an in-progress
+-- record (a completed one's response replaced them).
 -- ? scope_key_sha256, ? scope, ? key.
 SELECT state, token, fingerprint,
        CAST(fingerprint_version AS SIGNED) AS fingerprint_version,
@@ -15,6 +16,7 @@ SELECT state, token, fingerprint,
        IF(state = 'in_progress',
           CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_expires_at) / 1000)
                AS SIGNED),
-          NULL) AS lease_left_ms
+          NULL) AS lease_left_ms,
+       IF(state = 'in_progress', steps, NULL) AS steps
 FROM idempotency_records
 WHERE scope_key_sha256 = ? AND scope = ? AND `key` = ?

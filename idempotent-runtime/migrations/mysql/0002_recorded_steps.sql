@@ -1,0 +1,14 @@
+-- Schema v2: recovery points. A record keeps the steps its handler completed as one byte
+-- string, the concatenation of store::encode_step in recording order; NULL is none. Only
+-- an in-progress record holds any: complete clears them, and so does a takeover of an
+-- expired record.
+--
+-- Upgrades a v1 table in place: a nullable column at the end, so existing rows read as
+-- "no steps" and nothing is rewritten (MariaDB 10.3+ and MySQL 8.0.12+ add it as an
+-- instant, metadata-only change). LONGBLOB: a step's output may exceed MEDIUMBLOB's
+-- 16 MiB; the server's max_allowed_packet bounds a record's steps in practice, and the
+-- store refuses a step that would take them past it (see sql/record_step.sql).
+--
+-- One statement, like v1 (MySQL commits DDL implicitly); the migrator records v2 in
+-- _idempotent_migrations under the store's named lock, so it runs once per database.
+ALTER TABLE idempotency_records ADD COLUMN steps LONGBLOB NULL
