@@ -1,6 +1,7 @@
 //! The conformance and transactional suites on [`MySqlStore`], plus what only MySQL has:
 //! connection errors, concurrent migrations, several pools (instances) on one table, the
-//! database clock, replays that write nothing.
+//! database clock, replays that write nothing, the in-place upgrade to recorded steps and
+//! how steps meet a takeover, the packet limit and the round trips.
 //!
 //! Needs `IDEMPOTENT_TEST_MYSQL_URL` (e.g. `mysql://root@127.0.0.1:3306/test`; MySQL 8
 //! or MariaDB 10.6+); without it every database test is reported *ignored* (the reason
@@ -11,16 +12,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idempotent_runtime::store::MySqlStore;
+use idempotent_runtime::store::{MySqlStore, RecordedStep, encode_headers};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoreError, StoredResponse,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, RecordState, Store, StoreError,
+    StoredResponse, Takeover,
 };
+use sha2::{Digest, Sha256};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, Row};
+use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr};
 
-use crate::fixtures::{LEASE, TTL, claim_request};
+use crate::fixtures::{FINGERPRINT, LEASE, TTL, claim_request};
 use crate::transaction;
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_MYSQL_URL";
@@ -264,6 +268,22 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "debug_names_the_location_without_a_password",
             debug_names_the_location_without_a_password,
+        ),
+        async_trial(
+            "upgrades_a_v1_database_in_place",
+            upgrades_a_v1_database_in_place,
+        ),
+        async_trial(
+            "a_lease_lost_takeover_answers_with_exactly_the_steps_recorded_before_it",
+            a_lease_lost_takeover_answers_with_exactly_the_steps_recorded_before_it,
+        ),
+        async_trial(
+            "a_step_past_max_allowed_packet_is_refused_and_the_steps_kept",
+            a_step_past_max_allowed_packet_is_refused_and_the_steps_kept,
+        ),
+        async_trial(
+            "steps_a_takeover_and_a_release_are_one_request_each",
+            steps_a_takeover_and_a_release_are_one_request_each,
         ),
     ];
     trials.extend(ignored_if(unavailable(), with_database));
@@ -625,6 +645,9 @@ async fn shares_a_pool_and_uses_its_own_migrations_table() {
 /// trip.
 struct CommandCounter {
     commands: Arc<std::sync::atomic::AtomicUsize>,
+    /// The commands other than `COM_PING`, which sqlx sends on its own (in the
+    /// background) for every connection handed back to a pool.
+    statements: Arc<std::sync::atomic::AtomicUsize>,
     /// The server's URL with the proxy's address (and TLS off, so packets can be read).
     url: String,
 }
@@ -643,7 +666,8 @@ impl CommandCounter {
         parsed.set_port(Some(proxy.port())).unwrap();
         parsed.query_pairs_mut().append_pair("ssl-mode", "disabled");
         let commands = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = commands.clone();
+        let statements = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = (commands.clone(), statements.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
@@ -656,6 +680,7 @@ impl CommandCounter {
         });
         Self {
             commands,
+            statements,
             url: parsed.into(),
         }
     }
@@ -663,20 +688,31 @@ impl CommandCounter {
     fn commands(&self) -> usize {
         self.commands.load(Ordering::SeqCst)
     }
+
+    fn statements(&self) -> usize {
+        self.statements.load(Ordering::SeqCst)
+    }
 }
 
-/// Copies `from` to `to` until either closes; with `commands`, counts the packets with
-/// sequence number 0 in what it copies.
+/// Copies `from` to `to` until either closes; with `counters` (commands, statements),
+/// counts the packets with sequence number 0 in what it copies, and of those the ones
+/// whose command byte is not `COM_PING`.
 async fn pump(
     from: tokio::net::tcp::OwnedReadHalf,
     to: tokio::net::tcp::OwnedWriteHalf,
-    commands: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    counters: Option<(
+        Arc<std::sync::atomic::AtomicUsize>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    )>,
 ) {
+    const COM_PING: u8 = 0x0e;
     let mut buf = vec![0u8; 64 * 1024];
     // The packet header being read (3 bytes of length, 1 of sequence), then the bytes of
     // payload left to skip.
     let mut header = Vec::with_capacity(4);
     let mut payload_left = 0usize;
+    // The next payload byte is a command's first: its type.
+    let mut command_byte_next = false;
     loop {
         if from.readable().await.is_err() {
             return;
@@ -687,9 +723,12 @@ async fn pump(
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(_) => return,
         };
-        if let Some(commands) = &commands {
+        if let Some((commands, statements)) = &counters {
             for &byte in &buf[..n] {
                 if payload_left > 0 {
+                    if std::mem::take(&mut command_byte_next) && byte != COM_PING {
+                        statements.fetch_add(1, Ordering::SeqCst);
+                    }
                     payload_left -= 1;
                     continue;
                 }
@@ -700,6 +739,7 @@ async fn pump(
                         | usize::from(header[2]) << 16;
                     if header[3] == 0 {
                         commands.fetch_add(1, Ordering::SeqCst);
+                        command_byte_next = true;
                     }
                     header.clear();
                 }
@@ -1002,4 +1042,385 @@ async fn debug_names_the_location_without_a_password() {
     assert!(debug.contains(&database.name), "{debug}");
     assert!(debug.contains(options.get_host()), "{debug}");
     assert!(!debug.contains("password"), "{debug}");
+}
+
+/// A step named `name` with `output`, recorded at a whole millisecond (what the encoding
+/// keeps).
+fn step(name: &str, output: &[u8]) -> RecordedStep {
+    RecordedStep {
+        name: name.to_owned(),
+        output: bytes::Bytes::copy_from_slice(output),
+        recorded_at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+    }
+}
+
+/// The primary key the store computes: SHA-256 over the scope's byte length (8 bytes,
+/// big-endian), the scope and the key.
+fn record_id(scope: &str, key: &str) -> Vec<u8> {
+    let mut hasher = Sha256::new();
+    hasher.update((scope.len() as u64).to_be_bytes());
+    hasher.update(scope.as_bytes());
+    hasher.update(key.as_bytes());
+    hasher.finalize().to_vec()
+}
+
+/// A database the previous release left (schema v1, applied by the same migrator into the
+/// same table) holding a completed record and an in-progress one: opening the store adds
+/// the steps column in place, the completed record still replays, the in-progress one is
+/// still held by its token, takes steps, and a retry after its lease ran out takes it over
+/// with them.
+async fn upgrades_a_v1_database_in_place() {
+    let database = TestDatabase::new().await;
+    let mut conn = MySqlConnection::connect(&database.url()).await.unwrap();
+    let v1 = Migration::new(
+        1,
+        "idempotency records".into(),
+        MigrationType::Simple,
+        include_str!("../../migrations/mysql/0001_idempotency_records.sql").into_sql_str(),
+        false,
+    );
+    let mut migrator = Migrator::with_migrations(vec![v1]);
+    migrator.dangerous_set_table_name(MySqlStore::MIGRATIONS_TABLE);
+    migrator.set_locking(false);
+    migrator.run(&mut conn).await.expect("schema v1");
+
+    // The rows as the v1 store wrote them.
+    let scope = "acct_alice";
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: Some(bytes::Bytes::from_static(b"{\"id\":1}")),
+    };
+    let old = FencingToken::random();
+    let insert = "INSERT INTO idempotency_records
+         (scope_key_sha256, scope, `key`, fingerprint, fingerprint_version, state, token,
+          lease_expires_at, status, headers, body, created_at, expires_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL 30 SECOND, ?, ?, ?,
+                 UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)";
+    sqlx::query(insert)
+        .bind(record_id(scope, "done"))
+        .bind(scope)
+        .bind("done")
+        .bind(&FINGERPRINT.digest[..])
+        .bind(FINGERPRINT.version)
+        .bind("completed")
+        .bind(FencingToken::random().0)
+        .bind(i16::try_from(response.status).unwrap())
+        .bind(encode_headers(&response.headers))
+        .bind(response.body.as_deref())
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query(insert)
+        .bind(record_id(scope, "running"))
+        .bind(scope)
+        .bind("running")
+        .bind(&FINGERPRINT.digest[..])
+        .bind(FINGERPRINT.version)
+        .bind("in_progress")
+        .bind(old.0)
+        .bind(None::<i16>)
+        .bind(None::<Vec<u8>>)
+        .bind(None::<Vec<u8>>)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    let store = MySqlStore::connect(&database.url()).await.expect("upgrade");
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _idempotent_migrations ORDER BY version")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(applied, vec![1, 2]);
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2, "no record lost");
+
+    assert_eq!(
+        store
+            .claim(&claim_request("done", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Replay(response),
+        "the completed v1 record replays"
+    );
+    assert!(matches!(
+        store
+            .claim(&claim_request("running", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::InProgress { .. }
+    ));
+    let charged = step("charge", br#"{"charge":"ch_1"}"#);
+    assert!(
+        store
+            .record_step(scope, "running", old, &charged)
+            .await
+            .unwrap(),
+        "the v1 claim's token records a step"
+    );
+    let info = store.inspect(scope, "running").await.unwrap().unwrap();
+    assert_eq!(info.steps, vec![charged.clone()]);
+
+    // The lease runs out; the retry takes the v1 record over with its step.
+    sqlx::query(
+        "UPDATE idempotency_records SET lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND \
+         WHERE `key` = 'running'",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let retry = FencingToken::random();
+    assert_eq!(
+        store
+            .claim(&claim_request("running", retry))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed {
+            token: retry,
+            takeover: Some(Takeover::LeaseLost),
+            steps: vec![charged],
+        }
+    );
+    assert!(
+        !store
+            .record_step(scope, "running", old, &step("late", b"1"))
+            .await
+            .unwrap(),
+        "the old token is fenced off"
+    );
+    let _ = conn.close().await;
+}
+
+/// The old owner keeps recording steps while a retry takes its record over (lease lost):
+/// the takeover's answer holds exactly the steps whose `record_step` said `true` — every
+/// one committed before the takeover's row lock, none after (those are fenced off). A
+/// read of the steps from before the takeover's `UPDATE` would miss the ones that
+/// committed in between.
+async fn a_lease_lost_takeover_answers_with_exactly_the_steps_recorded_before_it() {
+    let harness = MySqlHarness::new().await;
+    let scope = "acct_alice";
+    for round in 0..20 {
+        let key = format!("race-{round}");
+        let old = FencingToken::random();
+        let claimed = harness
+            .store
+            .claim(&claim_request(&key, old))
+            .await
+            .unwrap();
+        assert!(matches!(claimed.outcome, ClaimOutcome::Claimed { .. }));
+        assert!(
+            harness
+                .store
+                .record_step(scope, &key, old, &step("s0", b"0"))
+                .await
+                .unwrap()
+        );
+        harness.advance(LEASE).await;
+
+        let (started, running) = tokio::sync::oneshot::channel();
+        let recorder = {
+            let store = harness.store.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let mut recorded = vec!["s0".to_owned()];
+                let mut started = Some(started);
+                for i in 1.. {
+                    let name = format!("s{i}");
+                    let taken = store
+                        .record_step(scope, &key, old, &step(&name, name.as_bytes()))
+                        .await
+                        .unwrap();
+                    if !taken {
+                        return recorded;
+                    }
+                    recorded.push(name);
+                    if let Some(started) = started.take() {
+                        let _ = started.send(());
+                    }
+                }
+                unreachable!()
+            })
+        };
+        running.await.expect("the old owner records steps");
+        let retry = FencingToken::random();
+        let outcome = harness
+            .store
+            .claim(&claim_request(&key, retry))
+            .await
+            .unwrap()
+            .outcome;
+        let recorded = recorder.await.unwrap();
+        let ClaimOutcome::Claimed {
+            token,
+            takeover: Some(Takeover::LeaseLost),
+            steps,
+        } = outcome
+        else {
+            panic!("round {round}: expected a lease-lost takeover, got {outcome:?}");
+        };
+        assert_eq!(token, retry);
+        let names: Vec<String> = steps.iter().map(|s| s.name.clone()).collect();
+        assert_eq!(names, recorded, "round {round}");
+        let info = harness.store.inspect(scope, &key).await.unwrap().unwrap();
+        assert_eq!(
+            info.steps, steps,
+            "round {round}: the record holds what was answered"
+        );
+    }
+}
+
+/// Past `max_allowed_packet` MySQL's `CONCAT` yields `NULL`, which outside strict mode is
+/// stored without an error: a step that would take a record's steps past it is refused
+/// with an error instead, and the steps recorded before stay.
+async fn a_step_past_max_allowed_packet_is_refused_and_the_steps_kept() {
+    let database = TestDatabase::new().await;
+    let pool = MySqlPoolOptions::new()
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION sql_mode = 'NO_ENGINE_SUBSTITUTION'")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect(&database.url())
+        .await
+        .unwrap();
+    let store = MySqlStore::from_pool(pool).await.unwrap();
+    let limit: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let half = usize::try_from(limit / 2).unwrap();
+    let token = FencingToken::random();
+    store.claim(&claim_request("big", token)).await.unwrap();
+    let first = step("first", &vec![b'a'; half]);
+    assert!(
+        store
+            .record_step("acct_alice", "big", token, &first)
+            .await
+            .unwrap()
+    );
+    let error = store
+        .record_step(
+            "acct_alice",
+            "big",
+            token,
+            &step("second", &vec![b'b'; half]),
+        )
+        .await
+        .expect_err("past max_allowed_packet");
+    assert!(error.to_string().contains("max_allowed_packet"), "{error}");
+    let info = store.inspect("acct_alice", "big").await.unwrap().unwrap();
+    assert_eq!(info.steps, vec![first], "the steps recorded before stay");
+    // A token that owns nothing is told so, not the size.
+    assert!(
+        !store
+            .record_step("acct_alice", "big", FencingToken::random(), &step("x", b""))
+            .await
+            .unwrap()
+    );
+}
+
+/// Steps cost no round trip beyond their own: recording one is one request, a lease-lost
+/// takeover is the claim's request plus one (its `UPDATE` and the read of the steps
+/// travel together), and a release is one request whether it deletes the record or keeps
+/// it. Counted as statements: sqlx also pings every connection handed back to a pool, in
+/// the background, as it always did after `renew` and `release`.
+async fn steps_a_takeover_and_a_release_are_one_request_each() {
+    let database = TestDatabase::new().await;
+    let counter = CommandCounter::in_front_of(&database.url()).await;
+    // One pooled connection (besides the batchers' own), so every statement below runs
+    // on a connection that has prepared it already and none is opened meanwhile.
+    let pool = MySqlPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect(&counter.url)
+        .await
+        .unwrap();
+    let store = MySqlStore::from_pool(pool).await.unwrap();
+    // Opens the connections and prepares the statements, so what follows counts
+    // statements only.
+    let warm = FencingToken::random();
+    store.claim(&claim_request("warm-up", warm)).await.unwrap();
+    let warm_step = step("warm", b"");
+    assert!(
+        store
+            .record_step("acct_alice", "warm-up", warm, &warm_step)
+            .await
+            .unwrap()
+    );
+    assert!(store.release("acct_alice", "warm-up", warm).await.unwrap());
+    let again = FencingToken::random();
+    store.claim(&claim_request("warm-up", again)).await.unwrap();
+    assert!(store.release("acct_alice", "warm-up", again).await.unwrap());
+
+    let old = FencingToken::random();
+    store.claim(&claim_request("k", old)).await.unwrap();
+    let before = counter.statements();
+    let charged = step("charge", b"{}");
+    assert!(
+        store
+            .record_step("acct_alice", "k", old, &charged)
+            .await
+            .unwrap()
+    );
+    assert_eq!(counter.statements() - before, 1, "recording a step");
+
+    let before = counter.statements();
+    assert!(store.release("acct_alice", "k", old).await.unwrap());
+    assert_eq!(
+        counter.statements() - before,
+        1,
+        "a release that keeps the record"
+    );
+    let info = store.inspect("acct_alice", "k").await.unwrap().unwrap();
+    assert!(
+        matches!(
+            info.state,
+            RecordState::InProgress {
+                holder_alive: false,
+                ..
+            }
+        ),
+        "{info:?}"
+    );
+
+    let before = counter.statements();
+    let retry = FencingToken::random();
+    assert_eq!(
+        store
+            .claim(&claim_request("k", retry))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Claimed {
+            token: retry,
+            takeover: Some(Takeover::LeaseLost),
+            steps: vec![charged],
+        }
+    );
+    assert_eq!(
+        counter.statements() - before,
+        2,
+        "a takeover with its steps"
+    );
+
+    let fresh = FencingToken::random();
+    store.claim(&claim_request("plain", fresh)).await.unwrap();
+    let before = counter.statements();
+    assert!(store.release("acct_alice", "plain", fresh).await.unwrap());
+    assert_eq!(
+        counter.statements() - before,
+        1,
+        "a release that deletes the record"
+    );
+    assert_eq!(store.inspect("acct_alice", "plain").await.unwrap(), None);
 }
