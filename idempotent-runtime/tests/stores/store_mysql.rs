@@ -1392,6 +1392,13 @@ async fn steps_a_takeover_and_a_release_are_one_request_each() {
         ),
         "{info:?}"
     );
+    assert!(
+        !store
+            .record_step("acct_alice", "k", old, &step("late", b""))
+            .await
+            .unwrap(),
+        "the released token is fenced off"
+    );
 
     let before = counter.statements();
     let retry = FencingToken::random();

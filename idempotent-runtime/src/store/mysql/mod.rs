@@ -513,7 +513,8 @@ impl Store for MySqlStore {
             Value::Bytes(key.as_bytes()),
             Value::Int(token.0),
         ];
-        let statements = inline(RELEASE, &[record, record].concat());
+        let released = [Value::Int(FencingToken::RELEASED.0)];
+        let statements = inline(RELEASE, &[&record[..], &released, &record].concat());
         // One count per statement: the DELETE's, then the UPDATE's (rows matched).
         let matched: u64 = run_request(&self.pool, statements)
             .await?
