@@ -282,6 +282,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             a_step_past_max_allowed_packet_is_refused_and_the_steps_kept,
         ),
         async_trial(
+            "a_step_recorded_in_a_transaction_commits_or_rolls_back_with_it",
+            a_step_recorded_in_a_transaction_commits_or_rolls_back_with_it,
+        ),
+        async_trial(
             "steps_a_takeover_and_a_release_are_one_request_each",
             steps_a_takeover_and_a_release_are_one_request_each,
         ),
@@ -1430,4 +1434,55 @@ async fn steps_a_takeover_and_a_release_are_one_request_each() {
         "a release that deletes the record"
     );
     assert_eq!(store.inspect("acct_alice", "plain").await.unwrap(), None);
+}
+
+/// `record_step_in` writes on the handler's transaction: rolled back, the step is not
+/// recorded; committed, it is; and it is fenced by the token inside the transaction too.
+async fn a_step_recorded_in_a_transaction_commits_or_rolls_back_with_it() {
+    let harness = MySqlHarness::new().await;
+    let store = harness.store.clone();
+    let tx_store = store
+        .capabilities()
+        .transactions
+        .expect("transactions")
+        .for_database::<sqlx::MySql>()
+        .expect("on MySQL");
+    let token = FencingToken::random();
+    store.claim(&claim_request("tx", token)).await.unwrap();
+    let charged = step("charge", br#"{"charge":"ch_1"}"#);
+
+    let mut tx = tx_store.begin().await.unwrap();
+    assert!(
+        tx_store
+            .record_step_in(&mut tx, "acct_alice", "tx", token, &charged)
+            .await
+            .unwrap()
+    );
+    tx.rollback().await.unwrap();
+    let info = store.inspect("acct_alice", "tx").await.unwrap().unwrap();
+    assert_eq!(info.steps, Vec::new(), "rolled back with the transaction");
+
+    let mut tx = tx_store.begin().await.unwrap();
+    assert!(
+        tx_store
+            .record_step_in(&mut tx, "acct_alice", "tx", token, &charged)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !tx_store
+            .record_step_in(
+                &mut tx,
+                "acct_alice",
+                "tx",
+                FencingToken::random(),
+                &charged
+            )
+            .await
+            .unwrap(),
+        "another token owns nothing"
+    );
+    tx.commit().await.unwrap();
+    let info = store.inspect("acct_alice", "tx").await.unwrap().unwrap();
+    assert_eq!(info.steps, vec![charged]);
 }
