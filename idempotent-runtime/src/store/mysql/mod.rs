@@ -39,11 +39,19 @@
 //!    batch is therefore decided as if the claims ran one after the other: the first
 //!    inserts, the second finds its record in progress.
 //! 3. Only if the rule allows a takeover: an `UPDATE … WHERE <that reason still holds>`
-//!    (`sql/take_over_*.sql`), a statement of its own. InnoDB evaluates an `UPDATE`'s
+//!    (`sql/take_over_*.sql`), a request of its own. InnoDB evaluates an `UPDATE`'s
 //!    condition on the newest committed row under its exclusive lock, so of any number
 //!    of racing retries exactly one matches; the others match nothing and claim again
 //!    (and then find the winner's record). A record gone between the insert and the read
-//!    (released or purged) makes the claim run again too.
+//!    (released or purged) makes the claim run again too. A takeover of an expired record
+//!    clears its steps; one of a lost lease keeps them and answers with them, read in the
+//!    same request by a second statement filtered by the new token, after the `UPDATE`
+//!    committed (MySQL has no `UPDATE … RETURNING`): the steps as the takeover left them,
+//!    never those of the batch's read, which may predate a step the old owner committed
+//!    while the `UPDATE` waited for the row.
+//!
+//! The batch's read never ships the `steps` column: a claim that does not take over has
+//! no use for them, so keys without steps cost what they did before steps existed.
 //!
 //! Why not the alternatives: `INSERT … ON DUPLICATE KEY UPDATE` locks exclusively (and
 //! with a conditional `SET`, writes) the row even when it refuses the claim, so every
@@ -74,12 +82,29 @@
 //! each `sql/complete.sql` fenced by `token = ? AND state = 'in_progress'`, by primary
 //! key), whose per-statement counts say which still owned their claim; one commit for the
 //! batch. A response larger than a batch's bytes runs alone as a prepared statement on
-//! the pool. `renew` and `release` are single prepared statements on the pool, fenced the
-//! same way. `purge_expired` reads a batch of expired keys without locking, then deletes
+//! the pool. Every completion clears the record's steps (the response replaces them).
+//! `renew` is a
+//! single prepared statement on the pool, fenced the same way. `release` is one request of
+//! two fenced statements (`sql/release.sql`): a `DELETE` of the record if it holds no
+//! steps, else an `UPDATE` that keeps it in progress with its lease ended now and its
+//! token `FencingToken::RELEASED`, so the same request resumes by a lease-lost takeover.
+//! `purge_expired` reads a batch of expired keys without locking, then deletes
 //! those rows by primary key, re-checking their expiry: no range of the expiry index is
 //! ever locked, so sweepers on many instances never make claims wait. The operator tools:
-//! `inspect` is one consistent read; `forget` is that read, then a `DELETE` by primary key
-//! fenced by the token and state it read (run again if the record changed between).
+//! `inspect` is one consistent read (an in-progress record's steps included); `forget` is
+//! that read, then a `DELETE` by primary key fenced by the token and state it read (run
+//! again if the record changed between), which deletes the steps with the record.
+//!
+//! # Recovery points: the `steps` column
+//!
+//! A record keeps the steps its handler completed in one nullable `LONGBLOB`, the
+//! concatenation of `encode_step` in recording order (schema v2, added in place to a v1
+//! table). `record_step` is one prepared `UPDATE` (`sql/record_step.sql`) fenced like a
+//! completion, appending with `CONCAT`, on the pool or, for a transactional handler, on
+//! its transaction. Past the server's `max_allowed_packet`, `CONCAT` yields `NULL`, which
+//! outside strict mode would be stored silently, dropping every step: the `UPDATE` refuses
+//! a step that would not fit, and only when it matched nothing a read says whether the
+//! token lost the record (`Ok(false)`) or the step was too large (an error).
 //!
 //! # Keys: exact and of any length
 //!
@@ -185,9 +210,10 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 /// - **Round trips.** Concurrent claims share one request, and so do concurrent
 ///   completions (group commit): alone, a fresh request costs two round trips (claim,
 ///   complete), a replay, an in-progress duplicate or a mismatch one (and writes
-///   nothing); a takeover adds its fenced `UPDATE`. Under load, fewer per request. The
-///   batches run on two connections the store takes from the pool and keeps, detached
-///   from it (so beyond its `max_connections`).
+///   nothing); a takeover adds one request (its fenced `UPDATE`, with the read of the
+///   steps a lost lease kept), and recording a step costs one. Under load, fewer per
+///   request. The batches run on two connections the store takes from the pool and
+///   keeps, detached from it (so beyond its `max_connections`).
 /// - **Migrations on connect**, embedded in the binary, serialised across instances by
 ///   a named lock (`GET_LOCK`), recorded in `_idempotent_migrations`.
 /// - **Transactional handlers** (`Tx<MySql>`): the handler's writes and the completion
