@@ -458,6 +458,7 @@ impl StepLog {
 
     /// Marks the execution as a transactional handler's: its steps are refused
     /// ([`StepError::InsideTransaction`]).
+    #[cfg(feature = "sql")]
     pub(crate) fn refuse_inside_transaction(&self) {
         self.in_transaction.store(true, Ordering::Relaxed);
     }
