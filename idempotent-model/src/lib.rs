@@ -17,12 +17,26 @@
 //! sequencing around them, written after `engine/mod.rs` (claim), `engine/execution.rs`
 //! (run, heartbeat, completion retries) and the stores' single-record operations.
 //!
+//! Recovery points: a handler runs [`Protocol::steps`] named steps in order. It skips a
+//! step whose output came back in its claim's answer; otherwise it checks its licence as
+//! the engine does before a step, does the step's side effect and sends `record_step`,
+//! and stops when the store answers that its token owns nothing (or the call times out:
+//! the handler fails, and the engine releases). A crash or a lost call between a side
+//! effect and its record leaves that step to run again (steps are at least once). The
+//! store appends a step only under the holder's token, a takeover keeps or clears them
+//! by [`steps_survive`], `complete` clears them, and `release` keeps a record that holds
+//! steps, its lease ended, by [`release_keeps_record`]. A handler may also return a 5xx
+//! between two steps, which the engine releases, so that the release that keeps a record
+//! is explored.
+//!
 //! The invariants ([`Protocol::properties`]; a violation of a history-dependent one is
 //! noted in [`History::violations`] at the step that breaks it):
 //!
-//! 1. at most one side effect per record lifetime (between TTL expiry or `forget`),
-//!    except a retry's after a takeover of a lost lease (the owner crashed, or none of its
-//!    renewals reached the store for a lease), and none once a response was recorded;
+//! 1. at most one side effect of each step per record lifetime (between TTL expiry or
+//!    `forget`), except a retry's after a takeover of a lost lease (the owner crashed, or
+//!    none of its renewals reached the store for a lease) or after a release that deleted
+//!    the record, and none once a response was recorded (a handler without steps counts
+//!    as one step);
 //! 2. a side effect happens only while its claim's token holds a live lease in the
 //!    store, and the store hands a key to another claim only once its holder's licence
 //!    ended;
@@ -31,17 +45,26 @@
 //! 4. an engine stops trying to record a finished handler's answer only once its lease
 //!    is lost or the record's TTL ended;
 //! 5. a live lease ends within one lease, by the store's lease clock, whatever the wall
-//!    clock did.
+//!    clock did;
+//! 6. at most one recorded output per step per record lifetime: the store never appends a
+//!    step the record already holds;
+//! 7. a resumed execution never reruns a recorded step: no step's side effect happens
+//!    while the record of its lifetime holds that step's output.
 //!
-//! [`Rules`] turns each fix of the protocol review off, to show that the checker finds
+//! [`Rules`] turns each fix of the protocol review, and each rule of recovery points, off
+//! to show that the checker finds
 //! the interleaving it closed (`tests/check.rs`). Larger bounds than CI's run from
 //! `src/main.rs`.
 //!
 //! Not modelled: the store's internal queues (a store that drops a renewal that reached
 //! it is, to the model, a lost renewal, which the contract treats like a crashed owner),
 //! a store clock running at another rate than the engines' (the licence's margin is for
-//! that), transactional handlers (their side effect commits with the completion), and
-//! duplicates that wait instead of answering `409`.
+//! that), transactional handlers (their side effect commits with the completion; so do
+//! their steps), duplicates that wait instead of answering `409`, step names and outputs
+//! (a step is its index: the engine never records a name twice, and its output's bytes
+//! do not change the protocol), a `record_step` the engine retries (one past the store
+//! timeout fails the handler), and steps in the checks about anything else: CI checks
+//! them in bounds of their own, since they multiply the state space.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -1132,16 +1155,6 @@ impl Model for Protocol {
                 "one side effect per step per lease of a record lifetime",
                 |_, s: &State| !s.history.broke(Violation::SecondEffect),
             ),
-            // (1a) At most one recorded output per step per record lifetime: the store
-            // never appends a step the record already holds.
-            Property::always("one recorded output per step", |_, s: &State| {
-                !s.history.broke(Violation::StepRecordedTwice)
-            }),
-            // (1b) A resumed execution never reruns a recorded step: no step's side effect
-            // happens while the record of its lifetime holds that step's output.
-            Property::always("recorded steps are not run again", |_, s: &State| {
-                !s.history.broke(Violation::RecordedStepRerun)
-            }),
             // (2) A side effect happens only while its claim's token holds a live lease in
             // the store.
             Property::always("side effects only under a live lease", |_, s: &State| {
@@ -1170,6 +1183,16 @@ impl Model for Protocol {
                     Some(r) if r.response.is_none() => r.lease_left <= m.lease,
                     _ => true,
                 }
+            }),
+            // (6) At most one recorded output per step per record lifetime: the store
+            // never appends a step the record already holds.
+            Property::always("one recorded output per step", |_, s: &State| {
+                !s.history.broke(Violation::StepRecordedTwice)
+            }),
+            // (7) A resumed execution never reruns a recorded step: no step's side effect
+            // happens while the record of its lifetime holds that step's output.
+            Property::always("recorded steps are not run again", |_, s: &State| {
+                !s.history.broke(Violation::RecordedStepRerun)
             }),
             // Coverage: the bounds reach what the invariants are about.
             Property::sometimes("a side effect happens", |_, s: &State| {
