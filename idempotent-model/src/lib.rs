@@ -52,9 +52,8 @@
 //!    while the record of its lifetime holds that step's output.
 //!
 //! [`Rules`] turns each fix of the protocol review, and each rule of recovery points, off
-//! to show that the checker finds
-//! the interleaving it closed (`tests/check.rs`). Larger bounds than CI's run from
-//! `src/main.rs`.
+//! to show that the checker finds the interleaving it closed (`tests/check.rs`). Larger
+//! bounds than CI's run from `src/main.rs`.
 //!
 //! Not modelled: the store's internal queues (a store that drops a renewal that reached
 //! it is, to the model, a lost renewal, which the contract treats like a crashed owner),
