@@ -25,7 +25,7 @@
 //! effect and its record leaves that step to run again (steps are at least once). The
 //! store appends a step only under the holder's token, a takeover keeps or clears them
 //! by [`steps_survive`], `complete` clears them, and `release` keeps a record that holds
-//! steps, its lease ended, by [`release_keeps_record`]. A handler may also return a 5xx
+//! steps, its lease ended and its token [`RELEASED`], by [`release_keeps_record`]. A handler may also return a 5xx
 //! between two steps, which the engine releases, so that the release that keeps a record
 //! is explored.
 //!
@@ -83,6 +83,9 @@ pub const ENGINES: usize = 2;
 
 /// Calls given up by their caller that may still reach the store; one more is lost.
 const ORPHANS: usize = 1;
+
+/// The token of a record that a release kept (`FencingToken::RELEASED`): no claim's.
+pub const RELEASED: u8 = u8::MAX;
 
 /// The named steps a handler runs, in order, in CI's bounds.
 pub const STEPS: u8 = 2;
@@ -230,7 +233,7 @@ impl Protocol {
 pub struct Record {
     /// The fingerprint of the request that claimed it.
     pub fingerprint: u8,
-    /// The fencing token of the claim that holds it.
+    /// The fencing token of the claim that holds it ([`RELEASED`] once a release kept it).
     pub token: u8,
     /// The recorded response (named by the token of the run that produced it); `None`:
     /// in progress.
@@ -241,8 +244,6 @@ pub struct Record {
     pub ttl_left: Tick,
     /// The steps recorded under it (a set of step bits), in progress only.
     pub steps: u8,
-    /// A release kept it, holding steps, and no claim took it over since.
-    pub released: bool,
 }
 
 /// A store call as the engine sends it.
@@ -666,7 +667,6 @@ impl Protocol {
                     lease_left: self.lease,
                     ttl_left: self.ttl,
                     steps: 0,
-                    released: false,
                 };
                 let Some(found) = s.record else {
                     s.record = Some(fresh);
@@ -697,7 +697,8 @@ impl Protocol {
                             s.history.lifetime_steps = 0;
                         } else {
                             s.history.lease_taken_over = true;
-                            s.history.resumed_after_release |= found.released && steps != 0;
+                            s.history.resumed_after_release |=
+                                found.token == RELEASED && steps != 0;
                         }
                         Answer::Claimed { steps }
                     }
@@ -730,8 +731,10 @@ impl Protocol {
                 let held = owned(&s.record, token);
                 match s.record.as_mut() {
                     Some(r) if held && release_keeps_record(r.steps != 0) => {
+                        // The released owner is fenced off: its late renewals and
+                        // steps own nothing.
                         r.lease_left = 0;
-                        r.released = true;
+                        r.token = RELEASED;
                     }
                     _ if held => {
                         // The next claim starts afresh: a step whose record never
