@@ -17,12 +17,26 @@
 //! sequencing around them, written after `engine/mod.rs` (claim), `engine/execution.rs`
 //! (run, heartbeat, completion retries) and the stores' single-record operations.
 //!
+//! Recovery points: a handler runs [`Protocol::steps`] named steps in order. It skips a
+//! step whose output came back in its claim's answer; otherwise it checks its licence as
+//! the engine does before a step, does the step's side effect and sends `record_step`,
+//! and stops when the store answers that its token owns nothing (or the call times out:
+//! the handler fails, and the engine releases). A crash or a lost call between a side
+//! effect and its record leaves that step to run again (steps are at least once). The
+//! store appends a step only under the holder's token, a takeover keeps or clears them
+//! by [`steps_survive`], `complete` clears them, and `release` keeps a record that holds
+//! steps, its lease ended and its token [`RELEASED`], by [`release_keeps_record`]. A handler may also return a 5xx
+//! between two steps, which the engine releases, so that the release that keeps a record
+//! is explored.
+//!
 //! The invariants ([`Protocol::properties`]; a violation of a history-dependent one is
 //! noted in [`History::violations`] at the step that breaks it):
 //!
-//! 1. at most one side effect per record lifetime (between TTL expiry or `forget`),
-//!    except a retry's after a takeover of a lost lease (the owner crashed, or none of its
-//!    renewals reached the store for a lease), and none once a response was recorded;
+//! 1. at most one side effect of each step per record lifetime (between TTL expiry or
+//!    `forget`), except a retry's after a takeover of a lost lease (the owner crashed, or
+//!    none of its renewals reached the store for a lease) or after a release that deleted
+//!    the record, and none once a response was recorded (a handler without steps counts
+//!    as one step);
 //! 2. a side effect happens only while its claim's token holds a live lease in the
 //!    store, and the store hands a key to another claim only once its holder's licence
 //!    ended;
@@ -31,24 +45,33 @@
 //! 4. an engine stops trying to record a finished handler's answer only once its lease
 //!    is lost or the record's TTL ended;
 //! 5. a live lease ends within one lease, by the store's lease clock, whatever the wall
-//!    clock did.
+//!    clock did;
+//! 6. at most one recorded output per step per record lifetime: the store never appends a
+//!    step the record already holds;
+//! 7. a resumed execution never reruns a recorded step: no step's side effect happens
+//!    while the record of its lifetime holds that step's output.
 //!
-//! [`Rules`] turns each fix of the protocol review off, to show that the checker finds
-//! the interleaving it closed (`tests/check.rs`). Larger bounds than CI's run from
-//! `src/main.rs`.
+//! [`Rules`] turns each fix of the protocol review, and each rule of recovery points, off
+//! to show that the checker finds the interleaving it closed (`tests/check.rs`). Larger
+//! bounds than CI's run from `src/main.rs`.
 //!
 //! Not modelled: the store's internal queues (a store that drops a renewal that reached
 //! it is, to the model, a lost renewal, which the contract treats like a crashed owner),
 //! a store clock running at another rate than the engines' (the licence's margin is for
-//! that), transactional handlers (their side effect commits with the completion), and
-//! duplicates that wait instead of answering `409`.
+//! that), transactional handlers (their side effect commits with the completion; so do
+//! their steps), duplicates that wait instead of answering `409`, step names and outputs
+//! (a step is its index: the engine never records a name twice, and its output's bytes
+//! do not change the protocol), a `record_step` the engine retries (one past the store
+//! timeout fails the handler), and steps in the checks about anything else: CI checks
+//! them in bounds of their own, since they multiply the state space.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use idempotent_runtime::store::Takeover;
 use idempotent_runtime::testing::protocol::{
-    Decision, Found, decide, licence_holds, may_stop_recording, renewal_timeout,
+    Decision, Found, decide, licence_holds, may_stop_recording, release_keeps_record,
+    renewal_timeout, steps_survive,
 };
 use stateright::{Model, Property};
 
@@ -60,6 +83,17 @@ pub const ENGINES: usize = 2;
 
 /// Calls given up by their caller that may still reach the store; one more is lost.
 const ORPHANS: usize = 1;
+
+/// The token of a record that a release kept (`FencingToken::RELEASED`): no claim's.
+pub const RELEASED: u8 = u8::MAX;
+
+/// The named steps a handler runs, in order, in CI's bounds.
+pub const STEPS: u8 = 2;
+
+/// The bit of `step` in a set of steps.
+fn bit(step: u8) -> u8 {
+    1 << step
+}
 
 /// Where the store keeps time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +119,12 @@ pub struct Rules {
     /// A replay cache entry's maximum age counts from when the call that read the record
     /// was sent, not from when its answer arrived (found by this model).
     pub cache_age_from_read: bool,
+    /// A takeover of a lost lease keeps the record's steps and returns them
+    /// ([`steps_survive`]); off, every takeover drops them.
+    pub steps_survive_lease_loss: bool,
+    /// `record_step` appends only while the record is in progress under the caller's
+    /// token; off, it appends to whatever claim holds the record.
+    pub record_step_fenced: bool,
 }
 
 impl Rules {
@@ -94,6 +134,8 @@ impl Rules {
         leases_on_monotonic: true,
         record_while_held: true,
         cache_age_from_read: true,
+        steps_survive_lease_loss: true,
+        record_step_fenced: true,
     };
 }
 
@@ -122,6 +164,14 @@ pub struct Protocol {
     pub forgets: u8,
     /// The steps the in-process store's wall clock may take (at most one of them).
     pub wall_steps: &'static [Tick],
+    /// The named steps each handler runs, in order (up to 8): each is a side effect whose
+    /// output the engine records with the record. `0`: the handler's one side effect is
+    /// not a step (nothing is recorded before the completion), which keeps the checks
+    /// that are not about steps as small as before steps existed.
+    pub steps: u8,
+    /// A handler may return a 5xx between two of its steps (the engine releases it),
+    /// besides when it sees `lease_lost()`.
+    pub fail_between_steps: bool,
     /// The fixes in force.
     pub rules: Rules,
 }
@@ -130,7 +180,8 @@ impl Protocol {
     /// The bounds CI checks: a lease of 3 ticks under a store timeout of 4 (the
     /// configuration in which a claim can be answered after its lease ran out), a TTL of
     /// 6, three requests, one crash and one forget, and for an in-process store one
-    /// wall-clock step forward or back by more than a lease. Time runs on without end.
+    /// wall-clock step forward or back by more than a lease; handlers of [`STEPS`] steps
+    /// that may return a 5xx between them. Time runs on without end.
     pub fn ci(store: StoreKind) -> Self {
         Self {
             lease: 3,
@@ -146,8 +197,15 @@ impl Protocol {
                 StoreKind::Server => &[],
                 StoreKind::InProcess => &[4, -4],
             },
+            steps: STEPS,
+            fail_between_steps: true,
             rules: Rules::FIXED,
         }
+    }
+
+    /// The side effects a handler does: its steps, or its one side effect without them.
+    fn effects(&self) -> u8 {
+        self.steps.max(1)
     }
 
     fn duration(ticks: Tick) -> Duration {
@@ -175,7 +233,7 @@ impl Protocol {
 pub struct Record {
     /// The fingerprint of the request that claimed it.
     pub fingerprint: u8,
-    /// The fencing token of the claim that holds it.
+    /// The fencing token of the claim that holds it ([`RELEASED`] once a release kept it).
     pub token: u8,
     /// The recorded response (named by the token of the run that produced it); `None`:
     /// in progress.
@@ -184,6 +242,8 @@ pub struct Record {
     pub lease_left: Tick,
     /// The TTL left, on the store's wall clock.
     pub ttl_left: Tick,
+    /// The steps recorded under it (a set of step bits), in progress only.
+    pub steps: u8,
 }
 
 /// A store call as the engine sends it.
@@ -211,13 +271,23 @@ pub enum Op {
         /// The claim's token.
         token: u8,
     },
+    /// `record_step`, recording the output of `step`.
+    RecordStep {
+        /// The claim's token.
+        token: u8,
+        /// The step that ran.
+        step: u8,
+    },
 }
 
 /// What the store answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Answer {
-    /// The claim owns the key.
-    Claimed,
+    /// The claim owns the key, with the steps an earlier execution recorded (a set).
+    Claimed {
+        /// The steps returned with the claim.
+        steps: u8,
+    },
     /// A completed record: its response, and how long it lives on (store's wall clock).
     Replay {
         /// The recorded response.
@@ -229,7 +299,8 @@ pub enum Answer {
     InProgress,
     /// `422`.
     Mismatch,
-    /// `renew`, `complete` or `release`: whether the token still owned the record.
+    /// `renew`, `complete`, `release` or `record_step`: whether the token still owned
+    /// the record.
     Done(bool),
 }
 
@@ -264,8 +335,11 @@ pub struct Held {
     /// The handler started in this tick: it may do its side effect at once, without
     /// checking `lease_lost()` (the engine's claim check is what licenses that).
     pub fresh: bool,
-    /// The handler did its side effect.
-    pub effect: bool,
+    /// The steps the claim's answer returned: the handler skips them.
+    pub loaded: u8,
+    /// The step the handler runs next (or whose record it awaits); `steps` once it
+    /// returned.
+    pub next: u8,
     /// Since the handler finished with a response to record.
     pub finished_age: Option<Tick>,
 }
@@ -318,17 +392,23 @@ pub struct Engine {
 /// What the invariants need to remember of the past.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct History {
-    /// Side effects since the record's lifetime began or its lease was last taken over.
+    /// The steps whose side effect happened since the record's lifetime began, its
+    /// lease was last taken over or a release deleted it (a set).
     pub effects_under_lease: u8,
+    /// The steps whose output the store appended in this record lifetime (a set).
+    pub lifetime_steps: u8,
     /// A response was recorded in this lifetime.
     pub recorded: bool,
     /// Ticks since the operator forgot the key, while within the replay cache's maximum
     /// age.
     pub forgotten: Option<Tick>,
-    /// Side effects in all, up to two (for the coverage properties).
+    /// Side effects in all, up to one more than a handler's steps (for the coverage
+    /// properties).
     pub effects: u8,
     /// A lease was taken over from its holder.
     pub lease_taken_over: bool,
+    /// After a release kept a record, a claim took it over and got its steps back.
+    pub resumed_after_release: bool,
     /// The invariants broken, by the step that broke them (a set of [`Violation`]s).
     pub violations: u8,
 }
@@ -337,8 +417,9 @@ pub struct History {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Violation {
-    /// A second side effect in one record lifetime under one lease: no takeover of a lost
-    /// lease came between them, or a response was already recorded.
+    /// A second side effect of one step in one record lifetime under one lease: no
+    /// takeover of a lost lease (or release that deleted the record) came between them,
+    /// or a response was already recorded.
     SecondEffect,
     /// A side effect while the store did not hold the executing claim's lease.
     EffectWithoutLease,
@@ -348,6 +429,10 @@ pub enum Violation {
     StaleReplay,
     /// An engine gave up recording an answer while it held the key.
     AnswerAbandoned,
+    /// The store appended a step the record of this lifetime already held.
+    StepRecordedTwice,
+    /// A step's side effect happened while the record of this lifetime held its output.
+    RecordedStepRerun,
 }
 
 impl Violation {
@@ -413,11 +498,13 @@ pub enum Action {
     ApplyOrphan(usize),
     /// A call its caller gave up on is lost.
     LoseOrphan(usize),
-    /// The handler does its side effect, at once as it starts or later having checked
-    /// `lease_lost()`, and returns its 2xx; the engine sends the completion.
+    /// The handler runs its next step (one it did not get back with the claim): the
+    /// side effect, at once as it starts or later having checked `lease_lost()`; the
+    /// engine sends `record_step`. Once the last step is recorded the handler returns
+    /// its 2xx and the engine sends the completion.
     Effect(usize),
-    /// The handler saw `lease_lost()` and returns a 5xx without its side effect; the
-    /// engine releases the claim.
+    /// The handler saw `lease_lost()`, or failed after a step, and returns a 5xx before
+    /// its next step; the engine releases the claim.
     Fail(usize),
     /// The engine's process crashes and restarts, empty.
     Crash(usize),
@@ -507,6 +594,14 @@ impl Protocol {
         let Work::Holding(held) = s.engines[e].work else {
             return Self::settle(s, e);
         };
+        if let Some(Call {
+            op: Op::RecordStep { .. },
+            ..
+        }) = call
+        {
+            // The step's store error fails the handler: a 5xx, which the engine releases.
+            return Self::fail(s, e, held.token);
+        }
         let (stop, abandons) = self.stop_recording(&held, held.finished_age.unwrap_or(0));
         if !stop {
             return Self::send(s, e, Op::Complete { token: held.token });
@@ -571,10 +666,11 @@ impl Protocol {
                     response: None,
                     lease_left: self.lease,
                     ttl_left: self.ttl,
+                    steps: 0,
                 };
                 let Some(found) = s.record else {
                     s.record = Some(fresh);
-                    return Answer::Claimed;
+                    return Answer::Claimed { steps: 0 };
                 };
                 let decision = decide(Found {
                     completed: found.response.is_some(),
@@ -592,14 +688,19 @@ impl Protocol {
                         if from_live_holder {
                             Self::violate(s, Violation::TakenFromLiveHolder);
                         }
-                        s.record = Some(fresh);
+                        let keep = self.rules.steps_survive_lease_loss && steps_survive(reason);
+                        let steps = if keep { found.steps } else { 0 };
+                        s.record = Some(Record { steps, ..fresh });
                         s.history.effects_under_lease = 0;
                         if reason == Takeover::Expired {
                             s.history.recorded = false;
+                            s.history.lifetime_steps = 0;
                         } else {
                             s.history.lease_taken_over = true;
+                            s.history.resumed_after_release |=
+                                found.token == RELEASED && steps != 0;
                         }
-                        Answer::Claimed
+                        Answer::Claimed { steps }
                     }
                     Decision::Mismatch => Answer::Mismatch,
                     Decision::Replay => Answer::Replay {
@@ -621,18 +722,73 @@ impl Protocol {
                 let held = owned(&s.record, token);
                 if let (true, Some(r)) = (held, s.record.as_mut()) {
                     r.response = Some(token);
+                    r.steps = 0;
                     s.history.recorded = true;
                 }
                 Answer::Done(held)
             }
             Op::Release { token } => {
                 let held = owned(&s.record, token);
-                if held {
-                    s.record = None;
+                match s.record.as_mut() {
+                    Some(r) if held && release_keeps_record(r.steps != 0) => {
+                        // The released owner is fenced off: its late renewals and
+                        // steps own nothing.
+                        r.lease_left = 0;
+                        r.token = RELEASED;
+                    }
+                    _ if held => {
+                        // The next claim starts afresh: a step whose record never
+                        // reached the store may run again (at least once).
+                        s.record = None;
+                        s.history.effects_under_lease = 0;
+                        s.history.lifetime_steps = 0;
+                    }
+                    _ => {}
                 }
                 Answer::Done(held)
             }
+            Op::RecordStep { token, step } => {
+                let appends = if self.rules.record_step_fenced {
+                    owned(&s.record, token)
+                } else {
+                    matches!(s.record, Some(r) if r.response.is_none())
+                };
+                if let (true, Some(r)) = (appends, s.record.as_mut()) {
+                    let twice = r.steps & bit(step) != 0;
+                    r.steps |= bit(step);
+                    s.history.lifetime_steps |= bit(step);
+                    if twice {
+                        Self::violate(s, Violation::StepRecordedTwice);
+                    }
+                }
+                Answer::Done(appends)
+            }
         }
+    }
+
+    /// The handler skips the steps it got back with its claim; past the last step it
+    /// returns its 2xx and the engine sends the completion.
+    fn advance(&self, s: &mut State, e: usize) {
+        let Work::Holding(held) = &mut s.engines[e].work else {
+            return;
+        };
+        while held.next < self.effects() && held.loaded & bit(held.next) != 0 {
+            held.next += 1;
+        }
+        // The steps skipped are of no more use: forgetting them merges equal states.
+        held.loaded &= u8::MAX.checked_shl(u32::from(held.next)).unwrap_or(0);
+        if held.next == self.effects() {
+            held.finished_age = Some(0);
+            let token = held.token;
+            Self::send(s, e, Op::Complete { token });
+        }
+    }
+
+    /// The handler returns a 5xx: the engine releases the claim.
+    fn fail(s: &mut State, e: usize, token: u8) {
+        Self::settle(s, e);
+        s.engines[e].work = Work::Releasing;
+        Self::send(s, e, Op::Release { token });
     }
 
     fn orphan(s: &mut State, call: Option<Call>) {
@@ -693,7 +849,11 @@ impl Protocol {
     /// The store's answer to the request's call reaches the engine.
     fn deliver_request(&self, s: &mut State, e: usize, call: Call, answer: Answer) {
         match (s.engines[e].work, call.op, answer) {
-            (Work::Claiming { fingerprint, .. }, Op::Claim { token, .. }, Answer::Claimed) => {
+            (
+                Work::Claiming { fingerprint, .. },
+                Op::Claim { token, .. },
+                Answer::Claimed { steps },
+            ) => {
                 if self.rules.late_claim_check && !self.licence_holds(call.age) {
                     s.engines[e].work = Work::Releasing;
                     Self::send(s, e, Op::Release { token });
@@ -707,9 +867,17 @@ impl Protocol {
                     raised: false,
                     heartbeat_ended: false,
                     fresh: true,
-                    effect: false,
+                    loaded: steps,
+                    next: 0,
                     finished_age: None,
                 });
+                self.advance(s, e);
+            }
+            (Work::Holding(_), Op::RecordStep { .. }, Answer::Done(true)) => {
+                if let Work::Holding(held) = &mut s.engines[e].work {
+                    held.next += 1;
+                }
+                self.advance(s, e);
             }
             (
                 Work::Claiming {
@@ -867,12 +1035,13 @@ impl Model for Protocol {
             let Some(held) = Self::held(s, e) else {
                 continue;
             };
-            if held.finished_age.is_none() && !held.effect {
+            // Between steps: not awaiting a step's record, not returned yet.
+            if held.finished_age.is_none() && engine.call.is_none() {
                 let lost = self.lease_lost(&held);
                 if held.fresh || !lost {
                     actions.push(Action::Effect(e));
                 }
-                if lost {
+                if lost || (self.fail_between_steps && held.next > 0) {
                     actions.push(Action::Fail(e));
                 }
             }
@@ -892,6 +1061,7 @@ impl Model for Protocol {
                 s.forgets += 1;
                 s.history.forgotten = Some(0);
                 s.history.effects_under_lease = 0;
+                s.history.lifetime_steps = 0;
                 s.history.recorded = false;
             }
             Action::ApplyOrphan(i) => {
@@ -923,6 +1093,7 @@ impl Model for Protocol {
             }
             Action::Effect(e) => {
                 let held = Self::held(&s, e)?;
+                let step = bit(held.next);
                 let under_lease = matches!(
                     s.record,
                     Some(r) if r.token == held.token && r.response.is_none() && r.lease_left > 0
@@ -930,22 +1101,34 @@ impl Model for Protocol {
                 if !under_lease {
                     Self::violate(&mut s, Violation::EffectWithoutLease);
                 }
-                if s.history.effects_under_lease > 0 || s.history.recorded {
+                if s.history.effects_under_lease & step != 0 || s.history.recorded {
                     Self::violate(&mut s, Violation::SecondEffect);
                 }
-                s.history.effects_under_lease += 1;
-                s.history.effects = (s.history.effects + 1).min(2);
-                if let Work::Holding(h) = &mut s.engines[e].work {
-                    h.effect = true;
-                    h.finished_age = Some(0);
+                if s.history.lifetime_steps & step != 0 {
+                    Self::violate(&mut s, Violation::RecordedStepRerun);
                 }
-                Self::send(&mut s, e, Op::Complete { token: held.token });
+                s.history.effects_under_lease |= step;
+                s.history.effects = (s.history.effects + 1).min(self.effects() + 1);
+                if self.steps == 0 {
+                    // Not a step: the handler returns its 2xx at once.
+                    if let Work::Holding(h) = &mut s.engines[e].work {
+                        h.next += 1;
+                    }
+                    self.advance(&mut s, e);
+                } else {
+                    Self::send(
+                        &mut s,
+                        e,
+                        Op::RecordStep {
+                            token: held.token,
+                            step: held.next,
+                        },
+                    );
+                }
             }
             Action::Fail(e) => {
                 let held = Self::held(&s, e)?;
-                Self::settle(&mut s, e);
-                s.engines[e].work = Work::Releasing;
-                Self::send(&mut s, e, Op::Release { token: held.token });
+                Self::fail(&mut s, e, held.token);
             }
             Action::Crash(e) => {
                 let engine = s.engines[e];
@@ -965,13 +1148,13 @@ impl Model for Protocol {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
-            // (1) At most one side effect per record lifetime (between TTL expiry or a
-            // forget), except a retry's after a takeover of a lost lease (the owner
-            // crashed or no renewal of it reached the store for a lease), and none once
-            // a response was recorded.
+        let mut properties = vec![
+            // (1) At most one side effect of each step per record lifetime (between TTL
+            // expiry or a forget), except a retry's after a takeover of a lost lease (the
+            // owner crashed or no renewal of it reached the store for a lease) or after a
+            // release that deleted the record, and none once a response was recorded.
             Property::always(
-                "one side effect per lease of a record lifetime",
+                "one side effect per step per lease of a record lifetime",
                 |_, s: &State| !s.history.broke(Violation::SecondEffect),
             ),
             // (2) A side effect happens only while its claim's token holds a live lease in
@@ -1003,18 +1186,37 @@ impl Model for Protocol {
                     _ => true,
                 }
             }),
+            // (6) At most one recorded output per step per record lifetime: the store
+            // never appends a step the record already holds.
+            Property::always("one recorded output per step", |_, s: &State| {
+                !s.history.broke(Violation::StepRecordedTwice)
+            }),
+            // (7) A resumed execution never reruns a recorded step: no step's side effect
+            // happens while the record of its lifetime holds that step's output.
+            Property::always("recorded steps are not run again", |_, s: &State| {
+                !s.history.broke(Violation::RecordedStepRerun)
+            }),
             // Coverage: the bounds reach what the invariants are about.
             Property::sometimes("a side effect happens", |_, s: &State| {
                 s.history.effects > 0
             }),
             Property::sometimes(
                 "a lost lease is taken over and run again",
-                |_, s: &State| s.history.lease_taken_over && s.history.effects > 1,
+                |m: &Protocol, s: &State| {
+                    s.history.lease_taken_over && s.history.effects > m.effects()
+                },
             ),
             Property::sometimes("a replay is kept in a replay cache", |_, s: &State| {
                 s.engines.iter().any(|e| e.cache.is_some())
             }),
-        ]
+        ];
+        if self.steps > 0 && self.fail_between_steps {
+            properties.push(Property::sometimes(
+                "a record a release kept is resumed after its steps",
+                |_, s: &State| s.history.resumed_after_release,
+            ));
+        }
+        properties
     }
 }
 
@@ -1035,7 +1237,7 @@ pub fn trace(path: stateright::Path<State, Action>) -> String {
         let record = match after.record {
             None => "none".to_owned(),
             Some(r) => format!(
-                "fingerprint {} token {} {} lease left {} ttl left {}",
+                "fingerprint {} token {} {} lease left {} ttl left {} steps {:#b}",
                 r.fingerprint,
                 r.token,
                 match r.response {
@@ -1043,7 +1245,8 @@ pub fn trace(path: stateright::Path<State, Action>) -> String {
                     None => "in_progress".to_owned(),
                 },
                 r.lease_left,
-                r.ttl_left
+                r.ttl_left,
+                r.steps
             ),
         };
         let _ = writeln!(out, "t={now:<2} {action:?}");
@@ -1059,6 +1262,8 @@ pub fn trace(path: stateright::Path<State, Action>) -> String {
             Violation::TakenFromLiveHolder,
             Violation::StaleReplay,
             Violation::AnswerAbandoned,
+            Violation::StepRecordedTwice,
+            Violation::RecordedStepRerun,
         ]
         .into_iter()
         .filter(|&v| last.history.broke(v))

@@ -2,13 +2,16 @@
 //!
 //! ```text
 //! cargo run -p idempotent-model --release -- [--store server|in-process]
-//!     [--requests N] [--crashes N] [--forgets N] [--threads N] [--revert FIX]
+//!     [--requests N] [--crashes N] [--forgets N] [--steps N] [--threads N] [--revert FIX]
 //! ```
 //!
 //! `--revert` turns one fix of the protocol review off (`late-claim-check`,
-//! `leases-on-monotonic`, `record-while-held`, `cache-age-from-read`), to see the checker find what it closed.
+//! `leases-on-monotonic`, `record-while-held`, `cache-age-from-read`), or one rule of
+//! recovery points (`steps-survive-lease-loss`, `record-step-fenced`), to see the checker
+//! find what it closed.
 //!
-//! `--requests N` gives the second engine N retries of the first engine's request.
+//! `--requests N` gives the second engine N retries of the first engine's request;
+//! `--steps N` gives each handler N steps (0: one side effect that is not a step).
 
 use std::time::Instant;
 
@@ -20,6 +23,7 @@ fn main() {
     let mut requests = None;
     let mut crashes = None;
     let mut forgets = None;
+    let mut steps = None;
     let mut threads = 2;
     let mut rules = Rules::FIXED;
     let mut args = std::env::args().skip(1);
@@ -43,14 +47,18 @@ fn main() {
             "--requests" => requests = Some(number()),
             "--crashes" => crashes = Some(number()),
             "--forgets" => forgets = Some(number()),
+            "--steps" => steps = Some(number()),
             "--threads" => threads = number(),
             "--revert" => match value.as_str() {
                 "late-claim-check" => rules.late_claim_check = false,
                 "leases-on-monotonic" => rules.leases_on_monotonic = false,
                 "record-while-held" => rules.record_while_held = false,
                 "cache-age-from-read" => rules.cache_age_from_read = false,
+                "steps-survive-lease-loss" => rules.steps_survive_lease_loss = false,
+                "record-step-fenced" => rules.record_step_fenced = false,
                 _ => usage(
-                    "--revert takes late-claim-check, leases-on-monotonic or record-while-held",
+                    "--revert takes late-claim-check, leases-on-monotonic, record-while-held, \
+                     cache-age-from-read, steps-survive-lease-loss or record-step-fenced",
                 ),
             },
             _ => usage(&format!("unknown flag {flag}")),
@@ -67,6 +75,12 @@ fn main() {
     }
     if let Some(n) = forgets {
         model.forgets = u8::try_from(n).unwrap_or_else(|_| usage("--forgets is too large"));
+    }
+    if let Some(n) = steps {
+        model.steps = u8::try_from(n)
+            .ok()
+            .filter(|&n| n <= 8)
+            .unwrap_or_else(|| usage("--steps is at most 8"));
     }
     println!("checking {model:?}");
     let started = Instant::now();
@@ -97,7 +111,7 @@ fn main() {
 fn usage(message: &str) -> ! {
     eprintln!("{message}");
     eprintln!(
-        "usage: idempotent-model [--store server|in-process] [--requests N] [--crashes N] [--forgets N] [--threads N] [--revert FIX]"
+        "usage: idempotent-model [--store server|in-process] [--requests N] [--crashes N] [--forgets N] [--steps N] [--threads N] [--revert FIX]"
     );
     std::process::exit(2)
 }
