@@ -25,9 +25,9 @@
 //! effect and its record leaves that step to run again (steps are at least once). The
 //! store appends a step only under the holder's token, a takeover keeps or clears them
 //! by [`steps_survive`], `complete` clears them, and `release` keeps a record that holds
-//! steps, its lease ended and its token [`RELEASED`], by [`release_keeps_record`]. A handler may also return a 5xx
-//! between two steps, which the engine releases, so that the release that keeps a record
-//! is explored.
+//! steps, its lease ended and its token [`RELEASED`], by [`release_keeps_record`]. A
+//! handler may also return a 5xx between two steps, which the engine releases, so that
+//! the release that keeps a record is explored.
 //!
 //! The invariants ([`Protocol::properties`]; a violation of a history-dependent one is
 //! noted in [`History::violations`] at the step that breaks it):
