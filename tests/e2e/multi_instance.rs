@@ -204,19 +204,7 @@ async fn killed_owner_blocks_until_its_lease_ends_then_one_takeover_charges(serv
     let c = start(&backend, &flags).await;
     let client = reqwest::Client::new();
 
-    let in_flight = {
-        let (client, url) = (client.clone(), a.url("/payments"));
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .header("authorization", "Bearer sk_test_alice")
-                .header("idempotency-key", "crash-1")
-                .header("content-type", "application/json")
-                .body(CHARGE)
-                .send()
-                .await
-        })
-    };
+    let in_flight = process::charge_in_flight(&client, a.url("/payments"), "crash-1", CHARGE);
     process::wait_until("the original is claimed", || backend.claimed("crash-1")).await;
     a.kill(); // kill -9 while the gateway call (1.5 s) is in flight
     assert!(

@@ -228,19 +228,7 @@ async fn kill_9_after_a_step_resumes(server: Option<Server>, paused_after: &'sta
     };
 
     let (mut first, first_output) = place.start(Some(paused_after), "warn").await;
-    let in_flight = {
-        let (client, url) = (client.clone(), first.url("/payments"));
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .header("authorization", "Bearer sk_test_alice")
-                .header("idempotency-key", "crash-1")
-                .header("content-type", "application/json")
-                .body(CHARGE)
-                .send()
-                .await
-        })
-    };
+    let in_flight = process::charge_in_flight(&client, first.url("/payments"), "crash-1", CHARGE);
     let pause_line = format!("{PAUSE_LINE} {paused_after} ");
     process::wait_until("the first demo pauses after the step", || {
         let output = first_output.clone();

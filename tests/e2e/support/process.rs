@@ -135,6 +135,27 @@ impl Output {
     }
 }
 
+/// Alice's `POST /payments` of `body` under `key` to `url`, sent from a task of its own:
+/// a request in flight while the test kills the server under it.
+pub(crate) fn charge_in_flight(
+    client: &reqwest::Client,
+    url: String,
+    key: &'static str,
+    body: &'static str,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    let client = client.clone();
+    tokio::spawn(async move {
+        client
+            .post(url)
+            .header("authorization", "Bearer sk_test_alice")
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+    })
+}
+
 /// Polls `condition` every 10 ms until it holds; panics, naming `what`, after 10 s.
 pub(crate) async fn wait_until<F, Fut>(what: &str, mut condition: F)
 where

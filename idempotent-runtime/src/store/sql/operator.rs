@@ -175,8 +175,8 @@ pub(crate) struct InspectRow {
     pub(crate) lease_alive: Option<bool>,
     /// `lease_expires_at - now` in milliseconds, rounded up (in progress only).
     pub(crate) lease_left_ms: Option<i64>,
-    /// The recorded steps, encoded (in progress only); `None` also where a dialect's
-    /// statement has no `steps` column yet.
+    /// The recorded steps, encoded ([`encode_step`](crate::store::encode_step)); `None`:
+    /// none (a completed record's were cleared).
     pub(crate) steps: Option<Vec<u8>>,
 }
 
@@ -202,10 +202,7 @@ where
             live: row.try_get("live")?,
             lease_alive: row.try_get("lease_alive")?,
             lease_left_ms: row.try_get("lease_left_ms")?,
-            steps: match row.try_get("steps") {
-                Err(sqlx::Error::ColumnNotFound(_)) => None,
-                steps => steps?,
-            },
+            steps: row.try_get("steps")?,
         })
     }
 }
