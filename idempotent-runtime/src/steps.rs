@@ -32,13 +32,29 @@ use crate::store::{FencingToken, MAX_STEP_NAME, RecordedStep, Store, StoreError}
 #[cfg(feature = "sql")]
 use crate::transaction::{Tx, TxDatabase};
 
+/// What the engine does with the claim when a handler answers with a [`StepError`]'s
+/// response, whatever its `on_server_error`: carried in the response's extensions (a
+/// handler that wraps the error in a response of its own answers by its status instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepAnswer {
+    /// Give the claim up, keeping the recorded steps, so a retry resumes: the lease was
+    /// lost or the store failed (recording this `503` would replay it for the whole TTL).
+    Release,
+    /// Record the `500`: the step ran, but its output can never be recorded (too large,
+    /// not serialisable), so a retry would only run it again and fail the same way.
+    Record,
+}
+
 /// Why a step did not give its output.
 ///
 /// Answer it from a handler with `?` into your own error type, or return it: as a
 /// response ([`IntoResponse`]), [`Failed`](Self::Failed) answers the step's own error and
-/// every other variant a problem+json `5xx`, which gives the claim up (under
-/// `OnServerError::Release`) while keeping the steps already recorded, so a retry
-/// resumes after them.
+/// every other variant a problem+json `5xx`. A lost lease or a store failure (`503`)
+/// gives the claim up, keeping the steps already recorded so a retry resumes after them,
+/// whatever the handler's `on_server_error`; a step that ran but whose output cannot be
+/// recorded ([`TooLarge`](Self::TooLarge), [`Unserialisable`](Self::Unserialisable))
+/// records its `500`, so a retry replays it rather than run the step again; a misuse
+/// (`500`) follows `on_server_error`.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StepError<E> {
@@ -103,10 +119,10 @@ pub enum StepError<E> {
         /// The step.
         step: String,
     },
-    /// A step inside a transactional handler (one that takes `Tx<DB>`): its writes
-    /// already commit with the response, all or nothing, so there is nothing to resume;
-    /// and a step's record would wait for the lock the handler's transaction holds.
-    /// Answered `500`.
+    /// A step inside a transactional handler (one that takes `Tx<DB>`), or called while
+    /// an atomic step's transaction is open: the handler's writes already commit with its
+    /// response, all or nothing, so there is nothing to resume; and a step's record would
+    /// wait for the lock the open transaction holds. Answered `500`.
     InsideTransaction {
         /// The step.
         step: String,
@@ -221,42 +237,68 @@ impl<E: std::error::Error + 'static> std::error::Error for StepError<E> {
 impl<E: IntoResponse> IntoResponse for StepError<E> {
     fn into_response(self) -> Response {
         let step = self.step().unwrap_or_default().to_owned();
-        match self {
-            Self::Failed(error) => error.into_response(),
-            Self::LeaseLost { .. } => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                codes::LEASE_LOST,
-                "Request lease lost",
-                format!(
-                    "This execution of the request lost its claim before step {step:?} \
-                     finished; the completed steps are kept. Retry with the same key."
-                ),
-            )
-            .with_retry_after(1)
-            .into_response(),
-            Self::Store { .. } => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                codes::STORE_UNAVAILABLE,
-                "Idempotency store unavailable",
-                format!(
-                    "Step {step:?} could not be recorded; the completed steps are kept. \
-                     Retry with the same key."
-                ),
-            )
-            .with_retry_after(1)
-            .into_response(),
+        let (mut response, answer) = match self {
+            Self::Failed(error) => return error.into_response(),
+            Self::LeaseLost { .. } => (
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    codes::LEASE_LOST,
+                    "Request lease lost",
+                    format!(
+                        "This execution of the request lost its claim before step {step:?} \
+                         finished; the completed steps are kept. Retry with the same key."
+                    ),
+                )
+                .with_retry_after(1)
+                .into_response(),
+                StepAnswer::Release,
+            ),
+            Self::Store { .. } => (
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    codes::STORE_UNAVAILABLE,
+                    "Idempotency store unavailable",
+                    format!(
+                        "Step {step:?} could not be recorded; the completed steps are kept. \
+                         Retry with the same key."
+                    ),
+                )
+                .with_retry_after(1)
+                .into_response(),
+                StepAnswer::Release,
+            ),
+            ran @ (Self::TooLarge { .. } | Self::Unserialisable { .. }) => {
+                let reason = ran.reason().unwrap_or_default();
+                warn!(
+                    event = "step_unrecordable",
+                    step, reason, "step output cannot be recorded; recording the 500"
+                );
+                (
+                    Problem::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        codes::HANDLER_PANICKED,
+                        "Internal server error",
+                        "A step of the request ran, but its result could not be kept. The \
+                         request is not run again under this key.",
+                    )
+                    .into_response(),
+                    StepAnswer::Record,
+                )
+            }
             other => {
                 let reason = other.reason().unwrap_or_default();
                 warn!(event = "step_invalid", step, reason, "step refused");
-                Problem::new(
+                return Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     codes::HANDLER_PANICKED,
                     "Internal server error",
                     "A step of the request could not run; it is safe to retry with the same key.",
                 )
-                .into_response()
+                .into_response();
             }
-        }
+        };
+        response.extensions_mut().insert(answer);
+        response
     }
 }
 
@@ -277,6 +319,9 @@ pub(crate) struct StepLog {
     max_output: usize,
     /// The handler runs in a transaction of its own: steps are refused.
     in_transaction: AtomicBool,
+    /// An atomic step's transaction is open: other steps are refused until it ends (on
+    /// SQLite their record would wait for the write lock it holds).
+    atomic_open: AtomicBool,
     progress: Mutex<Progress>,
 }
 
@@ -340,6 +385,7 @@ impl StepLog {
             store_timeout: context.store_timeout,
             max_output: context.max_output,
             in_transaction: AtomicBool::new(false),
+            atomic_open: AtomicBool::new(false),
             progress: Mutex::new(Progress {
                 recorded,
                 used: Vec::new(),
@@ -408,6 +454,8 @@ impl StepLog {
             step: name.to_owned(),
             source,
         };
+        // Until the transaction ends, however the step ends (dropped included).
+        let _open = Open::mark(&self.atomic_open);
         let begun = crate::transaction::begin(tx_store.as_ref())
             .await
             .map_err(store_failed)?;
@@ -471,7 +519,7 @@ impl StepLog {
                 step: name.to_owned(),
             });
         }
-        if self.in_transaction.load(Ordering::Relaxed) {
+        if self.in_transaction.load(Ordering::Relaxed) || self.atomic_open.load(Ordering::Acquire) {
             return Err(StepError::InsideTransaction {
                 step: name.to_owned(),
             });
@@ -573,6 +621,25 @@ impl StepLog {
     /// Counts one step of this handler under `outcome`.
     fn counted(&self, outcome: &'static str) {
         metrics::step(self.handler, outcome);
+    }
+}
+
+/// A flag raised while it lives.
+#[cfg(feature = "sql")]
+struct Open<'a>(&'a AtomicBool);
+
+#[cfg(feature = "sql")]
+impl<'a> Open<'a> {
+    fn mark(flag: &'a AtomicBool) -> Self {
+        flag.store(true, Ordering::Release);
+        Self(flag)
+    }
+}
+
+#[cfg(feature = "sql")]
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 

@@ -28,6 +28,7 @@ use super::record::{commit, give_up};
 use crate::key::IdempotencyKey;
 #[cfg(feature = "sql")]
 use crate::metrics;
+use crate::steps::StepAnswer;
 use crate::store::StoredResponse;
 #[cfg(feature = "sql")]
 use crate::transaction::{Tx, TxDatabase, TxStore};
@@ -42,7 +43,13 @@ pub(super) async fn capture(
     release_server_errors: bool,
 ) -> Verdict {
     let status = response.status();
-    if release_server_errors && status.is_server_error() {
+    // A step's answer says itself whether the claim is given up (see `StepAnswer`).
+    let release = match response.extensions().get::<StepAnswer>() {
+        Some(StepAnswer::Release) => true,
+        Some(StepAnswer::Record) => false,
+        None => release_server_errors && status.is_server_error(),
+    };
+    if release {
         return Verdict::GiveUp(GiveUp::ServerError(status), response);
     }
     if response

@@ -338,3 +338,101 @@ async fn steps_resume_behind_the_layer() {
     assert_eq!(runs.authorise.load(Ordering::SeqCst), 1);
     assert_eq!(runs.receipt.load(Ordering::SeqCst), 1);
 }
+
+/// A step whose output can never be recorded (over the stored-body cap) ran: its `500`
+/// is recorded, whatever `on_server_error` says, so a retry replays it instead of running
+/// the step again and failing the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_ran_but_cannot_be_recorded_is_not_run_again() {
+    let engine = Idempotency::builder(MemoryStore::new())
+        .max_stored_body(64)
+        .build();
+    let ran = Arc::new(AtomicUsize::new(0));
+    for attempt in 0..2 {
+        let ran = ran.clone();
+        let response = engine
+            .run(
+                &CONFIG,
+                SCOPE,
+                "big",
+                fingerprint(1),
+                move |key| async move {
+                    let output = key
+                        .step("quote", || async {
+                            ran.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, StatusCode>("x".repeat(1000))
+                        })
+                        .await;
+                    match output {
+                        Err(error @ StepError::TooLarge { .. }) => error.into_response(),
+                        other => panic!("{other:?}"),
+                    }
+                },
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            response.headers().get("idempotent-replayed").is_some(),
+            attempt == 1,
+            "attempt {attempt}"
+        );
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "the step ran once");
+}
+
+/// A store that refuses to record steps (an outage of that one call).
+#[derive(Debug)]
+struct StepsFail(MemoryStore);
+
+#[async_trait::async_trait]
+impl idempotent_runtime::store::Forward for StepsFail {
+    fn inner(&self) -> &dyn idempotent_runtime::Store {
+        &self.0
+    }
+
+    async fn record_step(
+        &self,
+        _: &str,
+        _: &str,
+        _: idempotent_runtime::FencingToken,
+        _: &idempotent_runtime::store::RecordedStep,
+    ) -> Result<bool, idempotent_runtime::StoreError> {
+        Err(idempotent_runtime::StoreError::backend(
+            "record_step refused",
+        ))
+    }
+}
+
+/// A step's `503` (the store failed to record it) gives the claim up even under
+/// `OnServerError::Store`: recorded, it would be replayed for the whole TTL while saying
+/// "retry".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_store_failure_releases_even_when_5xx_are_recorded() {
+    let engine = Idempotency::new(StepsFail(MemoryStore::new()));
+    let config = HandlerConfig::new().on_server_error(idempotent_runtime::OnServerError::Store);
+    let ran = Arc::new(AtomicUsize::new(0));
+    for _ in 0..2 {
+        let ran = ran.clone();
+        let response = engine
+            .run(&config, SCOPE, "k", fingerprint(1), move |key| async move {
+                let output = key
+                    .step("authorise", || async {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, StatusCode>(1u32)
+                    })
+                    .await;
+                match output {
+                    Err(error @ StepError::Store { .. }) => error.into_response(),
+                    other => panic!("{other:?}"),
+                }
+            })
+            .await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(response.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        2,
+        "released: the retry ran again"
+    );
+}

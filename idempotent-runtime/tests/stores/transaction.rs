@@ -665,6 +665,46 @@ pub(crate) async fn check_steps_refused_inside_a_transactional_handler<H: Harnes
     assert_eq!(setup.rows().await, 0);
 }
 
+/// No other step runs while an atomic step's transaction is open (on SQLite its record
+/// would wait for the write lock that transaction holds): a step nested in it is refused,
+/// and the atomic step still commits.
+pub(crate) async fn check_steps_refused_inside_an_atomic_step<H: Harness, DB: Ledger>() {
+    let setup = setup::<H, DB>().await;
+    let response = setup
+        .engine
+        .run(
+            &CONFIG,
+            "acct_alice",
+            "nested",
+            FINGERPRINT,
+            |key| async move {
+                let outer = key
+                    .atomic_step::<DB, bool, StatusCode, _, _>("ledger", |mut tx: Tx<DB>| {
+                        let key = &key;
+                        async move {
+                            DB::insert(&mut tx, "acct_alice").await.expect("insert");
+                            let nested = key
+                                .step("receipt", || async { Ok::<_, StatusCode>(1u32) })
+                                .await;
+                            let refused = matches!(
+                                nested,
+                                Err(idempotent_runtime::StepError::InsideTransaction { .. })
+                            );
+                            (Ok(refused), tx)
+                        }
+                    })
+                    .await;
+                match outer {
+                    Ok(true) => StatusCode::CREATED.into_response(),
+                    other => panic!("{other:?}"),
+                }
+            },
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(setup.rows().await, 1);
+}
+
 pub(crate) fn trials<H: Harness, DB: Ledger>() -> Vec<Trial> {
     let trial = |name: &str, check: fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>| {
         async_trial(format!("transaction::{name}"), check)
@@ -696,6 +736,9 @@ pub(crate) fn trials<H: Harness, DB: Ledger>() -> Vec<Trial> {
         }),
         trial("check_steps_refused_inside_a_transactional_handler", || {
             Box::pin(check_steps_refused_inside_a_transactional_handler::<H, DB>())
+        }),
+        trial("check_steps_refused_inside_an_atomic_step", || {
+            Box::pin(check_steps_refused_inside_an_atomic_step::<H, DB>())
         }),
     ];
     ignored_if(H::unavailable(), trials)

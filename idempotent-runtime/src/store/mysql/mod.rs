@@ -121,7 +121,10 @@
 //! recorded in `_idempotent_migrations` (not sqlx's `_sqlx_migrations`, so the store can
 //! share a database with an app's own sqlx migrations). The store holds a named lock
 //! (`GET_LOCK`, keyed by the database name) while it applies them, so instances starting
-//! at once apply them one after the other; the DDL uses `IF NOT EXISTS` as well. (Not
+//! at once apply them one after the other; v1's DDL uses `IF NOT EXISTS` as well. v2's
+//! `ADD COLUMN` cannot (MySQL 8 has no `IF NOT EXISTS` there): DDL commits implicitly, so
+//! a v2 that failed halfway leaves its row in `_idempotent_migrations` unfinished, and the
+//! store refuses to open until an operator checks the column and deletes that row. (Not
 //! sqlx's own migration lock: it asks for `GET_LOCK(name, -1)`, which MariaDB answers at
 //! once without taking the lock.)
 //!
