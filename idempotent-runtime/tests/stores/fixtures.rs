@@ -1,10 +1,13 @@
-//! What the stores' own tests share: one fingerprint, TTL and lease, a claim request and
-//! a stored response.
+//! What the stores' own tests share: one fingerprint, TTL and lease, a claim request, a
+//! stored response, and the assertion that a claim resumes recorded steps.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotent_runtime::{ClaimRequest, FencingToken, Fingerprint, StoredResponse};
+use idempotent_runtime::store::RecordedStep;
+use idempotent_runtime::{
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse, Takeover,
+};
 
 pub(crate) const FINGERPRINT: Fingerprint = Fingerprint {
     version: 1,
@@ -33,4 +36,28 @@ pub(crate) fn stored(body: &'static [u8]) -> StoredResponse {
         headers: vec![("content-type".to_owned(), b"application/json".to_vec())],
         body: Some(Bytes::from_static(body)),
     }
+}
+
+/// Claims `key` (as [`claim_request`]) with a fresh token and asserts that it takes over a
+/// lost lease and resumes with `steps`; returns the token.
+pub(crate) async fn must_resume(
+    store: &dyn Store,
+    key: &str,
+    steps: Vec<RecordedStep>,
+) -> FencingToken {
+    let token = FencingToken::random();
+    let outcome = store
+        .claim(&claim_request(key, token))
+        .await
+        .expect("claim")
+        .outcome;
+    assert_eq!(
+        outcome,
+        ClaimOutcome::Claimed {
+            token,
+            takeover: Some(Takeover::LeaseLost),
+            steps,
+        }
+    );
+    token
 }

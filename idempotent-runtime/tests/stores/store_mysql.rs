@@ -24,7 +24,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr};
 
-use crate::fixtures::{FINGERPRINT, LEASE, TTL, claim_request};
+use crate::fixtures::{FINGERPRINT, LEASE, TTL, claim_request, must_resume};
 use crate::transaction;
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_MYSQL_URL";
@@ -1179,19 +1179,7 @@ async fn upgrades_a_v1_database_in_place() {
     .execute(&mut conn)
     .await
     .unwrap();
-    let retry = FencingToken::random();
-    assert_eq!(
-        store
-            .claim(&claim_request("running", retry))
-            .await
-            .unwrap()
-            .outcome,
-        ClaimOutcome::Claimed {
-            token: retry,
-            takeover: Some(Takeover::LeaseLost),
-            steps: vec![charged],
-        }
-    );
+    must_resume(&store, "running", vec![charged]).await;
     assert!(
         !store
             .record_step(scope, "running", old, &step("late", b"1"))
@@ -1405,19 +1393,7 @@ async fn steps_a_takeover_and_a_release_are_one_request_each() {
     );
 
     let before = counter.statements();
-    let retry = FencingToken::random();
-    assert_eq!(
-        store
-            .claim(&claim_request("k", retry))
-            .await
-            .unwrap()
-            .outcome,
-        ClaimOutcome::Claimed {
-            token: retry,
-            takeover: Some(Takeover::LeaseLost),
-            steps: vec![charged],
-        }
-    );
+    must_resume(&store, "k", vec![charged]).await;
     assert_eq!(
         counter.statements() - before,
         2,

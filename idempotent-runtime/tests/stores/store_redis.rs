@@ -24,7 +24,7 @@ use idempotent_runtime::{
 };
 use redis::AsyncCommands;
 
-use crate::fixtures::{FINGERPRINT, LEASE, TTL, claim_request, stored};
+use crate::fixtures::{FINGERPRINT, LEASE, TTL, claim_request, must_resume, stored};
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_REDIS_URL";
 
@@ -705,19 +705,7 @@ async fn steps_are_a_field_of_the_hash_that_complete_deletes_and_release_keeps()
 
     // The same request takes it over at once and gets the steps back; completing it
     // deletes the field.
-    let next = FencingToken::random();
-    assert_eq!(
-        store
-            .claim(&claim_request("k", next))
-            .await
-            .unwrap()
-            .outcome,
-        ClaimOutcome::Claimed {
-            token: next,
-            takeover: Some(Takeover::LeaseLost),
-            steps: vec![first.clone(), second.clone()],
-        }
-    );
+    let next = must_resume(&store, "k", vec![first.clone(), second.clone()]).await;
     let carried: Vec<u8> = conn.hget(&key, "steps").await.unwrap();
     assert_eq!(
         carried, stored_steps,
@@ -852,19 +840,7 @@ async fn records_written_before_steps_existed_replay_take_over_and_take_steps() 
         std::slice::from_ref(&charged)
     );
     store.shift_clock_for_tests(LEASE + Duration::from_secs(1));
-    let retry = FencingToken::random();
-    assert_eq!(
-        store
-            .claim(&claim_request("running", retry))
-            .await
-            .unwrap()
-            .outcome,
-        ClaimOutcome::Claimed {
-            token: retry,
-            takeover: Some(Takeover::LeaseLost),
-            steps: vec![charged],
-        }
-    );
+    must_resume(&store, "running", vec![charged]).await;
     assert!(
         !store
             .record_step("acct_alice", "running", old_owner, &step("late", "0"))
