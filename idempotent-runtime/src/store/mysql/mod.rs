@@ -88,6 +88,8 @@
 //! two fenced statements (`sql/release.sql`): a `DELETE` of the record if it holds no
 //! steps, else an `UPDATE` that keeps it in progress with its lease ended now and its
 //! token `FencingToken::RELEASED`, so the same request resumes by a lease-lost takeover.
+//! Its `DELETE` can deadlock with a claim batch's duplicate-key checks; the rolled-back
+//! request is sent again, a few times at most.
 //! `purge_expired` reads a batch of expired keys without locking, then deletes
 //! those rows by primary key, re-checking their expiry: no range of the expiry index is
 //! ever locked, so sweepers on many instances never make claims wait. The operator tools:
@@ -143,6 +145,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Row};
@@ -162,7 +165,7 @@ mod transaction;
 
 use claim::QueuedClaim;
 use completion::QueuedCompletion;
-use group_commit::{Batcher, Value, inline, run_request};
+use group_commit::{Batcher, Value, inline};
 
 /// The embedded migrations, in version order; the files live in `migrations/mysql/`.
 const MIGRATIONS: &[EmbeddedMigration] = &[
@@ -189,6 +192,10 @@ const RECORD_STEP: &str = include_str!("sql/record_step.sql");
 const RECORD_STEP_REFUSED: &str = include_str!("sql/record_step_refused.sql");
 const PURGE_FIND: &str = include_str!("sql/purge_find.sql");
 const PURGE_DELETE: &str = include_str!("sql/purge_delete.sql");
+
+/// How many times `release` sends its request when InnoDB rolls it back for a lock
+/// conflict; then the error is the answer, and the lease simply runs out.
+const RELEASE_ATTEMPTS: usize = 8;
 
 /// How many records one purge `DELETE` names (its `IN` list).
 const PURGE_CHUNK: usize = 500;
@@ -388,6 +395,23 @@ fn scope_key_sha256(scope: &str, key: &str) -> Vec<u8> {
     hasher.finalize().to_vec()
 }
 
+/// Sends the release request (`sql/release.sql`) once: whether the token owned the record.
+/// The statements autocommit one by one, so a `DELETE` that matched has released the
+/// record even if the `UPDATE` after it then fails.
+async fn release_once(pool: &MySqlPool, statements: &str) -> Result<bool, sqlx::Error> {
+    let mut results = sqlx::raw_sql(AssertSqlSafe(statements.to_owned())).fetch_many(pool);
+    // Rows matched per statement: the DELETE's, then the UPDATE's; at most one matches.
+    let mut matched = 0;
+    while let Some(result) = results.next().await {
+        match result {
+            Ok(result) => matched += result.left().map_or(0, |done| done.rows_affected()),
+            Err(_) if matched == 1 => return Ok(true),
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(matched == 1)
+}
+
 /// A `Duration` as whole microseconds, clamped (see [`MAX_INTERVAL_MICROS`]).
 fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros())
@@ -544,13 +568,20 @@ impl Store for MySqlStore {
         ];
         let released = [Value::Int(FencingToken::RELEASED.0)];
         let statements = inline(RELEASE, &[&record[..], &released, &record].concat());
-        // One count per statement: the DELETE's, then the UPDATE's (rows matched).
-        let matched: u64 = run_request(&self.pool, statements)
-            .await?
-            .iter()
-            .filter_map(|result| result.as_ref().left().map(|done| done.rows_affected()))
-            .sum();
-        Ok(matched == 1)
+        let mut attempt = 1;
+        loop {
+            match release_once(&self.pool, &statements).await {
+                // InnoDB rolled a statement back to break a deadlock with a claim batch;
+                // both are fenced by the token, so sending them again is safe.
+                Err(error)
+                    if group_commit::is_lock_conflict(&error) && attempt < RELEASE_ATTEMPTS =>
+                {
+                    tracing::debug!(attempt, %error, "release hit a lock conflict; retrying");
+                    attempt += 1;
+                }
+                done => return Ok(done?),
+            }
+        }
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
