@@ -161,10 +161,11 @@ impl IdempotencyBuilder {
 
     /// How many expired records the sweeper ([`Idempotency::spawn_sweeper`]) deletes per
     /// store call (default 1000). Each call is one statement (two on MySQL: it finds the
-    /// batch, then deletes it by primary key) and one short transaction: a smaller batch
-    /// holds its row locks and the SQLite write lock for less time, so claims queued
-    /// behind it wait less; a larger one costs fewer round trips per record. A sweep goes
-    /// on until a call deletes fewer than a batch. Zero turns the sweeper's deletes off.
+    /// batch, then deletes it by primary key; on SQLite, writes of 100 records paced to
+    /// half of the one writer's time) and one short transaction: a smaller batch holds
+    /// its row locks for less time, so claims queued behind it wait less; a larger one
+    /// costs fewer round trips per record. A sweep goes on until a call deletes fewer than
+    /// a batch. Zero turns the sweeper's deletes off.
     pub fn sweep_batch(mut self, batch: u32) -> Self {
         self.inner.sweep_pace.batch = batch;
         self

@@ -185,6 +185,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_headers_and_large_body_round_trip,
         check_body_none_and_empty_round_trip,
         check_purge_expired,
+        check_purge_expired_past_one_statement,
         check_complete_twice,
         check_inspect_reports_each_state,
         check_forget_completed_lets_the_key_run_as_new,
@@ -1182,6 +1183,31 @@ pub async fn check_purge_expired<H: Harness>() {
     assert_eq!(store.purge_expired(100).await.expect("purge"), 0);
     h.advance(EARLY).await;
     assert_eq!(store.purge_expired(100).await.expect("purge"), 8);
+}
+
+/// A purge of more records than one statement of some stores deletes (they slice or
+/// chunk a large batch) still deletes exactly `limit`, and the rest on the next call.
+pub async fn check_purge_expired_past_one_statement<H: Harness>() {
+    const RECORDS: usize = 600;
+    let (h, store) = setup::<H>().await;
+    let records = (0..RECORDS).map(|i| {
+        let store = Arc::clone(&store);
+        async move {
+            let key = format!("bulk-{i}");
+            let token = must_claim(&*store, SCOPE, &key, fp(1)).await;
+            assert!(
+                store
+                    .complete(SCOPE, &key, token, &response("bulk"))
+                    .await
+                    .expect("complete")
+            );
+        }
+    });
+    futures_util::future::join_all(records).await;
+    h.advance(TTL).await;
+    assert_eq!(store.purge_expired(550).await.expect("purge"), 550);
+    assert_eq!(store.purge_expired(1000).await.expect("purge"), 50);
+    assert_eq!(store.purge_expired(1000).await.expect("purge"), 0);
 }
 
 /// After completion the token owns no in-progress claim: completing again returns false

@@ -46,6 +46,9 @@
 //!   statement that fails (a constraint) fails only its own caller; a transaction that
 //!   fails as a whole fails every write in it, none is answered as done. Reads (every
 //!   replay, `409`, `422`) never queue behind the writer. See `group_commit.rs`.
+//!   A purge is the one long write: it is cut into writes of [`PURGE_SLICE`] records,
+//!   each followed by a wait as long as it took, so a sweep of a large backlog takes at
+//!   most half of the writer's time and holds it a few milliseconds at a time.
 //! - **A held write lock does not cost a live owner its lease.** A transactional
 //!   handler (or another process) holding SQLite's write lock stalls the writer, and
 //!   renewals time out in the engine after a third of their lease. The writer still
@@ -130,6 +133,11 @@ const MIGRATION_ATTEMPTS: u32 = 10;
 /// How often opening retries a first connection refused as busy (see
 /// [`SqliteStore::open_with_clock`]).
 const OPEN_ATTEMPTS: u32 = 10;
+
+/// How many expired records one write of a purge deletes: on a table whose key index
+/// is larger than the cache, each dirties a page of it, so a slice holds the writer for
+/// a few milliseconds at most.
+const PURGE_SLICE: u32 = 100;
 
 const COMPLETE: &str = include_str!("sql/complete.sql");
 /// Appends a step; the writer runs it, and a transactional handler on its connection.
@@ -479,12 +487,30 @@ impl Store for SqliteStore {
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        self.writer
-            .write(Write::Purge {
-                now: lease_time::Now::of(self.clock.as_ref()),
-                limit: i64::from(limit),
-            })
-            .await
+        // The one writer serves the claims too: a batch is deleted in slices, each queued
+        // behind the writes waiting by then, and after each the purge waits as long as
+        // the slice took, so it never holds the write lock for long nor takes more than
+        // half of the writer's time from the claims.
+        let mut deleted = 0;
+        let mut left = limit;
+        while left > 0 {
+            let slice = left.min(PURGE_SLICE);
+            let started = tokio::time::Instant::now();
+            let purged = self
+                .writer
+                .write(Write::Purge {
+                    now: lease_time::Now::of(self.clock.as_ref()),
+                    limit: i64::from(slice),
+                })
+                .await?;
+            deleted += purged;
+            if purged < u64::from(slice) {
+                break;
+            }
+            left -= slice;
+            tokio::time::sleep(started.elapsed()).await;
+        }
+        Ok(deleted)
     }
 
     async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
