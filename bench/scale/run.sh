@@ -31,7 +31,7 @@ usage: bench/scale/run.sh [-s STORES] [-n SIZES] [--full] [-d DURATION] [-c CONN
       --sweep-only       only the sweeper runs
       --backlog N        expired records the sweeper purges (default 1M)
       --sweep-live N     live records beside the backlog (default 1M)
-      --sweep-batch N    the sweeper's batch (IdempotencyBuilder::sweep_batch, default 1000)
+      --sweep-batch N    the sweeper's batch (IdempotencyBuilder::sweep_batch, default 5000, the engine's)
       --sweep-pause-ms MS  its pause between batches (sweep_pause, default 0)
       --no-build         use the release binary already built
 
@@ -52,7 +52,7 @@ sweep=0
 size_runs=1
 backlog="1M"
 sweep_live="1M"
-sweep_batch=1000
+sweep_batch=5000
 sweep_pause_ms=0
 build=1
 while [ $# -gt 0 ]; do

@@ -160,7 +160,7 @@ impl IdempotencyBuilder {
     }
 
     /// How many expired records the sweeper ([`Idempotency::spawn_sweeper`]) deletes per
-    /// store call (default 1000). Each call is one statement (two on MySQL: it finds the
+    /// store call (default 5000). Each call is one statement (two on MySQL: it finds the
     /// batch, then deletes it by primary key; on SQLite, writes of 100 records paced to
     /// half of the one writer's time) and one short transaction: a smaller batch holds
     /// its row locks for less time, so claims queued behind it wait less; a larger one

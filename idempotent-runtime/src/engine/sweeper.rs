@@ -19,9 +19,9 @@ pub(super) struct SweepPace {
 }
 
 impl SweepPace {
-    /// The default pace: batches of 1000, no pause between them.
+    /// The default pace: batches of 5000, no pause between them.
     pub(super) const DEFAULT: SweepPace = SweepPace {
-        batch: 1000,
+        batch: 5000,
         pause: Duration::ZERO,
     };
 }
