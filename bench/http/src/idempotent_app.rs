@@ -63,14 +63,19 @@ async fn create_slow_order(
 /// The app over `store`, and its engine (to drain on shutdown).
 pub fn router(store: Arc<dyn Store>, counters: Counters) -> (Router, Idempotency) {
     let idempotency = Idempotency::builder_shared(store).build();
+    (router_with(idempotency.clone(), counters), idempotency)
+}
+
+/// The app on an engine built by the caller (the scale benchmark turns its replay cache
+/// off).
+pub fn router_with(idempotency: Idempotency, counters: Counters) -> Router {
     let state = AppState {
-        idempotency: idempotency.clone(),
+        idempotency,
         counters,
     };
-    let app = Router::new()
+    Router::new()
         .route("/orders", post(create_order))
         .route("/orders/slow", post(create_slow_order))
         .route("/stats", get(order::stats))
-        .with_state(state);
-    (app, idempotency)
+        .with_state(state)
 }

@@ -266,7 +266,13 @@ async fn serve(
 ) -> Result<(), Failure> {
     let backend = Backend::existing(kind, data_dir).await?;
     let store = backend.open_store().await?;
-    let (app, idempotency) = idempotent_app::router(store.clone(), Counters::default());
+    // No replay cache: every replay reads the store, whatever the table's size, so the
+    // sizes compare the store's cost alone (at 10k records the cache would answer most
+    // replays from memory, at 10M almost none).
+    let idempotency = Idempotency::builder_shared(store.clone())
+        .replay_cache(None)
+        .build();
+    let app = idempotent_app::router_with(idempotency.clone(), Counters::default());
     let sweeping = match sweep {
         Some(options) => Some(start_sweeping(&backend, store, options).await?),
         None => None,
