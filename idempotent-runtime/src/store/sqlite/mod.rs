@@ -508,7 +508,9 @@ impl Store for SqliteStore {
                 break;
             }
             left -= slice;
-            tokio::time::sleep(started.elapsed()).await;
+            if left > 0 {
+                tokio::time::sleep(started.elapsed()).await;
+            }
         }
         Ok(deleted)
     }
