@@ -262,6 +262,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             purge_leaves_records_claimed_again,
         ),
         async_trial(
+            "records_lie_in_the_order_they_were_claimed",
+            records_lie_in_the_order_they_were_claimed,
+        ),
+        async_trial(
             "test_databases_are_dropped_when_the_harness_is",
             test_databases_are_dropped_when_the_harness_is,
         ),
@@ -338,7 +342,11 @@ async fn concurrent_starts_migrate_one_fresh_database_once() {
             .fetch_all(stores[0].pool())
             .await
             .expect("migrations table");
-    assert_eq!(applied, vec![1, 2], "each migration applied exactly once");
+    assert_eq!(
+        applied,
+        vec![1, 2, 3],
+        "each migration applied exactly once"
+    );
 
     // All of them see one table.
     let token = FencingToken::random();
@@ -1017,6 +1025,54 @@ async fn purge_leaves_records_claimed_again() {
     assert_eq!(store.purge_expired(100).await.unwrap(), 0);
 }
 
+/// Schema v3: the table is clustered by an id in claim order, not by the key's hash, so
+/// new records fill the end of the table instead of random pages of it. Keys claimed one
+/// after another lie in that order however their hashes sort, and a replay, a duplicate
+/// or a purge leaves the order of the rest as it was.
+async fn records_lie_in_the_order_they_were_claimed() {
+    let harness = MySqlHarness::new().await;
+    let store = harness.store.clone();
+    let primary_key: String = sqlx::query_scalar(
+        "SELECT GROUP_CONCAT(column_name ORDER BY seq_in_index) FROM information_schema.statistics
+         WHERE table_schema = DATABASE() AND table_name = 'idempotency_records'
+           AND index_name = 'PRIMARY'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(primary_key, "id");
+
+    let keys: Vec<String> = (0..12).map(|i| format!("order-{i}")).collect();
+    let mut hashes: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|key| record_id("acct_alice", key))
+        .collect();
+    hashes.sort();
+    assert_ne!(
+        hashes,
+        keys.iter()
+            .map(|key| record_id("acct_alice", key))
+            .collect::<Vec<_>>(),
+        "the keys' hashes sort in another order than the claims"
+    );
+    for key in &keys {
+        let token = FencingToken::random();
+        store.claim(&claim_request(key, token)).await.unwrap();
+        // A duplicate between claims takes no place in the order.
+        store
+            .claim(&claim_request(key, FencingToken::random()))
+            .await
+            .unwrap();
+    }
+    let stored: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT `key` FROM idempotency_records ORDER BY id")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let expected: Vec<Vec<u8>> = keys.iter().map(|key| key.as_bytes().to_vec()).collect();
+    assert_eq!(stored, expected);
+}
+
 async fn test_databases_are_dropped_when_the_harness_is() {
     let url = server_url();
     let harness = MySqlHarness::new().await;
@@ -1136,12 +1192,17 @@ async fn upgrades_a_v1_database_in_place() {
             .fetch_all(&mut conn)
             .await
             .unwrap();
-    assert_eq!(applied, vec![1, 2]);
+    assert_eq!(applied, vec![1, 2, 3]);
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
         .fetch_one(&mut conn)
         .await
         .unwrap();
     assert_eq!(rows, 2, "no record lost");
+    let ids: Vec<u64> = sqlx::query_scalar("SELECT id FROM idempotency_records ORDER BY id")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 2, "v3 numbers the rows it finds: {ids:?}");
 
     assert_eq!(
         store

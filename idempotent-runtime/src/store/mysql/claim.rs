@@ -18,6 +18,7 @@ use crate::store::{
 };
 
 const CLAIM_BATCH: &str = include_str!("sql/claim_batch.sql");
+const CLAIM_BATCH_ROW: &str = include_str!("sql/claim_batch_row.sql");
 const CLAIM_BATCH_ELEMENT: &str = include_str!("sql/claim_batch_element.sql");
 const TAKE_OVER_EXPIRED: &str = include_str!("sql/take_over_expired.sql");
 const TAKE_OVER_LEASE_LOST: &str = include_str!("sql/take_over_lease_lost.sql");
@@ -217,6 +218,24 @@ impl Batch for QueuedClaim {
         db: &'c mut MySqlConnection,
         batch: &'c [&'c Self],
     ) -> Result<Vec<Answer<Self>>, sqlx::Error> {
+        let rows: Vec<String> = batch
+            .iter()
+            .map(|claim| {
+                inline(
+                    CLAIM_BATCH_ROW,
+                    &[
+                        Value::Bytes(&claim.id),
+                        Value::Bytes(claim.scope.as_bytes()),
+                        Value::Bytes(claim.key.as_bytes()),
+                        Value::Bytes(&claim.fingerprint.digest),
+                        Value::Int(i64::from(claim.fingerprint.version)),
+                        Value::Int(claim.token.0),
+                        Value::Int(claim.lease_micros),
+                        Value::Int(claim.ttl_micros),
+                    ],
+                )
+            })
+            .collect();
         let elements: Vec<String> = batch
             .iter()
             .enumerate()
@@ -231,13 +250,13 @@ impl Batch for QueuedClaim {
                         Value::Bytes(&claim.fingerprint.digest),
                         Value::Int(i64::from(claim.fingerprint.version)),
                         Value::Int(claim.token.0),
-                        Value::Int(claim.lease_micros),
-                        Value::Int(claim.ttl_micros),
                     ],
                 )
             })
             .collect();
-        let statement = CLAIM_BATCH.replace("{claims}", &elements.join("\n    UNION ALL "));
+        let statement = CLAIM_BATCH
+            .replace("{rows}", &rows.join("    , "))
+            .replace("{claims}", &elements.join("\n    UNION ALL "));
         let results = run_request(db, statement).await?;
         let mut replies: Vec<Option<Answer<Self>>> = (0..batch.len()).map(|_| None).collect();
         for row in results.iter().filter_map(|result| match result {

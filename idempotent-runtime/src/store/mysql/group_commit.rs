@@ -20,7 +20,8 @@
 //! - **Durable before answered.** Each statement autocommits (the completions' one
 //!   transaction commits) before the reply comes back.
 //! - **The same decisions.** Each element is fenced and judged as it was alone; elements
-//!   are sorted by primary key, so batches of different instances lock rows in one order.
+//!   are sorted by record (`scope_key_sha256`), so batches of different instances lock
+//!   rows in one order.
 //! - **A lock conflict runs again.** A batch InnoDB rolled back on a deadlock or a lock
 //!   wait timeout committed nothing of the failed statement: its callers are told so
 //!   ([`Batch::rolled_back`]) — a claim runs again — or, without such an answer, each
@@ -83,7 +84,7 @@ pub(super) trait Batch: Send + Sync + Sized + 'static {
     /// What each caller gets back.
     type Reply: Clone + Send + 'static;
 
-    /// The primary key of the record it is about: the order a batch locks rows in.
+    /// The `scope_key_sha256` of the record it is about: the order a batch locks rows in.
     fn record_id(&self) -> &[u8];
 
     /// The bytes it adds to a request, counted against [`MAX_BATCH_BYTES`].

@@ -30,8 +30,11 @@
 //! A batch of claims is two autocommitted statements in one request
 //! (`sql/claim_batch.sql`), each on the database clock:
 //!
-//! 1. `INSERT IGNORE` every claim's in-progress record (one multi-row statement, rows in
-//!    primary-key order). A key with a record already is skipped: no write, no error.
+//! 1. `INSERT IGNORE` every claim's in-progress record (one multi-row `VALUES` statement,
+//!    rows in `scope_key_sha256` order). A key with a record already is skipped: no
+//!    record is written, no error. (InnoDB inserts a row into the clustered index before
+//!    it checks a unique secondary one, so it inserts the duplicate and takes it back in
+//!    the same statement: a few hundred bytes of redo log, no commit to disk.)
 //! 2. A consistent (non-locking) read of every claim's record. A record holding the
 //!    claim's token is its own: claimed. Any other is classified by the shared takeover
 //!    rule — replay, in progress (`Retry-After` from the lease left) or mismatch —
@@ -70,17 +73,18 @@
 //! row to commit, and racing batches and releases can deadlock; InnoDB then rolls one
 //! statement back (error 1213), and its claims, like those of one that waited out
 //! `innodb_lock_wait_timeout` (1205), simply run again — contention, answered `409` if it
-//! persists, never an error. Sorting each batch by primary key keeps concurrent batches
-//! of different instances locking rows in one order. READ COMMITTED would not change
-//! this: InnoDB keeps the gap lock of a duplicate-key check at that level too, the read
-//! is a consistent read at either, and the completions' `UPDATE`s find their rows by
-//! primary key (a record lock, no gap); the connections keep the server's level.
+//! persists, never an error. Sorting each batch by `scope_key_sha256` keeps concurrent
+//! batches of different instances locking rows in one order. READ COMMITTED would not
+//! change this: InnoDB keeps the gap lock of a duplicate-key check at that level too, the
+//! read is a consistent read at either, and the completions' `UPDATE`s find their rows
+//! by the unique `scope_key_sha256` (a record lock, no gap); the connections keep the
+//! server's level.
 //!
 //! # Completions, and everything else
 //!
 //! A batch of completions is one transaction of fenced `UPDATE`s (`sql/complete_batch.sql`,
-//! each `sql/complete.sql` fenced by `token = ? AND state = 'in_progress'`, by primary
-//! key), whose per-statement counts say which still owned their claim; one commit for the
+//! each `sql/complete.sql` fenced by `token = ? AND state = 'in_progress'`, by
+//! `scope_key_sha256`), whose per-statement counts say which still owned their claim; one commit for the
 //! batch. A response larger than a batch's bytes runs alone as a prepared statement on
 //! the pool. Every completion clears the record's steps (the response replaces them).
 //! `renew` is a
@@ -90,11 +94,11 @@
 //! token `FencingToken::RELEASED`, so the same request resumes by a lease-lost takeover.
 //! Its `DELETE` can deadlock with a claim batch's duplicate-key checks; the rolled-back
 //! request is sent again, a few times at most.
-//! `purge_expired` reads a batch of expired keys without locking, then deletes
+//! `purge_expired` reads a batch of expired records' ids without locking, then deletes
 //! those rows by primary key, re-checking their expiry: no range of the expiry index is
 //! ever locked, so sweepers on many instances never make claims wait. The operator tools:
 //! `inspect` is one consistent read (an in-progress record's steps included); `forget` is
-//! that read, then a `DELETE` by primary key fenced by the token and state it read (run
+//! that read, then a `DELETE` by `scope_key_sha256` fenced by the token and state it read (run
 //! again if the record changed between), which deletes the steps with the record.
 //!
 //! # Recovery points: the `steps` column
@@ -111,11 +115,22 @@
 //! # Keys: exact and of any length
 //!
 //! Scopes have no length limit and a key may be 255 characters: two `utf8mb4` columns
-//! that long exceed what an InnoDB index holds. The primary key is therefore
+//! that long exceed what an InnoDB index holds. A record is therefore found by
 //! `scope_key_sha256`, SHA-256 over the scope's byte length, the scope and the key
-//! (length-prefixed, so scope `a:b` + key `c` differs from `a` + `b:c`). `scope` and `key`
-//! are stored as `BLOB`s beside it and every statement compares them too, byte for byte:
-//! case and trailing spaces matter, as in every store.
+//! (length-prefixed, so scope `a:b` + key `c` differs from `a` + `b:c`), unique in its own
+//! index. `scope` and `key` are stored as `BLOB`s beside it and every statement compares
+//! them too, byte for byte: case and trailing spaces matter, as in every store.
+//!
+//! # Layout: rows in the order they were claimed
+//!
+//! InnoDB keeps a table's rows in the B-tree of its primary key. The primary key is an
+//! `AUTO_INCREMENT` `id` (schema v3), not the key's hash: a new record goes to the end of
+//! the table, the records of one day lie together and pages fill up, where hashes sent
+//! each new record to a random page, split pages half full and, once the table outgrew
+//! the buffer pool, made claims and replays wait for disk (`bench/scale` measures both).
+//! The `id` is never an input: every statement finds a record by its hash, and only the
+//! sweeper deletes by `id`. The claim inserts with a `VALUES` list, so InnoDB hands out
+//! its ids under a mutex rather than the table lock an `INSERT … SELECT` would hold.
 //!
 //! # Migrations
 //!
@@ -124,11 +139,13 @@
 //! share a database with an app's own sqlx migrations). The store holds a named lock
 //! (`GET_LOCK`, keyed by the database name) while it applies them, so instances starting
 //! at once apply them one after the other; v1's DDL uses `IF NOT EXISTS` as well. v2's
-//! `ADD COLUMN` cannot (MySQL 8 has no `IF NOT EXISTS` there): DDL commits implicitly, so
-//! a v2 that failed halfway leaves its row in `_idempotent_migrations` unfinished, and the
-//! store refuses to open until an operator checks the column and deletes that row. (Not
-//! sqlx's own migration lock: it asks for `GET_LOCK(name, -1)`, which MariaDB answers at
-//! once without taking the lock.)
+//! `ADD COLUMN` and v3's `ALTER` cannot (MySQL 8 has no `IF NOT EXISTS` there): DDL commits
+//! implicitly, so a migration that failed halfway leaves its row in
+//! `_idempotent_migrations` unfinished, and the store refuses to open until an operator
+//! checks the table and deletes that row. (Not sqlx's own migration lock: it asks for
+//! `GET_LOCK(name, -1)`, which MariaDB answers at once without taking the lock.) v3
+//! rebuilds the table and blocks writes to it while it copies the rows: upgrade a large
+//! table in a quiet hour.
 //!
 //! # Durability
 //!
@@ -178,6 +195,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         version: 2,
         description: "recorded steps",
         sql: include_str!("../../../migrations/mysql/0002_recorded_steps.sql"),
+    },
+    EmbeddedMigration {
+        version: 3,
+        description: "time-ordered rows",
+        sql: include_str!("../../../migrations/mysql/0003_time_ordered_rows.sql"),
     },
 ];
 
@@ -384,7 +406,7 @@ fn migrate(
     })
 }
 
-/// The record's primary key: SHA-256 over the scope's byte length (8 bytes,
+/// The record's unique `scope_key_sha256`: SHA-256 over the scope's byte length (8 bytes,
 /// big-endian), the scope and the key — length-prefixed, so no two `(scope, key)` pairs
 /// share an input.
 fn scope_key_sha256(scope: &str, key: &str) -> Vec<u8> {
@@ -588,7 +610,7 @@ impl Store for MySqlStore {
         if limit == 0 {
             return Ok(0);
         }
-        let ids: Vec<Vec<u8>> = sqlx::query(PURGE_FIND)
+        let ids: Vec<u64> = sqlx::query(PURGE_FIND)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?
@@ -601,7 +623,7 @@ impl Store for MySqlStore {
             let statement = AssertSqlSafe(PURGE_DELETE.replace("{ids}", &placeholders));
             let mut query = sqlx::query(statement);
             for id in chunk {
-                query = query.bind(id.as_slice());
+                query = query.bind(id);
             }
             deleted += query.execute(&self.pool).await?.rows_affected();
         }

@@ -1,5 +1,4 @@
--- One claim of claim_batch.sql's batch, every value a literal (group_commit::inline).
+-- One claim of claim_batch.sql's read, every value a literal (group_commit::inline).
 -- ? position in the batch (0-based), ? scope_key_sha256, ? scope, ? key, ? fingerprint,
--- ? fingerprint version, ? token, ? lease (microseconds), ? ttl (microseconds).
-SELECT ? AS n, ? AS id, ? AS scope, ? AS k, ? AS fingerprint, ? AS version, ? AS token,
-       ? AS lease, ? AS ttl
+-- ? fingerprint version, ? token.
+SELECT ? AS n, ? AS id, ? AS scope, ? AS k, ? AS fingerprint, ? AS version, ? AS token
