@@ -16,7 +16,7 @@ cd "$here"
 usage() {
     cat <<EOF
 usage: bench/scale/run.sh [-s STORES] [-n SIZES] [--full] [-d DURATION] [-c CONNECTIONS]
-                         [--sizes-only] [--sweep] [--sweep-only] [--backlog N]
+                         [-r REPEAT] [--sizes-only] [--sweep] [--sweep-only] [--backlog N]
                          [--sweep-live N] [--sweep-batch N] [--sweep-pause-ms MS]
                          [--no-build]
 
@@ -26,6 +26,8 @@ usage: bench/scale/run.sh [-s STORES] [-n SIZES] [--full] [-d DURATION] [-c CONN
                          5 GB per store on disk while it runs; see README.md)
   -d, --duration D       length of each wrk run, wrk syntax (default 10s)
   -c, --connections N    wrk connections (default 64)
+  -r, --repeat N         wrk runs per preload, fresh and replay alternating; the table
+                         shows each column's median (default 1)
       --sizes-only       preload and measure bytes per record only (no HTTP load)
       --sweep            also run the sweeper under load after the size runs
       --sweep-only       only the sweeper runs
@@ -47,6 +49,7 @@ stores="sqlite,postgres,mysql"
 sizes="10k,100k"
 duration="10s"
 connections=64
+repeat=1
 sizes_only=0
 sweep=0
 size_runs=1
@@ -62,6 +65,7 @@ while [ $# -gt 0 ]; do
         --full) sizes="10k,1M,10M"; shift ;;
         -d|--duration) duration="$2"; shift 2 ;;
         -c|--connections) connections="$2"; shift 2 ;;
+        -r|--repeat) repeat="$2"; shift 2 ;;
         --sizes-only) sizes_only=1; shift ;;
         --sweep) sweep=1; shift ;;
         --sweep-only) sweep=1; size_runs=0; shift ;;
@@ -116,6 +120,7 @@ mkdir -p "$data_dir" "$results_dir"
 stamp="$(date +%Y%m%d-%H%M%S)"
 results="$results_dir/$stamp.tsv"
 sweep_results="$results_dir/$stamp-sweep.tsv"
+runs="$results_dir/$stamp-runs.tsv"
 server_log="$results_dir/$stamp-server.log"
 wrk_log="$results_dir/$stamp-wrk.log"
 
@@ -224,12 +229,30 @@ field() { printf '%s\n' "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 
 fresh_tag() { printf '%08x' "$(( (RANDOM << 16 | RANDOM) ))"; }
 
+# The median of one column of "rps p99_ms bad total" lines (the middle run; the lower
+# middle of an even count).
+median_of() {
+    local column="$1"; shift
+    printf '%s\n' "$@" | awk -v c="$column" '{ print $c }' | sort -g \
+        | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
+}
+
+# "rps p99_ms bad total" lines of repeated runs → one such line: the median rps, the
+# median p99, and the sums of bad answers and requests.
+median_run() {
+    local bad total
+    bad="$(printf '%s\n' "$@" | awk '{ s += $3 } END { print s + 0 }')"
+    total="$(printf '%s\n' "$@" | awk '{ s += $4 } END { print s + 0 }')"
+    echo "$(median_of 1 "$@") $(median_of 2 "$@") $bad $total"
+}
+
 declare -A skipped=()
 
 # --- size runs ---------------------------------------------------------------------------
 IFS=',' read -r -a store_list <<< "$stores"
 IFS=',' read -r -a size_list <<< "$sizes"
 printf 'store\trecords\tload_s\tbytes_per_record\ttable_bytes\tindex_bytes\tfresh_rps\tfresh_p99_ms\tfresh_bad\treplay_rps\treplay_p99_ms\treplay_bad\treplay_execs\n' > "$results"
+printf 'store\trecords\trun\tfresh (rps p99_ms bad total)\treplay (rps p99_ms bad total)\n' > "$runs"
 if [ "$size_runs" = 1 ]; then
     for store in "${store_list[@]}"; do
         for size in "${size_list[@]}"; do
@@ -248,14 +271,22 @@ if [ "$size_runs" = 1 ]; then
             fresh="- - - -"; replay="- - - -"; replay_execs="-"
             if [ "$sizes_only" = 0 ]; then
                 start_server "$store"
-                fresh="$(run_wrk fresh.lua "$(fresh_tag)" "$body" "$scope" | parse_wrk)"
-                wait_idle
-                before="$(executions)"
-                replay="$(run_wrk replay.lua "$records" "$body" "$scope" "$RANDOM" | parse_wrk)"
-                wait_idle
-                replay_execs=$(( $(executions) - before ))
+                fresh_runs=(); replay_runs=(); replay_execs=0
+                for run in $(seq 1 "$repeat"); do
+                    fresh_runs+=("$(run_wrk fresh.lua "$(fresh_tag)" "$body" "$scope" | parse_wrk)")
+                    wait_idle
+                    before="$(executions)"
+                    replay_runs+=("$(run_wrk replay.lua "$records" "$body" "$scope" "$RANDOM" | parse_wrk)")
+                    wait_idle
+                    replay_execs=$(( replay_execs + $(executions) - before ))
+                    log "  run $run (rps p99_ms bad total): fresh ${fresh_runs[-1]}; replay ${replay_runs[-1]}"
+                    printf '%s\t%s\t%s\t%s\t%s\n' "$store" "$records" "$run" "${fresh_runs[-1]}" \
+                        "${replay_runs[-1]}" >> "$runs"
+                done
                 stop_server
-                log "  fresh (rps p99_ms bad total): $fresh; replay: $replay; handler runs during replays: $replay_execs"
+                fresh="$(median_run "${fresh_runs[@]}")"
+                replay="$(median_run "${replay_runs[@]}")"
+                log "  median of $repeat (rps p99_ms bad total): fresh $fresh; replay $replay; handler runs during replays: $replay_execs"
             fi
             read -r f_rps f_p99 f_bad _ <<< "$fresh"
             read -r r_rps r_p99 r_bad _ <<< "$replay"
@@ -310,7 +341,7 @@ fi
 
 # --- tables ------------------------------------------------------------------------------
 echo
-echo "Scale benchmark, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs; wrk -t1 -c$connections -d$duration per run"
+echo "Scale benchmark, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs; wrk -t1 -c$connections -d$duration per run, median of $repeat per cell"
 if [ "$size_runs" = 1 ]; then
     echo
     echo "| store | records | load s | bytes/record | table MB | index MB | fresh req/s | fresh p99 ms | replay req/s | replay p99 ms | bad | handler runs in replays |"
@@ -334,4 +365,4 @@ for store in "${!skipped[@]}"; do
     echo "$store skipped: ${skipped[$store]}"
 done
 echo
-echo "Raw rows: $results${sweep:+ and $sweep_results}; server log: $server_log"
+echo "Raw rows: $results (each run: $runs)${sweep:+ and $sweep_results}; server log: $server_log"

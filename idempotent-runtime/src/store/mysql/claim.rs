@@ -218,42 +218,27 @@ impl Batch for QueuedClaim {
         db: &'c mut MySqlConnection,
         batch: &'c [&'c Self],
     ) -> Result<Vec<Answer<Self>>, sqlx::Error> {
-        let rows: Vec<String> = batch
-            .iter()
-            .map(|claim| {
-                inline(
-                    CLAIM_BATCH_ROW,
-                    &[
-                        Value::Bytes(&claim.id),
-                        Value::Bytes(claim.scope.as_bytes()),
-                        Value::Bytes(claim.key.as_bytes()),
-                        Value::Bytes(&claim.fingerprint.digest),
-                        Value::Int(i64::from(claim.fingerprint.version)),
-                        Value::Int(claim.token.0),
-                        Value::Int(claim.lease_micros),
-                        Value::Int(claim.ttl_micros),
-                    ],
-                )
-            })
-            .collect();
-        let elements: Vec<String> = batch
+        // Each claim's record values, in the order both templates take them.
+        let (rows, elements): (Vec<String>, Vec<String>) = batch
             .iter()
             .enumerate()
             .map(|(n, claim)| {
-                inline(
-                    CLAIM_BATCH_ELEMENT,
-                    &[
-                        Value::Int(n as i64),
-                        Value::Bytes(&claim.id),
-                        Value::Bytes(claim.scope.as_bytes()),
-                        Value::Bytes(claim.key.as_bytes()),
-                        Value::Bytes(&claim.fingerprint.digest),
-                        Value::Int(i64::from(claim.fingerprint.version)),
-                        Value::Int(claim.token.0),
-                    ],
+                let record = [
+                    Value::Bytes(&claim.id),
+                    Value::Bytes(claim.scope.as_bytes()),
+                    Value::Bytes(claim.key.as_bytes()),
+                    Value::Bytes(&claim.fingerprint.digest),
+                    Value::Int(i64::from(claim.fingerprint.version)),
+                    Value::Int(claim.token.0),
+                ];
+                let times = [Value::Int(claim.lease_micros), Value::Int(claim.ttl_micros)];
+                let position = [Value::Int(n as i64)];
+                (
+                    inline(CLAIM_BATCH_ROW, &[&record[..], &times].concat()),
+                    inline(CLAIM_BATCH_ELEMENT, &[&position[..], &record].concat()),
                 )
             })
-            .collect();
+            .unzip();
         let statement = CLAIM_BATCH
             .replace("{rows}", &rows.join("    , "))
             .replace("{claims}", &elements.join("\n    UNION ALL "));
