@@ -198,7 +198,7 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
     },
     EmbeddedMigration {
         version: 3,
-        description: "time-ordered rows",
+        description: "time ordered rows",
         sql: include_str!("../../../migrations/mysql/0003_time_ordered_rows.sql"),
     },
 ];
