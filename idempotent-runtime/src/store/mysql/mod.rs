@@ -82,24 +82,24 @@
 //!
 //! # Completions, and everything else
 //!
-//! A batch of completions is one transaction of fenced `UPDATE`s (`sql/complete_batch.sql`,
-//! each `sql/complete.sql` fenced by `token = ? AND state = 'in_progress'`, by
-//! `scope_key_sha256`), whose per-statement counts say which still owned their claim; one
-//! commit for the batch. A response larger than a batch's bytes runs alone as a prepared statement on
-//! the pool. Every completion clears the record's steps (the response replaces them).
-//! `renew` is a
-//! single prepared statement on the pool, fenced the same way. `release` is one request of
-//! two fenced statements (`sql/release.sql`): a `DELETE` of the record if it holds no
-//! steps, else an `UPDATE` that keeps it in progress with its lease ended now and its
-//! token `FencingToken::RELEASED`, so the same request resumes by a lease-lost takeover.
-//! Its `DELETE` can deadlock with a claim batch's duplicate-key checks; the rolled-back
-//! request is sent again, a few times at most.
-//! `purge_expired` reads a batch of expired records' ids without locking, then deletes
-//! those rows by primary key, re-checking their expiry: no range of the expiry index is
-//! ever locked, so sweepers on many instances never make claims wait. The operator tools:
-//! `inspect` is one consistent read (an in-progress record's steps included); `forget` is
-//! that read, then a `DELETE` by `scope_key_sha256` fenced by the token and state it read
-//! (run again if the record changed between), which deletes the steps with the record.
+//! A batch of completions is one transaction of fenced `UPDATE`s
+//! (`sql/complete_batch.sql`, each `sql/complete.sql` fenced by `token = ? AND state =
+//! 'in_progress'`, by `scope_key_sha256`), whose per-statement counts say which still
+//! owned their claim; one commit for the batch. A response larger than a batch's bytes
+//! runs alone as a prepared statement on the pool. Every completion clears the record's
+//! steps (the response replaces them). `renew` is a single prepared statement on the
+//! pool, fenced the same way. `release` is one request of two fenced statements
+//! (`sql/release.sql`): a `DELETE` of the record if it holds no steps, else an `UPDATE`
+//! that keeps it in progress with its lease ended now and its token
+//! `FencingToken::RELEASED`, so the same request resumes by a lease-lost takeover. Its
+//! `DELETE` can deadlock with a claim batch's duplicate-key checks; the rolled-back
+//! request is sent again, a few times at most. `purge_expired` reads a batch of expired
+//! records' ids without locking, then deletes those rows by primary key, re-checking
+//! their expiry: no range of the expiry index is ever locked, so sweepers on many
+//! instances never make claims wait. The operator tools: `inspect` is one consistent read
+//! (an in-progress record's steps included); `forget` is that read, then a `DELETE` by
+//! `scope_key_sha256` fenced by the token and state it read (run again if the record
+//! changed between), which deletes the steps with the record.
 //!
 //! # Recovery points: the `steps` column
 //!
