@@ -1,6 +1,6 @@
 //! The operator tools' statements on MySQL: `inspect` is one consistent read at the
-//! database's `UTC_TIMESTAMP(6)`; `forget`'s `DELETE`, by `scope_key_sha256`, is fenced by what
-//! that read saw (the tools themselves: `store/sql/operator.rs`).
+//! database's `UTC_TIMESTAMP(6)`; `forget`'s `DELETE`, by `scope_key_sha256`, is fenced
+//! by what that read saw (the tools themselves: `store/sql/operator.rs`).
 
 use sqlx::mysql::{MySqlArguments, MySqlQueryResult};
 use sqlx::query::Query;
