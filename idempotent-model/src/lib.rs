@@ -50,6 +50,9 @@
 //!    step the record already holds;
 //! 7. a resumed execution never reruns a recorded step: no step's side effect happens
 //!    while the record of its lifetime holds that step's output.
+//! 8. a record holding steps lives at least a TTL past its owner's last claim or renewal
+//!    (a renewal keeps the record a TTL past it), so a handler that outlived its TTL and
+//!    crashed is resumed by the retry of its request, not run again from the start.
 //!
 //! [`Rules`] turns each fix of the protocol review, and each rule of recovery points, off
 //! to show that the checker finds the interleaving it closed (`tests/check.rs`). Larger
@@ -125,6 +128,10 @@ pub struct Rules {
     /// `record_step` appends only while the record is in progress under the caller's
     /// token; off, it appends to whatever claim holds the record.
     pub record_step_fenced: bool,
+    /// A renewal keeps the record a whole TTL past it; off, only to the end of the
+    /// renewed lease, so a handler that outlived its TTL and crashed leaves a record that
+    /// expires with its lease, steps and all (issue 44, item 1).
+    pub renewal_keeps_a_ttl: bool,
 }
 
 impl Rules {
@@ -136,6 +143,7 @@ impl Rules {
         cache_age_from_read: true,
         steps_survive_lease_loss: true,
         record_step_fenced: true,
+        renewal_keeps_a_ttl: true,
     };
 }
 
@@ -409,6 +417,10 @@ pub struct History {
     pub lease_taken_over: bool,
     /// After a release kept a record, a claim took it over and got its steps back.
     pub resumed_after_release: bool,
+    /// What is left, on the store's wall clock, of a TTL from the last claim or renewal
+    /// the store applied to the record: how long the record must live at least, so that
+    /// a retry of a crashed owner's request resumes its steps (zero without a record).
+    pub life_left: Tick,
     /// The invariants broken, by the step that broke them (a set of [`Violation`]s).
     pub violations: u8,
 }
@@ -433,6 +445,9 @@ pub enum Violation {
     StepRecordedTwice,
     /// A step's side effect happened while the record of this lifetime held its output.
     RecordedStepRerun,
+    /// A record holding steps expired within a TTL of its owner's last claim or renewal:
+    /// the retry of the crashed request would run its recorded steps again.
+    StepsExpiredEarly,
 }
 
 impl Violation {
@@ -539,6 +554,7 @@ impl Protocol {
             r.lease_left = (r.lease_left - 1).max(0);
             r.ttl_left = (r.ttl_left - 1).max(0);
         }
+        s.history.life_left = (s.history.life_left - 1).max(0);
         for engine in &mut s.engines {
             for call in [&mut engine.call, &mut engine.renewal]
                 .into_iter()
@@ -640,6 +656,7 @@ impl Protocol {
             if self.leases_on_wall() {
                 r.lease_left = (r.lease_left - by).max(0);
             }
+            s.history.life_left = (s.history.life_left - by).max(0);
         }
         for engine in &mut s.engines {
             if let Work::Claiming { cache_moved, .. } = &mut engine.work {
@@ -670,6 +687,7 @@ impl Protocol {
                 };
                 let Some(found) = s.record else {
                     s.record = Some(fresh);
+                    s.history.life_left = self.ttl;
                     return Answer::Claimed { steps: 0 };
                 };
                 let decision = decide(Found {
@@ -688,6 +706,11 @@ impl Protocol {
                         if from_live_holder {
                             Self::violate(s, Violation::TakenFromLiveHolder);
                         }
+                        let holds_steps = found.response.is_none() && found.steps != 0;
+                        if reason == Takeover::Expired && holds_steps && s.history.life_left > 0 {
+                            Self::violate(s, Violation::StepsExpiredEarly);
+                        }
+                        s.history.life_left = self.ttl;
                         let keep = self.rules.steps_survive_lease_loss && steps_survive(reason);
                         let steps = if keep { found.steps } else { 0 };
                         s.record = Some(Record { steps, ..fresh });
@@ -714,7 +737,13 @@ impl Protocol {
                 let held = owned(&s.record, token);
                 if let (true, Some(r)) = (held, s.record.as_mut()) {
                     r.lease_left = self.lease;
-                    r.ttl_left = r.ttl_left.max(self.lease);
+                    let keep = if self.rules.renewal_keeps_a_ttl {
+                        self.ttl
+                    } else {
+                        self.lease
+                    };
+                    r.ttl_left = r.ttl_left.max(keep);
+                    s.history.life_left = self.ttl;
                 }
                 Answer::Done(held)
             }
@@ -740,6 +769,7 @@ impl Protocol {
                         // The next claim starts afresh: a step whose record never
                         // reached the store may run again (at least once).
                         s.record = None;
+                        s.history.life_left = 0;
                         s.history.effects_under_lease = 0;
                         s.history.lifetime_steps = 0;
                     }
@@ -1058,6 +1088,7 @@ impl Model for Protocol {
             }
             Action::Forget => {
                 s.record = None;
+                s.history.life_left = 0;
                 s.forgets += 1;
                 s.history.forgotten = Some(0);
                 s.history.effects_under_lease = 0;
@@ -1196,6 +1227,12 @@ impl Model for Protocol {
             Property::always("recorded steps are not run again", |_, s: &State| {
                 !s.history.broke(Violation::RecordedStepRerun)
             }),
+            // (8) A record holding steps lives at least a TTL past its owner's last claim
+            // or renewal: a handler that outlived its TTL and crashed is resumed by the
+            // retry of its request, not run again from the start.
+            Property::always("steps outlive their owner by a TTL", |_, s: &State| {
+                !s.history.broke(Violation::StepsExpiredEarly)
+            }),
             // Coverage: the bounds reach what the invariants are about.
             Property::sometimes("a side effect happens", |_, s: &State| {
                 s.history.effects > 0
@@ -1264,6 +1301,7 @@ pub fn trace(path: stateright::Path<State, Action>) -> String {
             Violation::AnswerAbandoned,
             Violation::StepRecordedTwice,
             Violation::RecordedStepRerun,
+            Violation::StepsExpiredEarly,
         ]
         .into_iter()
         .filter(|&v| last.history.broke(v))

@@ -209,3 +209,23 @@ fn without_fencing_record_step_a_stale_execution_records_a_step_twice() {
         "one recorded output per step",
     );
 }
+
+/// Issue 44, item 1: renewals that keep the record only to the end of the lease let a
+/// handler that outlived its TTL and crashed leave a record that expires with its lease,
+/// so the retry of its request runs the recorded steps again.
+#[test]
+fn without_renewals_keeping_a_ttl_a_crash_after_the_ttl_loses_the_recorded_steps() {
+    finds(
+        Protocol {
+            crashes: 1,
+            ..request_and_retry(
+                StoreKind::Server,
+                Rules {
+                    renewal_keeps_a_ttl: false,
+                    ..Rules::FIXED
+                },
+            )
+        },
+        "steps outlive their owner by a TTL",
+    );
+}

@@ -32,17 +32,31 @@ use crate::store::{FencingToken, MAX_STEP_NAME, RecordedStep, Store, StoreError}
 #[cfg(feature = "sql")]
 use crate::transaction::{Tx, TxDatabase};
 
-/// What the engine does with the claim when a handler answers with a [`StepError`]'s
-/// response, whatever its `on_server_error`: carried in the response's extensions (a
-/// handler that wraps the error in a response of its own answers by its status instead).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the engine does with the claim after a step failed, whatever the handler's
+/// `on_server_error` and whatever response it made of the [`StepError`] (its own error
+/// type included): the [`StepLog`] keeps it, and the engine reads it from there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum StepAnswer {
-    /// Give the claim up, keeping the recorded steps, so a retry resumes: the lease was
-    /// lost or the store failed (recording this `503` would replay it for the whole TTL).
-    Release,
-    /// Record the `500`: the step ran, but its output can never be recorded (too large,
-    /// not serialisable), so a retry would only run it again and fail the same way.
+    /// Record the handler's answer: the step ran, but its output can never be recorded
+    /// (too large, not serialisable), so a retry would only run it again and fail the
+    /// same way.
     Record,
+    /// Give the claim up unless the handler answered a success, keeping the recorded
+    /// steps, so a retry resumes: the lease was lost or the store failed (recording its
+    /// `503` would replay it for the whole TTL). Overrides [`Record`](Self::Record).
+    Release,
+}
+
+impl StepAnswer {
+    /// What a step that failed with `error` asks of the claim; `None`: nothing beyond
+    /// the handler's `on_server_error` (the step's own failure, a misuse).
+    fn of<E>(error: &StepError<E>) -> Option<Self> {
+        match error {
+            StepError::LeaseLost { .. } | StepError::Store { .. } => Some(Self::Release),
+            StepError::TooLarge { .. } | StepError::Unserialisable { .. } => Some(Self::Record),
+            _ => None,
+        }
+    }
 }
 
 /// Why a step did not give its output.
@@ -237,9 +251,9 @@ impl<E: std::error::Error + 'static> std::error::Error for StepError<E> {
 impl<E: IntoResponse> IntoResponse for StepError<E> {
     fn into_response(self) -> Response {
         let step = self.step().unwrap_or_default().to_owned();
-        let (mut response, answer) = match self {
-            Self::Failed(error) => return error.into_response(),
-            Self::LeaseLost { .. } => (
+        match self {
+            Self::Failed(error) => error.into_response(),
+            Self::LeaseLost { .. } => {
                 Problem::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     codes::LEASE_LOST,
@@ -250,10 +264,9 @@ impl<E: IntoResponse> IntoResponse for StepError<E> {
                     ),
                 )
                 .with_retry_after(1)
-                .into_response(),
-                StepAnswer::Release,
-            ),
-            Self::Store { .. } => (
+                .into_response()
+            }
+            Self::Store { .. } => {
                 Problem::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     codes::STORE_UNAVAILABLE,
@@ -264,41 +277,35 @@ impl<E: IntoResponse> IntoResponse for StepError<E> {
                     ),
                 )
                 .with_retry_after(1)
-                .into_response(),
-                StepAnswer::Release,
-            ),
+                .into_response()
+            }
             ran @ (Self::TooLarge { .. } | Self::Unserialisable { .. }) => {
                 let reason = ran.reason().unwrap_or_default();
                 warn!(
                     event = "step_unrecordable",
                     step, reason, "step output cannot be recorded; recording the 500"
                 );
-                (
-                    Problem::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        codes::HANDLER_PANICKED,
-                        "Internal server error",
-                        "A step of the request ran, but its result could not be kept. The \
-                         request is not run again under this key.",
-                    )
-                    .into_response(),
-                    StepAnswer::Record,
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    codes::HANDLER_PANICKED,
+                    "Internal server error",
+                    "A step of the request ran, but its result could not be kept. The \
+                     request is not run again under this key.",
                 )
+                .into_response()
             }
             other => {
                 let reason = other.reason().unwrap_or_default();
                 warn!(event = "step_invalid", step, reason, "step refused");
-                return Problem::new(
+                Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     codes::HANDLER_PANICKED,
                     "Internal server error",
                     "A step of the request could not run; it is safe to retry with the same key.",
                 )
-                .into_response();
+                .into_response()
             }
-        };
-        response.extensions_mut().insert(answer);
-        response
+        }
     }
 }
 
@@ -332,6 +339,8 @@ struct Progress {
     recorded: Vec<RecordedStep>,
     /// The names this execution called, in order.
     used: Vec<String>,
+    /// What the steps that failed ask of the claim, the strongest first.
+    answer: Option<StepAnswer>,
 }
 
 impl std::fmt::Debug for StepLog {
@@ -389,6 +398,7 @@ impl StepLog {
             progress: Mutex::new(Progress {
                 recorded,
                 used: Vec::new(),
+                answer: None,
             }),
         }
     }
@@ -396,6 +406,22 @@ impl StepLog {
     /// Runs step `name` of `(scope, key)` (see
     /// [`IdempotencyKey::step`](crate::IdempotencyKey::step)).
     pub(crate) async fn run<T, E, Fut>(
+        &self,
+        scope: &str,
+        key: &str,
+        name: &str,
+        step: impl FnOnce() -> Fut,
+    ) -> Result<T, StepError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let ran = self.run_once(scope, key, name, step).await;
+        self.noted(ran)
+    }
+
+    /// [`run`](Self::run), before its failure is noted.
+    async fn run_once<T, E, Fut>(
         &self,
         scope: &str,
         key: &str,
@@ -426,6 +452,24 @@ impl StepLog {
     /// [`IdempotencyKey::atomic_step`](crate::IdempotencyKey::atomic_step)).
     #[cfg(feature = "sql")]
     pub(crate) async fn run_atomic<DB, T, E, Fut>(
+        &self,
+        scope: &str,
+        key: &str,
+        name: &str,
+        step: impl FnOnce(Tx<DB>) -> Fut,
+    ) -> Result<T, StepError<E>>
+    where
+        DB: TxDatabase,
+        T: Serialize + DeserializeOwned,
+        Fut: Future<Output = (Result<T, E>, Tx<DB>)>,
+    {
+        let ran = self.run_atomic_once(scope, key, name, step).await;
+        self.noted(ran)
+    }
+
+    /// [`run_atomic`](Self::run_atomic), before its failure is noted.
+    #[cfg(feature = "sql")]
+    async fn run_atomic_once<DB, T, E, Fut>(
         &self,
         scope: &str,
         key: &str,
@@ -502,6 +546,26 @@ impl StepLog {
         drop(begun.permit);
         self.counted("recorded");
         Ok(output)
+    }
+
+    /// Notes what a step's failure asks of the claim (see [`StepAnswer`]), so the engine
+    /// decides from it whatever response the handler makes of the error.
+    fn noted<T, E>(&self, ran: Result<T, StepError<E>>) -> Result<T, StepError<E>> {
+        if let Err(error) = &ran
+            && let Some(answer) = StepAnswer::of(error)
+        {
+            let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+            progress.answer = progress.answer.max(Some(answer));
+        }
+        ran
+    }
+
+    /// What the steps that failed ask of the claim, if anything.
+    pub(crate) fn answer(&self) -> Option<StepAnswer> {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .answer
     }
 
     /// Marks the execution as a transactional handler's: its steps are refused

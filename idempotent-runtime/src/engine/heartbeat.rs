@@ -94,6 +94,7 @@ async fn renew_until_released(execution: &Execution, first_tick: Instant, period
         crate::lease::renewal_timeout(execution.inner.store_timeout, execution.lease);
     let (scope, key) = (execution.name.scope(), execution.name.key());
     let (token, lease) = (execution.token, execution.lease);
+    let ttl = execution.inner.ttl_for(&execution.config);
     let signal = &execution.lease_signal;
     let deadline = || execution.lease_deadline();
     let lose = || {
@@ -117,7 +118,7 @@ async fn renew_until_released(execution: &Execution, first_tick: Instant, period
             _ = ticker.tick() => {}
         }
         let sent_at = Instant::now();
-        let renewal = store.renew(scope, key, token, lease);
+        let renewal = store.renew(scope, key, token, lease, ttl);
         let renewal = store_call(StoreOperation::Renew, sent_at, renew_timeout, renewal);
         let renewed = tokio::select! {
             renewed = renewal => renewed,

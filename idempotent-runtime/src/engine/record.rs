@@ -162,7 +162,10 @@ pub(super) fn complete_with_retries(
             async move {
                 // Short steps: once the store answers again, record before a retry can take
                 // the key over.
-                let ttl_ends = execution.claimed_at + execution.inner.ttl_for(&execution.config);
+                // Each renewal keeps the record a TTL past it: it ends a TTL after the last
+                // grant.
+                let ttl = execution.inner.ttl_for(&execution.config);
+                let ttl_ends = || execution.lease_signal.granted_at() + ttl;
                 let retries = async {
                     let mut said_still_trying = false;
                     let mut delay = Duration::from_millis(250);
@@ -175,7 +178,7 @@ pub(super) fn complete_with_retries(
                         let next = Instant::now() + delay;
                         let stop = crate::lease::may_stop_recording(
                             next > deadline,
-                            next > ttl_ends,
+                            next > ttl_ends(),
                             execution.lease_signal.is_lost(),
                         );
                         if stop {

@@ -43,11 +43,11 @@ pub(super) async fn capture(
     release_server_errors: bool,
 ) -> Verdict {
     let status = response.status();
-    // A step's answer says itself whether the claim is given up (see `StepAnswer`).
-    let release = match response.extensions().get::<StepAnswer>() {
-        Some(StepAnswer::Release) => true,
+    // The steps the handler ran decide before its status does (see `StepAnswer`).
+    let release = match execution.steps.answer() {
+        Some(StepAnswer::Release) if status.is_client_error() || status.is_server_error() => true,
         Some(StepAnswer::Record) => false,
-        None => release_server_errors && status.is_server_error(),
+        _ => release_server_errors && status.is_server_error(),
     };
     if release {
         return Verdict::GiveUp(GiveUp::ServerError(status), response);

@@ -66,8 +66,9 @@ pub trait Forward: Send + Sync + std::fmt::Debug + 'static {
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
-        self.inner().renew(scope, key, token, lease).await
+        self.inner().renew(scope, key, token, lease, ttl).await
     }
 
     /// [`Store::complete`]; forwards by default.
@@ -141,8 +142,9 @@ impl<T: Forward> Store for T {
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
-        Forward::renew(self, scope, key, token, lease).await
+        Forward::renew(self, scope, key, token, lease, ttl).await
     }
 
     async fn complete(

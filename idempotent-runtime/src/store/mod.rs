@@ -224,15 +224,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// ([`ClaimAnswer::replay_lives_for`]).
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError>;
 
-    /// Extends the lease of an in-progress claim, and its expiry to at least the new
-    /// lease's end (a handler that outlives its TTL keeps its record). `Ok(false)`: the
-    /// token no longer owns the record (taken over, or released).
+    /// Extends the lease of an in-progress claim to `lease` from now, and its expiry to
+    /// at least `ttl` from now (never earlier than it was): the record lives a whole TTL
+    /// past its owner's last sign of life, so a handler that outlives its TTL and then
+    /// crashes leaves a record that the retry of its request resumes (see
+    /// [`RecordedStep`]). `Ok(false)`: the token no longer owns the record (taken over,
+    /// or released).
     async fn renew(
         &self,
         scope: &str,
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError>;
 
     /// Records the response and marks the claim completed. `Ok(false)`: the token no

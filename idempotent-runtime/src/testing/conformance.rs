@@ -110,7 +110,7 @@ pub use steps::{
     check_steps_are_fenced_by_the_token, check_steps_end_with_completion_and_expiry,
     check_steps_inspect_and_forget, check_steps_outputs_round_trip_as_bytes,
     check_steps_race_a_takeover, check_steps_recorded_come_back_to_a_takeover,
-    check_steps_release_keeps_the_recovery_point,
+    check_steps_release_keeps_the_recovery_point, check_steps_survive_a_crash_after_the_ttl,
 };
 
 /// A backend under test.
@@ -212,6 +212,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_steps_end_with_completion_and_expiry,
         check_steps_inspect_and_forget,
         check_steps_race_a_takeover,
+        check_steps_survive_a_crash_after_the_ttl,
     ];
     let trials = checks
         .into_iter()
@@ -349,7 +350,10 @@ async fn release(store: &dyn Store, token: FencingToken) -> bool {
 }
 
 async fn renew(store: &dyn Store, token: FencingToken, lease: Duration) -> bool {
-    store.renew(SCOPE, KEY, token, lease).await.expect("renew")
+    store
+        .renew(SCOPE, KEY, token, lease, TTL)
+        .await
+        .expect("renew")
 }
 
 fn assert_in_progress(outcome: &ClaimOutcome, at_most: Duration) {
@@ -547,8 +551,9 @@ pub async fn check_ttl_takeover_of_completed<H: Harness>() {
 pub async fn check_ttl_takeover_of_in_progress<H: Harness>() {
     let (h, store) = setup::<H>().await;
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
-    // An owner that stopped heartbeating (crashed) past both its TTL and its lease: the
-    // record is expired, and a request with any fingerprint is new.
+    // An owner that renewed just before its TTL ran out, then stopped heartbeating
+    // (crashed): the record lives a TTL past the renewal, then it is expired, and a
+    // request with any fingerprint is new.
     h.advance(TTL - LEASE / 2).await;
     assert!(renew(&*store, old, LEASE).await);
     h.advance(LEASE / 2).await;
@@ -559,6 +564,13 @@ pub async fn check_ttl_takeover_of_in_progress<H: Harness>() {
         "past the TTL, but the lease is live"
     );
     h.advance(LEASE).await;
+    let (outcome, _) = claim(&*store, fp(2)).await;
+    assert_eq!(
+        outcome,
+        ClaimOutcome::Mismatch,
+        "the lease ran out, but the record lives a TTL past its renewal"
+    );
+    h.advance(TTL - LEASE).await;
     let new = must_take_over(&*store, fp(2), Takeover::Expired).await;
     assert!(!renew(&*store, old, LEASE).await);
     assert!(!complete(&*store, old, &response("stale")).await);
@@ -734,7 +746,8 @@ pub async fn check_renew_extends_lease<H: Harness>() {
 }
 
 /// A heartbeat near the end of the TTL keeps the running claim alive past it: a handler
-/// that outlives its TTL is not taken over by a request with another fingerprint.
+/// that outlives its TTL is not taken over by a request with another fingerprint, and
+/// its record lives a whole TTL past the heartbeat.
 pub async fn check_renew_keeps_a_running_claim_past_its_ttl<H: Harness>() {
     let (h, store) = setup::<H>().await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
@@ -758,8 +771,14 @@ pub async fn check_renew_keeps_a_running_claim_past_its_ttl<H: Harness>() {
     h.advance(LEASE).await;
     assert_eq!(
         store.purge_expired(10).await.expect("purge"),
+        0,
+        "kept a TTL past the renewal, not only for its lease"
+    );
+    h.advance(TTL - Duration::from_secs(15) - LEASE).await;
+    assert_eq!(
+        store.purge_expired(10).await.expect("purge"),
         1,
-        "expires after the lease it was kept for"
+        "expires a TTL after the last renewal"
     );
 }
 

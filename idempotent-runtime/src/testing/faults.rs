@@ -163,9 +163,13 @@ impl Forward for Faulty {
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
-        self.faulted(Operation::Renew, self.inner.renew(scope, key, token, lease))
-            .await
+        self.faulted(
+            Operation::Renew,
+            self.inner.renew(scope, key, token, lease, ttl),
+        )
+        .await
     }
 
     async fn complete(

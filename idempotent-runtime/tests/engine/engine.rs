@@ -507,6 +507,7 @@ impl Store for UnreachableStore {
         _: &str,
         _: FencingToken,
         _: Duration,
+        _: Duration,
     ) -> Result<bool, StoreError> {
         Err(unreachable())
     }
@@ -592,10 +593,11 @@ impl Forward for ObservedStore {
         k: &str,
         t: FencingToken,
         l: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
         self.wait_while_stalled().await;
-        self.inner.renew(s, k, t, l).await
+        self.inner.renew(s, k, t, l, ttl).await
     }
     async fn complete(
         &self,
@@ -822,6 +824,7 @@ impl Store for SilentStore {
         _: &str,
         _: &str,
         _: FencingToken,
+        _: Duration,
         _: Duration,
     ) -> Result<bool, StoreError> {
         std::future::pending().await

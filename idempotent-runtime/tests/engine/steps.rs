@@ -436,3 +436,90 @@ async fn a_step_store_failure_releases_even_when_5xx_are_recorded() {
         "released: the retry ran again"
     );
 }
+
+/// A handler's own error type that wraps a [`StepError`] with `?` and answers with a
+/// response of its own (the `StepError`'s response, and anything it carries, is gone).
+#[derive(Debug)]
+enum AppError {
+    Step(StepError<StatusCode>),
+}
+
+impl From<StepError<StatusCode>> for AppError {
+    fn from(error: StepError<StatusCode>) -> Self {
+        Self::Step(error)
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let Self::Step(error) = self;
+        let status = match error {
+            StepError::LeaseLost { .. } | StepError::Store { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        (status, format!(r#"{{"error":"{error}"}}"#)).into_response()
+    }
+}
+
+/// The engine decides from the steps it ran, not from the response: a step that ran but
+/// cannot be recorded records the handler's own `500` (default `on_server_error =
+/// release`), so a retry replays it instead of running the step again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrecordable_step_wrapped_in_the_handlers_error_is_not_run_again() {
+    let engine = Idempotency::builder(MemoryStore::new())
+        .max_stored_body(64)
+        .build();
+    let ran = Arc::new(AtomicUsize::new(0));
+    for attempt in 0..3 {
+        let ran = ran.clone();
+        let response = engine
+            .run(&CONFIG, SCOPE, "big", fingerprint(1), move |key| async move {
+                let quote: String = key
+                    .step("quote", || async {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, StatusCode>("x".repeat(1000))
+                    })
+                    .await?;
+                Ok::<_, AppError>((StatusCode::CREATED, quote))
+            })
+            .await;
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            response.headers().get("idempotent-replayed").is_some(),
+            attempt > 0,
+            "attempt {attempt}"
+        );
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "the step ran once");
+}
+
+/// A step's store failure wrapped in the handler's own `503` gives the claim up even
+/// under `OnServerError::Store`, so the retry runs (and is not answered the recorded
+/// "retry" for the whole TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_store_failure_wrapped_in_the_handlers_error_releases_under_store() {
+    let engine = Idempotency::new(StepsFail(MemoryStore::new()));
+    let config = HandlerConfig::new().on_server_error(idempotent_runtime::OnServerError::Store);
+    let ran = Arc::new(AtomicUsize::new(0));
+    for _ in 0..2 {
+        let ran = ran.clone();
+        let response = engine
+            .run(&config, SCOPE, "k", fingerprint(1), move |key| async move {
+                let authorised: u32 = key
+                    .step("authorise", || async {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, StatusCode>(1u32)
+                    })
+                    .await?;
+                Ok::<_, AppError>((StatusCode::CREATED, authorised.to_string()))
+            })
+            .await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(response.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        2,
+        "released: the retry ran again"
+    );
+}

@@ -202,6 +202,7 @@ impl Forward for Flaky {
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
         {
             let mut doomed = self.doomed.lock().unwrap_or_else(|e| e.into_inner());
@@ -212,7 +213,7 @@ impl Forward for Flaky {
                 return Err(outage());
             }
         }
-        self.inner.renew(scope, key, token, lease).await
+        self.inner.renew(scope, key, token, lease, ttl).await
     }
 
     async fn complete(

@@ -67,9 +67,10 @@ impl<S: Store> Forward for CountingStore<S> {
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
         self.count();
-        self.inner.renew(scope, key, token, lease).await
+        self.inner.renew(scope, key, token, lease, ttl).await
     }
 
     async fn complete(

@@ -451,7 +451,13 @@ async fn timestamps_come_from_the_database_clock() {
     // A renew moves the lease from the database's clock, exactly, to the microsecond.
     assert!(
         store
-            .renew("acct_alice", "clock", token, Duration::from_millis(1500))
+            .renew(
+                "acct_alice",
+                "clock",
+                token,
+                Duration::from_millis(1500),
+                TTL
+            )
             .await
             .unwrap()
     );
@@ -505,7 +511,11 @@ async fn the_session_time_zone_does_not_matter() {
         }
         other => panic!("expected InProgress, got {other:?}"),
     }
-    assert!(west.renew("acct_alice", "tz", token, LEASE).await.unwrap());
+    assert!(
+        west.renew("acct_alice", "tz", token, LEASE, TTL)
+            .await
+            .unwrap()
+    );
 }
 
 async fn replays_duplicates_and_mismatches_write_nothing() {
@@ -1018,7 +1028,10 @@ async fn purge_leaves_records_claimed_again() {
     assert!(purged <= 20);
     for (key, token) in owners {
         assert!(
-            store.renew("acct_alice", &key, token, LEASE).await.unwrap(),
+            store
+                .renew("acct_alice", &key, token, LEASE, TTL)
+                .await
+                .unwrap(),
             "{key}: the new owner still owns it"
         );
     }

@@ -475,7 +475,13 @@ async fn timestamps_come_from_the_database_clock() {
 
     // A renew moves the lease from the database's now(), exactly.
     store
-        .renew("acct_alice", "clock", token, Duration::from_millis(1500))
+        .renew(
+            "acct_alice",
+            "clock",
+            token,
+            Duration::from_millis(1500),
+            TTL,
+        )
         .await
         .unwrap();
     let remaining: f64 = sqlx::query_scalar(AssertSqlSafe(format!(

@@ -369,8 +369,8 @@ async fn records_carry_a_redis_expiry_at_the_end_of_their_ttl_or_lease() {
     let left = pttl("ttl").await;
     assert!(left > 3_590_000 && left <= 3_600_000, "{left}");
 
-    // A lease longer than what is left of the TTL keeps the record: renewing moves the
-    // expiry to the lease end, and completion keeps it there.
+    // A renewal keeps the record a whole TTL from the renewal, and completion keeps it
+    // there.
     let short = |key: &'static str, token| ClaimRequest {
         ttl: Duration::from_secs(20),
         lease: Duration::from_secs(10),
@@ -382,7 +382,13 @@ async fn records_carry_a_redis_expiry_at_the_end_of_their_ttl_or_lease() {
     assert!(left > 10_000 && left <= 20_000, "{left}");
     assert!(
         store
-            .renew("acct_alice", "renewed", token, Duration::from_secs(60))
+            .renew(
+                "acct_alice",
+                "renewed",
+                token,
+                Duration::from_secs(10),
+                Duration::from_secs(60)
+            )
             .await
             .unwrap()
     );

@@ -241,7 +241,13 @@ async fn records_survive_closing_and_reopening_the_file() {
     // The in-progress claim and its token survived too.
     assert!(
         store
-            .renew("acct_alice", "key-2", running, Duration::from_secs(30))
+            .renew(
+                "acct_alice",
+                "key-2",
+                running,
+                Duration::from_secs(30),
+                Duration::from_secs(3600)
+            )
             .await
             .unwrap()
     );

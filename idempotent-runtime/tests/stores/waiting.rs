@@ -506,7 +506,13 @@ mod postgres {
             }
             assert!(
                 store
-                    .renew(SCOPE, key, token, Duration::from_secs(30))
+                    .renew(
+                        SCOPE,
+                        key,
+                        token,
+                        Duration::from_secs(30),
+                        Duration::from_secs(60)
+                    )
                     .await
                     .expect("renew")
             );

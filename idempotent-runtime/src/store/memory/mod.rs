@@ -301,6 +301,7 @@ impl Store for MemoryStore {
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
         let now = self.now();
         let id = self.records.id(scope, key);
@@ -314,9 +315,7 @@ impl Store for MemoryStore {
         {
             *lease_expires_at = now.monotonic.saturating_add(millis(lease));
         }
-        record.expires_at = record
-            .expires_at
-            .max(now.wall.saturating_add(millis(lease)));
+        record.expires_at = record.expires_at.max(now.wall.saturating_add(millis(ttl)));
         Ok(true)
     }
 

@@ -547,8 +547,9 @@ impl Store for MySqlStore {
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let query = sqlx::query(RENEW).bind(micros(lease)).bind(micros(lease));
+        let query = sqlx::query(RENEW).bind(micros(lease)).bind(micros(ttl));
         // Rows *matched* (sqlx connects with CLIENT_FOUND_ROWS): a renew that happens to
         // write the same lease end still counts as owning the record.
         let done = bind_record_token(query, scope, key, token)

@@ -453,12 +453,14 @@ impl Store for PostgresStore {
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
         let renew = sqlx::query(self.sql.renew.clone())
             .bind(scope)
             .bind(key)
             .bind(token.0)
-            .bind(interval(lease));
+            .bind(interval(lease))
+            .bind(interval(ttl));
         Ok(self.execute(renew).await? == 1)
     }
 

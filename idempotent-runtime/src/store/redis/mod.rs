@@ -65,8 +65,8 @@
 //! # Expiry and `purge_expired`
 //!
 //! Each record carries a Redis expiry (`PEXPIREAT`) at the moment it stops being live: its
-//! `expires_at`, or the end of a live lease if that is later (a renewed lease moves
-//! `expires_at` to at least the lease end, exactly like the SQL stores). Redis deletes
+//! `expires_at`, or the end of a live lease if that is later (a renewal moves
+//! `expires_at` to at least a TTL from the renewal, exactly like the SQL stores). Redis deletes
 //! expired records on its own, so **no sweeper is needed**. [`Store::purge_expired`] still
 //! works: it walks the prefix with `SCAN` and deletes records that are expired by the
 //! scripts' clock but not yet by Redis's, and returns how many *it* deleted — records
@@ -518,12 +518,14 @@ impl Store for RedisStore {
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
         let renewed: i64 = scripts::RENEW
             .key(self.keys.record(scope, key))
             .arg(self.offset())
             .arg(token.0)
             .arg(clamped_millis(lease))
+            .arg(clamped_millis(ttl))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(store_error)?;

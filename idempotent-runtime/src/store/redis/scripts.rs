@@ -21,7 +21,7 @@ macro_rules! script {
 
 /// Insert, take over, or report replay / in progress / mismatch.
 pub(super) static CLAIM: LazyLock<Script> = script!("claim.lua");
-/// Extend the owner's lease (and expiry to at least the lease end).
+/// Extend the owner's lease (and expiry to at least a TTL from now).
 pub(super) static RENEW: LazyLock<Script> = script!("renew.lua");
 /// Record the owner's response.
 pub(super) static COMPLETE: LazyLock<Script> = script!("complete.lua");

@@ -104,6 +104,8 @@ pub(super) enum Write {
         lease_expires_at: i64,
         boot_id: Option<[u8; 16]>,
         lease_ends_boot: Option<i64>,
+        /// The record's expiry at the least, on the wall clock: a TTL from now.
+        keep_until: i64,
     },
     /// Appends one encoded step (`record_step.sql`).
     RecordStep {
@@ -191,6 +193,7 @@ impl Write {
                 lease_expires_at,
                 boot_id,
                 lease_ends_boot,
+                keep_until,
             } => db.execute(
                 statement!("sql/renew.sql"),
                 &[
@@ -200,6 +203,7 @@ impl Write {
                     Param::Int(*lease_expires_at),
                     boot_param(boot_id.as_ref()),
                     lease_ends_boot.map_or(Param::Null, Param::Int),
+                    Param::Int(*keep_until),
                 ],
             ),
             Self::RecordStep {

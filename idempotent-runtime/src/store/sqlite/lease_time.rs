@@ -14,10 +14,9 @@
 //! leaves leases on the wall clock, as are leases written before migration 0002: those
 //! are stored without a boot (`lease_boot_id` NULL) and judged on `lease_expires_at`.
 //!
-//! `lease_expires_at` is always written too, on the wall clock: it keeps a record at
-//! least until its lease ends (a renewal stretches `expires_at` to it) and is what a
-//! lease is judged on without a boot. TTLs (`expires_at`, `created_at`) are wall-clock
-//! time, which users read as calendar time: a wall step moves them.
+//! `lease_expires_at` is always written too, on the wall clock: it is what a lease is
+//! judged on without a boot. TTLs (`expires_at`, `created_at`) are wall-clock time, which
+//! users read as calendar time: a wall step moves them.
 //!
 //! The rule is one SQL expression, [`lease_left_ms`], which the statements name as
 //! `lease_left_ms(?wall_now, ?boot_id, ?boot_now)` and [`expand`] writes out.

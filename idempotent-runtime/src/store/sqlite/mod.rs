@@ -410,6 +410,7 @@ impl Store for SqliteStore {
         key: &str,
         token: FencingToken,
         lease: Duration,
+        ttl: Duration,
     ) -> Result<bool, StoreError> {
         let _write = self.writes.enter();
         let now = lease_time::Now::of(self.clock.as_ref());
@@ -422,6 +423,7 @@ impl Store for SqliteStore {
                 lease_expires_at: now.lease_expires_at(lease),
                 boot_id: now.boot_id,
                 lease_ends_boot: now.lease_ends_boot(lease),
+                keep_until: now.lease_expires_at(ttl),
             })
             .await?;
         Ok(renewed > 0)

@@ -81,6 +81,11 @@ pub async fn check_inspect_reports_each_state<H: Harness>() {
     assert!(renew(&*store, token, LEASE).await, "still the owner");
     let renewed = inspect(&*store, SCOPE).await.expect("renewed");
     assert!(renewed.holder_alive(), "renewed: alive again");
+    assert_eq!(
+        renewed.expires_at.duration_since(renewed.created_at).ok(),
+        Some(LEASE + TTL),
+        "a renewal keeps the record a TTL past it"
+    );
     assert!(complete(&*store, token, &response("a")).await);
     let done = inspect(&*store, SCOPE).await.expect("completed");
     assert_eq!(done.state, RecordState::Completed { status: 201 });
@@ -88,10 +93,12 @@ pub async fn check_inspect_reports_each_state<H: Harness>() {
     assert_eq!(done.fingerprint, v2);
     assert_eq!(
         done.expires_at.duration_since(done.created_at).ok(),
-        Some(TTL)
+        Some(LEASE + TTL)
     );
 
-    h.advance(TTL - LEASE).await;
+    h.advance(TTL - Duration::from_millis(1)).await;
+    assert!(inspect(&*store, SCOPE).await.is_some(), "not yet expired");
+    h.advance(Duration::from_millis(1)).await;
     assert_eq!(inspect(&*store, SCOPE).await, None, "expired");
 }
 

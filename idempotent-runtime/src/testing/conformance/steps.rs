@@ -11,7 +11,8 @@ use super::{
     renew, response, setup,
 };
 use crate::store::{
-    ClaimOutcome, FencingToken, ForgetOutcome, RecordState, RecordedStep, Store, Takeover,
+    ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordState, RecordedStep, Store,
+    Takeover,
 };
 
 /// A step named `name` whose output says `output`, recorded at a whole millisecond.
@@ -254,6 +255,55 @@ pub async fn check_steps_end_with_completion_and_expiry<H: Harness>() {
             steps: Vec::new(),
         }
     );
+}
+
+/// A handler that outlives its TTL while its heartbeat holds the lease, and then stops
+/// without a release (its process was killed): its record lives on a TTL past its last
+/// renewal, so the sweeper leaves it and the retry of the same request takes it over as
+/// [`Takeover::LeaseLost`] and resumes after the recorded step instead of running it
+/// again.
+pub async fn check_steps_survive_a_crash_after_the_ttl<H: Harness>() {
+    let (h, store) = setup::<H>().await;
+    let ttl = LEASE * 3;
+    let token = FencingToken::random();
+    let outcome = store
+        .claim(&ClaimRequest {
+            scope: SCOPE,
+            key: KEY,
+            fingerprint: &fp(1),
+            ttl,
+            lease: LEASE,
+            token,
+        })
+        .await
+        .expect("claim")
+        .outcome;
+    assert!(
+        matches!(outcome, ClaimOutcome::Claimed { .. }),
+        "{outcome:?}"
+    );
+    let authorise = step("authorise", "auth_1");
+    assert!(record(&*store, token, &authorise).await);
+    // The heartbeat renews every half lease until the handler has run 4.5 leases, past
+    // the TTL of 3.
+    for _ in 0..9 {
+        h.advance(LEASE / 2).await;
+        assert!(
+            store
+                .renew(SCOPE, KEY, token, LEASE, ttl)
+                .await
+                .expect("renew"),
+            "the running owner renews"
+        );
+    }
+    // Killed: no release, no more renewals. The lease runs out.
+    h.advance(LEASE).await;
+    assert_eq!(
+        store.purge_expired(100).await.expect("purge"),
+        0,
+        "a record whose owner renewed within its TTL is not expired"
+    );
+    must_resume(&*store, &[authorise]).await;
 }
 
 /// `inspect` shows a running claim's steps (names, outputs, when); `forget` reports them

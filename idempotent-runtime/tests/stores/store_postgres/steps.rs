@@ -319,7 +319,13 @@ async fn a_release_that_keeps_steps_notifies_waiters() {
     );
     assert!(
         store
-            .renew("acct_alice", "kept", owner, Duration::from_secs(30))
+            .renew(
+                "acct_alice",
+                "kept",
+                owner,
+                Duration::from_secs(30),
+                Duration::from_secs(3600)
+            )
             .await
             .unwrap()
     );

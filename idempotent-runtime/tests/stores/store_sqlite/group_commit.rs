@@ -185,7 +185,7 @@ async fn hold_the_writer(
     let before = store.group_commit_stats();
     let renew = tokio::spawn({
         let store = store.clone();
-        async move { store.renew(SCOPE, key, owner, LEASE).await }
+        async move { store.renew(SCOPE, key, owner, LEASE, TTL).await }
     });
     until(store, "the writer to take the renewal", |now| {
         now.batches == before.batches + 1
@@ -262,7 +262,12 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
                     .unwrap()
                     .outcome;
                 if matches!(outcome, ClaimOutcome::Claimed { .. }) {
-                    assert!(store.renew(SCOPE, &shared(k), token, LEASE).await.unwrap());
+                    assert!(
+                        store
+                            .renew(SCOPE, &shared(k), token, LEASE, TTL)
+                            .await
+                            .unwrap()
+                    );
                 }
                 (k, token, outcome)
             }));
@@ -359,7 +364,7 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
         let owner = store.clone();
         old_owners.push(tokio::spawn(async move {
             owner
-                .renew(SCOPE, &shared(k), token, LEASE)
+                .renew(SCOPE, &shared(k), token, LEASE, TTL)
                 .await
                 .map(|done| (k, WriteKind::Renew, done))
         }));
@@ -468,7 +473,12 @@ async fn concurrent_writers_share_batches_and_keep_every_guarantee() {
                     .await
                     .unwrap()
             );
-            assert!(!store.renew(SCOPE, &shared(k), stale, LEASE).await.unwrap());
+            assert!(
+                !store
+                    .renew(SCOPE, &shared(k), stale, LEASE, TTL)
+                    .await
+                    .unwrap()
+            );
             assert!(!store.release(SCOPE, &shared(k), stale).await.unwrap());
         }
     }

@@ -382,7 +382,12 @@ async fn a_forward_wall_step_does_not_expire_a_live_lease() {
         matches!(forget, ForgetOutcome::Refused { .. }),
         "{forget:?}"
     );
-    assert!(store.renew(SCOPE, "k", token, LEASE).await.expect("renew"));
+    assert!(
+        store
+            .renew(SCOPE, "k", token, LEASE, Duration::from_secs(3600))
+            .await
+            .expect("renew")
+    );
     // The lease runs out when a lease has passed on the monotonic clock, not before.
     clock.advance(LEASE - Duration::from_millis(1));
     assert!(matches!(

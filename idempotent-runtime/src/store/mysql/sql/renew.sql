@@ -1,5 +1,5 @@
--- Extends the lease, and keeps the record at least that long.
--- ? lease, ? lease (microseconds; MySQL placeholders are positional), ? scope_key_sha256,
+-- Extends the lease, and keeps the record at least a TTL from now.
+-- ? lease, ? TTL (microseconds; MySQL placeholders are positional), ? scope_key_sha256,
 -- ? scope, ? key, ? token.
 UPDATE idempotency_records
 SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
