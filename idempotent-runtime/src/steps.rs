@@ -253,32 +253,28 @@ impl<E: IntoResponse> IntoResponse for StepError<E> {
         let step = self.step().unwrap_or_default().to_owned();
         match self {
             Self::Failed(error) => error.into_response(),
-            Self::LeaseLost { .. } => {
-                Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    codes::LEASE_LOST,
-                    "Request lease lost",
-                    format!(
-                        "This execution of the request lost its claim before step {step:?} \
+            Self::LeaseLost { .. } => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::LEASE_LOST,
+                "Request lease lost",
+                format!(
+                    "This execution of the request lost its claim before step {step:?} \
                          finished; the completed steps are kept. Retry with the same key."
-                    ),
-                )
-                .with_retry_after(1)
-                .into_response()
-            }
-            Self::Store { .. } => {
-                Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    codes::STORE_UNAVAILABLE,
-                    "Idempotency store unavailable",
-                    format!(
-                        "Step {step:?} could not be recorded; the completed steps are kept. \
+                ),
+            )
+            .with_retry_after(1)
+            .into_response(),
+            Self::Store { .. } => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                codes::STORE_UNAVAILABLE,
+                "Idempotency store unavailable",
+                format!(
+                    "Step {step:?} could not be recorded; the completed steps are kept. \
                          Retry with the same key."
-                    ),
-                )
-                .with_retry_after(1)
-                .into_response()
-            }
+                ),
+            )
+            .with_retry_after(1)
+            .into_response(),
             ran @ (Self::TooLarge { .. } | Self::Unserialisable { .. }) => {
                 let reason = ran.reason().unwrap_or_default();
                 warn!(

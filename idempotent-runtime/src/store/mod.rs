@@ -33,6 +33,7 @@ use bytes::Bytes;
 use crate::fingerprint::Fingerprint;
 
 mod capabilities;
+mod fenced;
 mod forward;
 mod memory;
 mod memory_usage;
@@ -55,6 +56,9 @@ pub(crate) mod takeover;
 mod tx_support;
 
 pub use capabilities::{Capabilities, ClaimWatch, WatchClaims};
+pub use fenced::{
+    Change, Fenced, Inserted, KeyedRecord, Record, RecordBody, RecordStore, StoreNow, Updated,
+};
 pub use forward::Forward;
 pub use memory::MemoryStore;
 pub use memory_usage::MemoryUsage;

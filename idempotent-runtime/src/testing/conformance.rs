@@ -98,6 +98,7 @@ pub use faults::{
     check_fault_backward_wall_step_keeps_no_lease_alive,
     check_fault_claim_answered_late_does_not_run, check_fault_claim_applied_but_failed_runs_once,
     check_fault_completion_applied_but_failed_is_kept,
+    check_fault_crash_after_the_ttl_resumes_the_steps,
     check_fault_forward_wall_step_keeps_a_live_lease, check_fault_refused_completions_keep_the_key,
 };
 pub use operator::{
@@ -205,6 +206,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_fault_refused_completions_keep_the_key,
         check_fault_forward_wall_step_keeps_a_live_lease,
         check_fault_backward_wall_step_keeps_no_lease_alive,
+        check_fault_crash_after_the_ttl_resumes_the_steps,
         check_steps_recorded_come_back_to_a_takeover,
         check_steps_outputs_round_trip_as_bytes,
         check_steps_are_fenced_by_the_token,

@@ -454,7 +454,9 @@ impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let Self::Step(error) = self;
         let status = match error {
-            StepError::LeaseLost { .. } | StepError::Store { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            StepError::LeaseLost { .. } | StepError::Store { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         (status, format!(r#"{{"error":"{error}"}}"#)).into_response()
@@ -473,15 +475,21 @@ async fn an_unrecordable_step_wrapped_in_the_handlers_error_is_not_run_again() {
     for attempt in 0..3 {
         let ran = ran.clone();
         let response = engine
-            .run(&CONFIG, SCOPE, "big", fingerprint(1), move |key| async move {
-                let quote: String = key
-                    .step("quote", || async {
-                        ran.fetch_add(1, Ordering::SeqCst);
-                        Ok::<_, StatusCode>("x".repeat(1000))
-                    })
-                    .await?;
-                Ok::<_, AppError>((StatusCode::CREATED, quote))
-            })
+            .run(
+                &CONFIG,
+                SCOPE,
+                "big",
+                fingerprint(1),
+                move |key| async move {
+                    let quote: String = key
+                        .step("quote", || async {
+                            ran.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, StatusCode>("x".repeat(1000))
+                        })
+                        .await?;
+                    Ok::<_, AppError>((StatusCode::CREATED, quote))
+                },
+            )
             .await;
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(

@@ -8,6 +8,7 @@
 //! `[store_sqlite] conformance::check_…`, so the stores' same-named checks stay apart
 //! and `cargo test --test stores store_sqlite` runs one module.
 
+mod fenced_btree_store;
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "redis"))]
 mod fixtures;
 mod metrics_counters;
@@ -54,6 +55,7 @@ fn main() {
     #[cfg(feature = "redis")]
     add("store_redis_cluster", store_redis_cluster::trials());
     add("out_of_tree_store", out_of_tree_store::trials());
+    add("fenced_btree_store", fenced_btree_store::trials());
     #[cfg(all(feature = "sqlite", feature = "postgres"))]
     add("transaction_failures", transaction_failures::trials());
     #[cfg(feature = "sqlite")]

@@ -171,6 +171,61 @@ pub async fn check_fault_refused_completions_keep_the_key<H: Harness>() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// Issue 44's crash, through two engines: engine A's handler records a step and keeps
+/// running, renewing its lease, past its TTL; then A stops (its process killed: no
+/// renewal, completion or release reaches the store again). Once A's lease ran out, the
+/// retry of the same request on engine B takes the record over and resumes after the
+/// recorded step: the step's side effect happened once.
+pub async fn check_fault_crash_after_the_ttl_resumes_the_steps<H: Harness>() {
+    let (harness, store) = setup::<H>().await;
+    let faulty = Arc::new(Faulty::new(store.clone()));
+    let (a, b) = (engine(faulty.clone()), engine(store));
+    let config = HandlerConfig::new().ttl(LEASE.saturating_mul(3));
+    let authorised = Arc::new(AtomicUsize::new(0));
+    let charge = |engine: Idempotency, keeps_running: bool| {
+        let authorised = authorised.clone();
+        async move {
+            engine
+                .run(&config, SCOPE, KEY, fp(1), move |key| async move {
+                    let authorisation = key
+                        .step("authorise", || async {
+                            let n = authorised.fetch_add(1, Ordering::SeqCst) + 1;
+                            Ok::<_, StatusCode>(format!("auth_{n}"))
+                        })
+                        .await;
+                    if keeps_running {
+                        std::future::pending::<()>().await;
+                    }
+                    match authorisation {
+                        Ok(authorisation) => (StatusCode::CREATED, authorisation).into_response(),
+                        Err(error) => error.into_response(),
+                    }
+                })
+                .await
+        }
+    };
+    let first = tokio::spawn(charge(a, true));
+    while authorised.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(LEASE / 16).await;
+    }
+    // A keeps running for five leases of the store's time, past its TTL of three, and
+    // keeps its lease by renewing.
+    pass_double_time(&harness, LEASE.saturating_mul(5)).await;
+    // Killed: nothing of A reaches the store any more. Its lease runs out.
+    for operation in [Operation::Renew, Operation::Complete, Operation::Release] {
+        faulty.inject_always(operation, Fault::Hang);
+    }
+    harness.advance(LEASE.saturating_mul(2)).await;
+    let retry = charge(b, false).await;
+    first.abort();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(
+        authorised.load(Ordering::SeqCst),
+        1,
+        "the retry resumed after the recorded step instead of running it again"
+    );
+}
+
 /// Interleaving 3 of the protocol review, on a store that keeps time in this process: a
 /// forward step of the wall clock larger than the lease (NTP, a VM resumed) does not
 /// expire a live lease, so a retry gets `409` and the owner keeps renewing; it moves the

@@ -81,24 +81,28 @@ pub async fn check_inspect_reports_each_state<H: Harness>() {
     assert!(renew(&*store, token, LEASE).await, "still the owner");
     let renewed = inspect(&*store, SCOPE).await.expect("renewed");
     assert!(renewed.holder_alive(), "renewed: alive again");
-    assert_eq!(
-        renewed.expires_at.duration_since(renewed.created_at).ok(),
-        Some(LEASE + TTL),
-        "a renewal keeps the record a TTL past it"
+    let kept = |info: &RecordInfo| {
+        let life = info
+            .expires_at
+            .duration_since(info.created_at)
+            .unwrap_or_default();
+        // A database store's clock also runs while the check does.
+        life >= LEASE + TTL && life < LEASE + TTL + Duration::from_secs(5)
+    };
+    assert!(
+        kept(&renewed),
+        "a renewal keeps the record a TTL past it: {renewed:?}"
     );
     assert!(complete(&*store, token, &response("a")).await);
     let done = inspect(&*store, SCOPE).await.expect("completed");
     assert_eq!(done.state, RecordState::Completed { status: 201 });
     assert!(!done.holder_alive());
     assert_eq!(done.fingerprint, v2);
-    assert_eq!(
-        done.expires_at.duration_since(done.created_at).ok(),
-        Some(LEASE + TTL)
-    );
+    assert!(kept(&done), "completion keeps the expiry: {done:?}");
 
-    h.advance(TTL - Duration::from_millis(1)).await;
+    h.advance(TTL - Duration::from_secs(1)).await;
     assert!(inspect(&*store, SCOPE).await.is_some(), "not yet expired");
-    h.advance(Duration::from_millis(1)).await;
+    h.advance(Duration::from_secs(1)).await;
     assert_eq!(inspect(&*store, SCOPE).await, None, "expired");
 }
 

@@ -1,0 +1,541 @@
+//! The fenced record seam: a [`RecordStore`] keeps one [`Record`] per `(scope, key)` and
+//! changes it only by compare-and-set on the record's version; [`Fenced`] runs the whole
+//! protocol over it as a [`Store`], every decision taken by the pure functions of
+//! [`rules`] on the record and the store's [`StoreNow`].
+//!
+//! A store written against this seam decides nothing: it inserts a record unless one is
+//! there, reads one, applies a [`Change`] when the version it was given is still the
+//! record's (bumping it), deletes by version, and lists records past their expiry. The
+//! takeover rule, which steps survive, whether a release keeps the record, what
+//! `forget` and `inspect` see and what the sweeper may delete are the engine's, once.
+//!
+//! Round trips: a fresh key one (`insert`); a duplicate one (the insert answers the
+//! record it found); a takeover two (`insert`, then `update`); a renewal, a step and a
+//! completion one each (an `update` with the version of the owner's last write, which
+//! [`Fenced`] remembers; a second when it did not know it).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::takeover::Decision;
+use super::{
+    Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo,
+    RecordedStep, Store, StoreError, StoredResponse, decode_steps, encode_step,
+    retry_after_from_millis, steps_survive,
+};
+use crate::clock::millis;
+use crate::fingerprint::Fingerprint;
+
+mod rules;
+
+/// How many times a decision is taken again when the record changed under it before a
+/// store error is reported: each retry means another writer won, so this only runs out
+/// under a storm of writes to one key.
+const ATTEMPTS: usize = 16;
+
+/// One instant of a store's clocks, in milliseconds since the Unix epoch: the wall
+/// clock, which TTLs are on, and the clock leases are on (the same for a database
+/// server; a monotonic one for a store in this process, which a wall step cannot move).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreNow {
+    /// The wall clock.
+    pub wall_millis: i64,
+    /// The lease clock.
+    pub lease_millis: i64,
+}
+
+/// The record of one `(scope, key)`, as a [`RecordStore`] keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The fingerprint of the request that claimed it.
+    pub fingerprint: Fingerprint,
+    /// The token of the claim that holds it ([`FencingToken::RELEASED`] once a release
+    /// kept it).
+    pub token: FencingToken,
+    /// Bumped by every change: what a compare-and-set compares.
+    pub version: u64,
+    /// When the claim that wrote it was made (wall clock).
+    pub created_at: i64,
+    /// When it stops being live unless a lease holds it (wall clock).
+    pub expires_at: i64,
+    /// In progress, or completed.
+    pub body: RecordBody,
+}
+
+/// Where a [`Record`] is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordBody {
+    /// Claimed: the lease's end (lease clock) and the steps recorded under it, encoded
+    /// ([`encode_step`]).
+    InProgress {
+        /// The lease's end, on the lease clock.
+        lease_expires_at: i64,
+        /// The recorded steps, concatenated.
+        steps: Bytes,
+    },
+    /// The recorded response.
+    Completed(StoredResponse),
+}
+
+/// A change a [`RecordStore`] applies to a record at its own now, bumping its version.
+/// Durations are from that now: the store's clock places them.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Change<'a> {
+    /// A new claim: this fingerprint and token, created now, expiring `ttl` from now,
+    /// leased for `lease` from now, in progress; the steps it holds stay when
+    /// `keep_steps`, else go, and so does a response.
+    Claim {
+        /// The claiming request's fingerprint.
+        fingerprint: &'a Fingerprint,
+        /// The claim's token.
+        token: FencingToken,
+        /// The claim's TTL.
+        ttl: Duration,
+        /// The claim's lease.
+        lease: Duration,
+        /// Keep the steps the record holds.
+        keep_steps: bool,
+    },
+    /// The lease runs `lease` from now, and the record lives at least `ttl` from now.
+    Renew {
+        /// The new lease.
+        lease: Duration,
+        /// How long the record lives at least.
+        ttl: Duration,
+    },
+    /// These bytes are appended to the steps.
+    AppendStep(&'a [u8]),
+    /// The record is completed with this response (its steps go).
+    Complete(&'a StoredResponse),
+    /// The lease ends now and the token becomes [`FencingToken::RELEASED`].
+    EndLease,
+}
+
+/// What [`RecordStore::insert`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inserted {
+    /// The key had no record; it has the new one now, at its first version.
+    Inserted,
+    /// The key has this record (nothing was written), read at this instant.
+    Exists(Record, StoreNow),
+}
+
+/// What [`RecordStore::update`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Updated {
+    /// Applied; the record is at this version now.
+    Updated(u64),
+    /// Not applied: the record is not at the version given; it is this (`None`: gone),
+    /// read at this instant.
+    Stale(Option<Record>, StoreNow),
+}
+
+/// Storage of one [`Record`] per `(scope, key)`, changed only atomically. The protocol
+/// over it is [`Fenced`]'s: wrap an implementation in [`Fenced::new`] to get a [`Store`].
+///
+/// Every method is one atomic operation at one instant of the store's clock, which its
+/// answers carry where the protocol needs it.
+#[async_trait]
+pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Inserts a record claimed by `claim` ([`Change::Claim`] applied to nothing, at
+    /// [`Record::first_version`] of its token) unless the key has one; then answers that
+    /// one and the store's now.
+    async fn insert(
+        &self,
+        scope: &str,
+        key: &str,
+        claim: &Change<'_>,
+    ) -> Result<Inserted, StoreError>;
+
+    /// The key's record, if any, and the store's now.
+    async fn read(&self, scope: &str, key: &str) -> Result<(Option<Record>, StoreNow), StoreError>;
+
+    /// Applies `change` if the key's record is at `version` (bumping the version).
+    async fn update(
+        &self,
+        scope: &str,
+        key: &str,
+        version: u64,
+        change: &Change<'_>,
+    ) -> Result<Updated, StoreError>;
+
+    /// Deletes the key's record if it is at `version`; whether it did.
+    async fn delete(&self, scope: &str, key: &str, version: u64) -> Result<bool, StoreError>;
+
+    /// Up to `limit` records whose `expires_at` is at or before now (wall clock), with
+    /// their scope and key, and the store's now: the candidates the sweeper judges.
+    async fn past_expiry(&self, limit: u32) -> Result<(Vec<KeyedRecord>, StoreNow), StoreError>;
+
+    /// What the store offers beyond records (see [`Store::capabilities`]).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+    }
+}
+
+/// A record with its scope and key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyedRecord {
+    /// The caller's scope.
+    pub scope: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The record.
+    pub record: Record,
+}
+
+/// The protocol over a [`RecordStore`]: a [`Store`] whose every decision is one of the
+/// engine's pure functions (see the module docs).
+#[derive(Debug)]
+pub struct Fenced<R> {
+    records: R,
+    /// The version of each in-progress record after its owner's last write through this
+    /// value, so that the owner's next write is one compare-and-set.
+    owned: Mutex<HashMap<(String, String), (FencingToken, u64)>>,
+}
+
+impl<R: RecordStore> Fenced<R> {
+    /// The protocol over `records`.
+    pub fn new(records: R) -> Self {
+        Self {
+            records,
+            owned: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The record store.
+    pub fn records(&self) -> &R {
+        &self.records
+    }
+
+    fn owned(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (FencingToken, u64)>> {
+        self.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remember(&self, scope: &str, key: &str, token: FencingToken, version: u64) {
+        self.owned()
+            .insert((scope.to_owned(), key.to_owned()), (token, version));
+    }
+
+    fn forget_version(&self, scope: &str, key: &str) {
+        self.owned().remove(&(scope.to_owned(), key.to_owned()));
+    }
+
+    /// Applies the owner's `change` to the record `token` holds: one compare-and-set on
+    /// the version of its last write, again on the version the store answers while the
+    /// token still owns the record. `Ok(false)`: it owns nothing.
+    async fn owner_writes(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        change: &Change<'_>,
+    ) -> Result<bool, StoreError> {
+        let known = self
+            .owned()
+            .get(&(scope.to_owned(), key.to_owned()))
+            .filter(|(owner, _)| *owner == token)
+            .map(|&(_, version)| version);
+        let mut version = match known {
+            Some(version) => version,
+            None => match self.records.read(scope, key).await? {
+                (Some(record), _) if rules::owned_by(&record, token) => record.version,
+                _ => return Ok(false),
+            },
+        };
+        for _ in 0..ATTEMPTS {
+            match self.records.update(scope, key, version, change).await? {
+                Updated::Updated(now_at) => {
+                    self.remember(scope, key, token, now_at);
+                    return Ok(true);
+                }
+                Updated::Stale(Some(record), _) if rules::owned_by(&record, token) => {
+                    version = record.version;
+                }
+                Updated::Stale(..) => {
+                    self.forget_version(scope, key);
+                    return Ok(false);
+                }
+            }
+        }
+        Err(contention(scope, key))
+    }
+}
+
+fn contention(scope: &str, key: &str) -> StoreError {
+    StoreError::backend(format!(
+        "the record of ({scope:?}, {key:?}) changed under {ATTEMPTS} decisions in a row"
+    ))
+}
+
+#[async_trait]
+impl<R: RecordStore> Store for Fenced<R> {
+    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
+        let (scope, key) = (claim.scope, claim.key);
+        let change = |keep_steps| Change::Claim {
+            fingerprint: claim.fingerprint,
+            token: claim.token,
+            ttl: claim.ttl,
+            lease: claim.lease,
+            keep_steps,
+        };
+        for _ in 0..ATTEMPTS {
+            let (record, now) = match self.records.insert(scope, key, &change(false)).await? {
+                Inserted::Inserted => {
+                    self.remember(scope, key, claim.token, Record::first_version(claim.token));
+                    return Ok(ClaimOutcome::Claimed {
+                        token: claim.token,
+                        takeover: None,
+                        steps: Vec::new(),
+                    }
+                    .into());
+                }
+                Inserted::Exists(record, now) => (record, now),
+            };
+            let reason = match rules::claim(&record, now, claim.fingerprint) {
+                Decision::Take(reason) => reason,
+                Decision::Mismatch => return Ok(ClaimOutcome::Mismatch.into()),
+                Decision::Replay | Decision::InProgress => return answer(record, now),
+            };
+            let keep = steps_survive(reason);
+            match self
+                .records
+                .update(scope, key, record.version, &change(keep))
+                .await?
+            {
+                Updated::Updated(version) => {
+                    self.remember(scope, key, claim.token, version);
+                    let steps = match &record.body {
+                        RecordBody::InProgress { steps, .. } if keep => decode_steps(steps)?,
+                        _ => Vec::new(),
+                    };
+                    return Ok(ClaimOutcome::Claimed {
+                        token: claim.token,
+                        takeover: Some(reason),
+                        steps,
+                    }
+                    .into());
+                }
+                // Another writer changed the record since it was read: decide again.
+                Updated::Stale(..) => {}
+            }
+        }
+        Err(contention(scope, key))
+    }
+
+    async fn renew(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.owner_writes(scope, key, token, &Change::Renew { lease, ttl })
+            .await
+    }
+
+    async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        let done = self
+            .owner_writes(scope, key, token, &Change::Complete(response))
+            .await;
+        self.forget_version(scope, key);
+        done
+    }
+
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        let step = encode_step(step);
+        self.owner_writes(scope, key, token, &Change::AppendStep(&step))
+            .await
+    }
+
+    async fn release(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
+        self.forget_version(scope, key);
+        for _ in 0..ATTEMPTS {
+            let record = match self.records.read(scope, key).await? {
+                (Some(record), _) if rules::owned_by(&record, token) => record,
+                _ => return Ok(false),
+            };
+            let done = match rules::release(&record) {
+                rules::Release::Delete => self.records.delete(scope, key, record.version).await?,
+                rules::Release::EndLease => matches!(
+                    self.records
+                        .update(scope, key, record.version, &Change::EndLease)
+                        .await?,
+                    Updated::Updated(_)
+                ),
+            };
+            if done {
+                return Ok(true);
+            }
+        }
+        Err(contention(scope, key))
+    }
+
+    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        let (candidates, now) = self.records.past_expiry(limit).await?;
+        let mut purged = 0;
+        for KeyedRecord { scope, key, record } in candidates {
+            if rules::expired(&record, now)
+                && self.records.delete(&scope, &key, record.version).await?
+            {
+                purged += 1;
+            }
+        }
+        Ok(purged)
+    }
+
+    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
+        match self.records.read(scope, key).await? {
+            (Some(record), now) => rules::inspect(&record, now),
+            (None, _) => Ok(None),
+        }
+    }
+
+    async fn forget(
+        &self,
+        scope: &str,
+        key: &str,
+        force: bool,
+    ) -> Result<ForgetOutcome, StoreError> {
+        for _ in 0..ATTEMPTS {
+            let (record, now) = match self.records.read(scope, key).await? {
+                (Some(record), now) => (record, now),
+                (None, _) => return Ok(ForgetOutcome::NotFound),
+            };
+            let outcome = match rules::forget(&record, now, force)? {
+                rules::Forget::Refuse(lease_left) => {
+                    return Ok(ForgetOutcome::Refused { lease_left });
+                }
+                rules::Forget::DeleteExpired => ForgetOutcome::NotFound,
+                rules::Forget::Delete(info) => ForgetOutcome::Forgotten(info),
+            };
+            if self.records.delete(scope, key, record.version).await? {
+                self.forget_version(scope, key);
+                return Ok(outcome);
+            }
+        }
+        Err(contention(scope, key))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.records.capabilities()
+    }
+}
+
+/// A duplicate's answer from the record it found: its replay, with how long the record
+/// lives on, or how long the running claim's lease has left.
+fn answer(record: Record, now: StoreNow) -> Result<ClaimAnswer, StoreError> {
+    match record.body {
+        RecordBody::Completed(response) => Ok(ClaimAnswer {
+            outcome: ClaimOutcome::Replay(response),
+            replay_lives_for: Some(Duration::from_millis(
+                u64::try_from(record.expires_at.saturating_sub(now.wall_millis)).unwrap_or(0),
+            )),
+        }),
+        RecordBody::InProgress {
+            lease_expires_at, ..
+        } => Ok(ClaimOutcome::InProgress {
+            retry_after: retry_after_from_millis(lease_expires_at - now.lease_millis),
+        }
+        .into()),
+    }
+}
+
+impl Record {
+    /// The version of a record a claim with `token` inserts: as random as the token, so
+    /// that a record deleted and claimed anew never repeats a version an owner of the
+    /// deleted one could still compare against.
+    pub fn first_version(token: FencingToken) -> u64 {
+        u64::from_ne_bytes(token.0.to_ne_bytes())
+    }
+
+    /// The record `change` makes of this one (`None`: of no record) at `now`, at the
+    /// next version: what a [`RecordStore`] in this process writes, so that it applies
+    /// changes exactly as the seam defines them.
+    pub fn changed(previous: Option<&Self>, change: &Change<'_>, now: StoreNow) -> Self {
+        let wall_after = |d: Duration| now.wall_millis.saturating_add(millis(d));
+        let lease_after = |d: Duration| now.lease_millis.saturating_add(millis(d));
+        let version = previous.map_or(0, |record| record.version.wrapping_add(1));
+        if let Change::Claim {
+            fingerprint,
+            token,
+            ttl,
+            lease,
+            keep_steps,
+        } = *change
+        {
+            let steps = match previous.map(|record| &record.body) {
+                Some(RecordBody::InProgress { steps, .. }) if keep_steps => steps.clone(),
+                _ => Bytes::new(),
+            };
+            return Self {
+                fingerprint: *fingerprint,
+                token,
+                version: previous.map_or(Self::first_version(token), |_| version),
+                created_at: now.wall_millis,
+                expires_at: wall_after(ttl),
+                body: RecordBody::InProgress {
+                    lease_expires_at: lease_after(lease),
+                    steps,
+                },
+            };
+        }
+        let mut record = previous.expect("only a claim changes no record").clone();
+        record.version = version;
+        match (*change, &mut record.body) {
+            (
+                Change::Renew { lease, ttl },
+                RecordBody::InProgress {
+                    lease_expires_at, ..
+                },
+            ) => {
+                *lease_expires_at = lease_after(lease);
+                record.expires_at = record.expires_at.max(wall_after(ttl));
+            }
+            (Change::AppendStep(step), RecordBody::InProgress { steps, .. }) => {
+                let mut appended = Vec::with_capacity(steps.len() + step.len());
+                appended.extend_from_slice(steps);
+                appended.extend_from_slice(step);
+                *steps = Bytes::from(appended);
+            }
+            (Change::Complete(response), _) => {
+                record.body = RecordBody::Completed(response.clone());
+            }
+            (
+                Change::EndLease,
+                RecordBody::InProgress {
+                    lease_expires_at, ..
+                },
+            ) => {
+                *lease_expires_at = now.lease_millis;
+                record.token = FencingToken::RELEASED;
+            }
+            // A change of an in-progress record applied to a completed one changes
+            // nothing but the version (the protocol never sends one).
+            _ => {}
+        }
+        record
+    }
+}
