@@ -56,7 +56,9 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
                     StatusCode::UNAUTHORIZED,
                     UNAUTHENTICATED,
                     "Unauthenticated",
-                    "Send `Authorization: Bearer <api key>`; the demo keys are sk_test_alice and sk_test_bob.",
+                    // Never the valid keys: a refusal hands no credentials to whoever
+                    // asks. The README and the startup banner name the demo's keys.
+                    "Send `Authorization: Bearer <api key>` with a valid API key.",
                 )
                 .into_response();
                 // RFC 9110: a 401 names the scheme the client should use.
@@ -85,14 +87,62 @@ impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut OpenApi) {
         let scheme = HttpBuilder::new()
             .scheme(HttpAuthScheme::Bearer)
+            // The document is served to anyone: it names no key (the banner does).
             .description(Some(
-                "A demo API key: `sk_test_alice` (account `acct_alice`) or `sk_test_bob` \
-                 (`acct_bob`). Idempotency keys are unique per account.",
+                "A demo API key, as printed in the demo's startup banner. Idempotency keys \
+                 are unique per account.",
             ))
             .build();
         openapi
             .components
             .get_or_insert_with(Default::default)
             .add_security_scheme(BEARER_SCHEME, SecurityScheme::Http(scheme));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::to_bytes;
+    use http::Request;
+
+    use super::*;
+
+    /// What an unauthenticated caller is told: the `401` body, as text.
+    async fn refusal(authorization: Option<&str>) -> String {
+        let mut request = Request::post("/payments");
+        if let Some(value) = authorization {
+            request = request.header(header::AUTHORIZATION, value);
+        }
+        let (mut parts, ()) = request.body(()).unwrap().into_parts();
+        let response = Caller::from_request_parts(&mut parts, &())
+            .await
+            .expect_err("not a demo key");
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        let body = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_401_names_the_scheme_but_no_api_key() {
+        for authorization in [None, Some("Bearer sk_test_mallory"), Some("Basic YWxpY2U=")] {
+            let body = refusal(authorization).await;
+            assert!(body.contains("Authorization: Bearer"), "{body}");
+            assert!(
+                !body.contains("sk_test_"),
+                "a 401 hands out no credentials: {body}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_published_security_scheme_names_no_api_key() {
+        let mut doc = utoipa::openapi::OpenApiBuilder::new().build();
+        BearerAuth.modify(&mut doc);
+        let json = serde_json::to_string(&doc).unwrap();
+        assert!(json.contains("bearer"), "{json}");
+        assert!(
+            !json.contains("sk_test_"),
+            "the OpenAPI document is served to anyone: {json}"
+        );
     }
 }

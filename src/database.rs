@@ -4,6 +4,7 @@
 //! demo's tables then live in a separate SQL database (an SQLite file by default).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use idempotent_runtime::Store;
 #[cfg(feature = "mysql")]
@@ -52,6 +53,17 @@ pub enum DatabaseError {
     /// Creating the demo's own tables failed.
     #[error("creating the demo tables failed: {0}")]
     Schema(#[from] sqlx::Error),
+    /// The database still refused connections when the startup wait ran out (see
+    /// [`wait_until_reachable`]).
+    #[error("the database at {location} was not reachable within {}s: {reason}", .waited.as_secs())]
+    Unreachable {
+        /// The database URL, password redacted.
+        location: String,
+        /// How long the demo waited.
+        waited: Duration,
+        /// The last attempt's error.
+        reason: String,
+    },
     /// A URL of a kind the demo does not know.
     #[error(
         "unsupported database URL {}: use sqlite://FILE, postgres://USER@HOST/DB, \
@@ -77,12 +89,7 @@ pub async fn open(url: &str) -> Result<(Database, Arc<dyn Store>), DatabaseError
     }
     #[cfg(feature = "mysql")]
     if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-        // sqlx knows only the `mysql:` scheme; MariaDB speaks the same protocol.
-        let url = match url.strip_prefix("mariadb:") {
-            Some(rest) => format!("mysql:{rest}"),
-            None => url.to_owned(),
-        };
-        let store = MySqlStore::connect(&url).await?;
+        let store = MySqlStore::connect(&mysql_url(url)).await?;
         let db = Database::MySql(store.pool().clone());
         return Ok((db, Arc::new(store)));
     }
@@ -133,6 +140,117 @@ pub async fn open_tables(url: &str) -> Result<Database, DatabaseError> {
         return Ok(Database::MySql(pool));
     }
     Err(DatabaseError::Unsupported(url.to_owned()))
+}
+
+/// `url` with the `mariadb:` scheme as `mysql:`: sqlx knows only the `mysql:` scheme, and
+/// MariaDB speaks the same protocol.
+#[cfg(feature = "mysql")]
+fn mysql_url(url: &str) -> String {
+    match url.strip_prefix("mariadb:") {
+        Some(rest) => format!("mysql:{rest}"),
+        None => url.to_owned(),
+    }
+}
+
+/// How long a demo waits at startup for its database ([`wait_until_reachable`]): long
+/// enough for a database restart or a failover, short enough that a wrong host fails the
+/// deploy visibly.
+pub const STARTUP_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits, for at most `bound`, until the SQL database at `url` (Postgres, MySQL/MariaDB)
+/// accepts a connection, so that an instance started while its database is down (both
+/// restarting, a failover) starts once the database is back instead of exiting. Each
+/// failed attempt is logged at `warn` ("waiting for the database"), with the URL
+/// (password redacted) and the error.
+///
+/// Returns at once for SQLite (a file the store creates) and other URLs, and as soon as
+/// an attempt fails for a reason waiting cannot cure (a wrong password, no such
+/// database): opening the store then reports it. [`DatabaseError::Unreachable`] when the
+/// database still refuses connections at the bound.
+pub async fn wait_until_reachable(url: &str, bound: Duration) -> Result<(), DatabaseError> {
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(250);
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let left = bound.saturating_sub(started.elapsed());
+        // A host that drops packets leaves a connection attempt hanging: bounded too.
+        let error = match tokio::time::timeout(left, connect_once(url)).await {
+            Ok(Ok(())) => break,
+            Ok(Err(err)) if is_transient(&err) => err.to_string(),
+            Ok(Err(_)) => return Ok(()),
+            Err(_) => "no answer".to_owned(),
+        };
+        let waited = started.elapsed();
+        if waited + pause >= bound {
+            return Err(DatabaseError::Unreachable {
+                location: redact_url(url),
+                waited: bound,
+                reason: error,
+            });
+        }
+        tracing::warn!(
+            database = %redact_url(url),
+            %error,
+            attempt = attempts,
+            waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+            up_to_s = bound.as_secs(),
+            "the database is not reachable yet; waiting for the database"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+    if attempts > 1 {
+        tracing::info!(database = %redact_url(url), "the database is reachable; starting");
+    }
+    Ok(())
+}
+
+/// One connection to the SQL database at `url`, closed again; `Ok` for a URL that names
+/// no server to wait for.
+async fn connect_once(url: &str) -> Result<(), sqlx::Error> {
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    use sqlx::Connection;
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        return sqlx::PgConnection::connect(url).await?.close().await;
+    }
+    #[cfg(feature = "mysql")]
+    if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+        return sqlx::MySqlConnection::connect(&mysql_url(url))
+            .await?
+            .close()
+            .await;
+    }
+    let _ = url;
+    Ok(())
+}
+
+/// Whether `err` is an outage that a retry outlives — the connection was lost or
+/// refused, no pooled connection came in time, the server is shutting down, starting up
+/// or out of connections, a deadlock or a serialization failure — rather than a bug or
+/// bad data. A handler answers such an error `503` with `Retry-After`, not `500`: a
+/// retrying client stops at a `500`.
+pub fn is_transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(err) => err.code().is_some_and(|code| transient_sqlstate(&code)),
+        _ => false,
+    }
+}
+
+/// SQLSTATEs (Postgres, MySQL/MariaDB) of outages: class `08` (connection exception),
+/// `57P01`–`57P03` (shutting down, crashed, starting up), `53300` (too many connections),
+/// `40001` (serialization failure; a deadlock on MySQL) and `40P01` (a deadlock).
+fn transient_sqlstate(code: &str) -> bool {
+    code.starts_with("08")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01"
+        )
 }
 
 /// Whether `url` names a store that keeps no tables of the demo (Redis, or a Redis
@@ -248,6 +366,103 @@ mod tests {
             assert_eq!(redact_url(url), url);
         }
         assert_eq!(redact_url("not a url"), "<unparseable database URL>");
+    }
+
+    /// A database error with a SQLSTATE, as a driver reports it.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+
+    impl std::fmt::Display for Coded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            "test"
+        }
+
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    #[test]
+    fn outages_are_transient_and_bugs_are_not() {
+        use super::is_transient;
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(is_transient(&sqlx::Error::Io(refused)));
+        assert!(is_transient(&sqlx::Error::PoolTimedOut));
+        for outage in [
+            "08006", "08S01", "57P01", "57P03", "53300", "40001", "40P01",
+        ] {
+            assert!(
+                is_transient(&sqlx::Error::Database(Box::new(Coded(outage)))),
+                "{outage}"
+            );
+        }
+        for bug in ["23505", "42P01", "22003", "28P01"] {
+            assert!(
+                !is_transient(&sqlx::Error::Database(Box::new(Coded(bug)))),
+                "{bug}"
+            );
+        }
+        assert!(!is_transient(&sqlx::Error::RowNotFound));
+        assert!(!is_transient(&sqlx::Error::Protocol("bad message".into())));
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn the_startup_wait_gives_up_at_its_bound_naming_the_database() {
+        let bound = std::time::Duration::from_secs(1);
+        let started = std::time::Instant::now();
+        // Nothing listens on port 1: every attempt is refused.
+        let error = super::wait_until_reachable("postgres://demo:s3cret@127.0.0.1:1/pay", bound)
+            .await
+            .expect_err("nothing listens on port 1");
+        let waited = started.elapsed();
+        assert!(
+            waited >= std::time::Duration::from_millis(500),
+            "{waited:?}: it retried"
+        );
+        assert!(
+            waited < std::time::Duration::from_secs(3),
+            "{waited:?}: bounded"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("postgres://demo:***@127.0.0.1:1/pay")
+                && message.contains("within 1s"),
+            "{message}"
+        );
+        assert!(!message.contains("s3cret"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn there_is_nothing_to_wait_for_on_sqlite() {
+        let bound = std::time::Duration::from_secs(5);
+        super::wait_until_reachable("sqlite://payments.db", bound)
+            .await
+            .expect("a file, not a server");
     }
 
     #[test]

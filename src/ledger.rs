@@ -131,6 +131,9 @@ pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
             not a `DepositRequest` object, e.g. an array or a number (`unprocessable_entity`, \
             from the JSON extractor: nothing ran, the key stays unused).",
             body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable for a moment, e.g. \
+            restarting (`database_unavailable`): nothing was written; retry with the same key.",
+            body = Problem, content_type = "application/problem+json"),
     )
 )]
 async fn deposit(
@@ -268,7 +271,9 @@ pub struct Balance {
 pub enum LedgerError {
     /// A deposit that does not validate (`400`).
     Invalid(String),
-    /// The database failed (`500`).
+    /// The database failed: `503` + `Retry-After` for an outage a retry outlives (a lost
+    /// connection, a restart; [`is_transient`](crate::database::is_transient)), else `500`.
+    /// Either way the deposit rolled back and its key is released.
     Database(sqlx::Error),
 }
 
@@ -287,6 +292,16 @@ impl IntoResponse for LedgerError {
                 "Invalid request",
                 detail,
             ),
+            LedgerError::Database(err) if crate::database::is_transient(&err) => {
+                tracing::warn!(%err, "ledger database unavailable; answering 503");
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database_unavailable",
+                    "Database unavailable",
+                    "Nothing was written. Retry with the same key.",
+                )
+                .with_retry_after(1)
+            }
             LedgerError::Database(err) => {
                 tracing::error!(%err, "ledger database error");
                 Problem::new(
@@ -356,4 +371,30 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
         db,
     });
     serve::serve(app, &idempotency, &args, BANNER).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_and_retry_after(error: LedgerError) -> (StatusCode, bool) {
+        let response = error.into_response();
+        let retry_after = response.headers().contains_key(header::RETRY_AFTER);
+        (response.status(), retry_after)
+    }
+
+    /// A deposit cut off by a database restart is rolled back and its key released; the
+    /// answer says to retry (`503` + `Retry-After`), which a retrying client does.
+    #[test]
+    fn a_lost_database_connection_is_a_503_with_retry_after() {
+        let lost = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert_eq!(
+            status_and_retry_after(LedgerError::from(lost)),
+            (StatusCode::SERVICE_UNAVAILABLE, true)
+        );
+        assert_eq!(
+            status_and_retry_after(LedgerError::from(sqlx::Error::RowNotFound)),
+            (StatusCode::INTERNAL_SERVER_ERROR, false)
+        );
+    }
 }

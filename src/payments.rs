@@ -144,7 +144,10 @@ pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
             not a `ChargeRequest` object, e.g. an array or a number (`unprocessable_entity`, \
             from the JSON extractor: nothing ran, the key stays unused).",
             body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The gateway is down (`gateway_unavailable`); nothing was charged.",
+        (status = 503, description = "The gateway is down (`gateway_unavailable`); nothing was \
+            charged. Or the demo's database is unavailable for a moment, e.g. restarting \
+            (`database_unavailable`): retry with the same key, the steps already done are not \
+            repeated.",
             body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -520,7 +523,11 @@ enum ApiError {
     GatewayUnavailable,
     /// No such payment for this caller (`404`).
     NotFound,
-    /// The demo's database failed (`500`).
+    /// The demo's database is unavailable for a moment: the connection was lost or
+    /// refused, e.g. during a restart (`503` + `Retry-After`; the claim is released and
+    /// the steps done so far are kept, so a retry resumes after them).
+    DatabaseUnavailable,
+    /// The demo's database failed otherwise (`500`).
     Internal(String),
     /// A step could not run or be recorded (the lease was lost, the store failed): the
     /// engine's answer for it, a problem+json `5xx`.
@@ -549,7 +556,12 @@ impl From<GatewayError> for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(err: sqlx::Error) -> Self {
-        ApiError::Internal(err.to_string())
+        if database::is_transient(&err) {
+            tracing::warn!(error = %err, "database unavailable; answering 503");
+            ApiError::DatabaseUnavailable
+        } else {
+            ApiError::Internal(err.to_string())
+        }
     }
 }
 
@@ -579,6 +591,14 @@ impl IntoResponse for ApiError {
                 "gateway_unavailable",
                 "Payment gateway unavailable",
                 "Nothing was charged. Retry with the same Idempotency-Key.",
+            )
+            .with_retry_after(1),
+            ApiError::DatabaseUnavailable => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database_unavailable",
+                "Database unavailable",
+                "The payment could not be completed just now. Retry with the same \
+                 Idempotency-Key: what was already done is not done again.",
             )
             .with_retry_after(1),
             ApiError::NotFound => Problem::new(
@@ -614,6 +634,10 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
             "the store keeps only idempotency records; the gateway's charges go here"
         );
     }
+    database::wait_until_reachable(&args.database_url, database::STARTUP_WAIT).await?;
+    if database::is_key_value_store(&args.database_url) {
+        database::wait_until_reachable(&args.gateway_database_url, database::STARTUP_WAIT).await?;
+    }
     let (db, store) = database::open_store(&args.database_url, &args.gateway_database_url).await?;
     let effects = EffectsLog::open(args.effects_log.as_deref())?;
     let idempotency = Idempotency::builder_shared(store)
@@ -644,4 +668,55 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
         get: "/payments",
     };
     serve::serve(app, &idempotency, &args, banner).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status, `Retry-After` and problem code of `error`'s answer.
+    async fn answer(error: ApiError) -> (StatusCode, Option<String>, String) {
+        let response = error.into_response();
+        let (status, headers) = (response.status(), response.headers().clone());
+        let retry_after = headers
+            .get(header::RETRY_AFTER)
+            .map(|value| value.to_str().unwrap().to_owned());
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        (
+            status,
+            retry_after,
+            problem["code"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    fn connection_lost() -> sqlx::Error {
+        sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    }
+
+    /// A database restart mid-request is an outage a retry outlives, not a bug: `503` with
+    /// `Retry-After`, so a retrying client comes back with the same key.
+    #[tokio::test]
+    async fn a_lost_database_connection_is_a_503_with_retry_after() {
+        for error in [
+            ApiError::from(connection_lost()),
+            ApiError::from(sqlx::Error::PoolTimedOut),
+            ApiError::from(GatewayError::Ledger(connection_lost())),
+        ] {
+            let (status, retry_after, code) = answer(error).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+            assert!(retry_after.is_some(), "a 503 says when to retry");
+            assert_eq!(code, "database_unavailable");
+        }
+    }
+
+    #[tokio::test]
+    async fn other_database_errors_stay_a_500() {
+        let (status, retry_after, code) = answer(ApiError::from(sqlx::Error::RowNotFound)).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(retry_after, None);
+        assert_eq!(code, "internal_error");
+    }
 }

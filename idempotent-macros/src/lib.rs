@@ -45,7 +45,7 @@ use proc_macro::TokenStream;
 /// #[idempotent(scope = caller, ttl = "24h")]
 /// async fn create_payment(
 ///     caller: Caller,                  // authenticated; implements `Scope`
-///     key: IdempotencyKey,             // optional: the claimed key, for downstream keys
+///     key: IdempotencyKey,             // only if needed: the claimed key, for downstream keys
 ///     State(app): State<AppState>,
 ///     Json(amount): Json<u64>,
 /// ) -> Result<(StatusCode, Json<String>), StatusCode> {

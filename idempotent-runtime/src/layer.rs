@@ -26,7 +26,7 @@
 //! use axum::Router;
 //! use idempotent_runtime::layer::IdempotencyLayer;
 //! use idempotent_runtime::store::MemoryStore;
-//! use idempotent_runtime::{Idempotency, IdempotencyKey, Scope};
+//! use idempotent_runtime::{AsProblem, Idempotency, IdempotencyKey, Scope};
 //!
 //! /// What the app's authentication puts in the request's extensions.
 //! #[derive(Clone)]
@@ -50,8 +50,13 @@
 //!     Ok(next.run(request).await)
 //! }
 //!
-//! /// A plain handler: no attribute.
-//! async fn create_order(Extension(key): Extension<IdempotencyKey>, body: String) -> (StatusCode, String) {
+//! /// A plain handler: no attribute. Its extractor runs after the claim: `AsProblem` has
+//! /// the layer release the key on a rejection (a body that is not UTF-8) instead of
+//! /// recording it.
+//! async fn create_order(
+//!     Extension(key): Extension<IdempotencyKey>,
+//!     AsProblem(body): AsProblem<String>,
+//! ) -> (StatusCode, String) {
 //!     (StatusCode::CREATED, format!("{} {body}", key.derive("order")))
 //! }
 //!

@@ -321,12 +321,14 @@ impl Effective {
                 "The idempotency layer failed the request: the handler panicked (`{}`; \
                  nothing is recorded, a retry with the same key runs it), it ran past its \
                  {} maximum duration and was interrupted (`{}`; recorded and replayed, \
-                 since it may have taken effect), or the server is misconfigured (`{}`, \
+                 since it may have taken effect), a step of the handler could not be run \
+                 or its result kept (`{}`), or the server is misconfigured (`{}`, \
                  `{}`, `{}`) or a transactional handler's transaction was rolled back \
                  (`{}`).",
                 codes::HANDLER_PANICKED,
                 human(self.max_duration),
                 codes::INTERRUPTED,
+                codes::STEP_FAILED,
                 codes::SCOPE_EMPTY,
                 codes::SCOPE_MISSING,
                 codes::TRANSACTION_UNSUPPORTED,
@@ -699,6 +701,7 @@ mod tests {
             ("422", codes::KEY_REUSED),
             ("500", codes::HANDLER_PANICKED),
             ("500", codes::INTERRUPTED),
+            ("500", codes::STEP_FAILED),
             ("500", codes::SCOPE_EMPTY),
             ("500", codes::SCOPE_MISSING),
             ("500", codes::TRANSACTION_UNSUPPORTED),

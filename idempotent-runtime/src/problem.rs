@@ -150,6 +150,12 @@ pub mod codes {
     pub const LEASE_LOST: &str = "idempotency_lease_lost";
     /// The handler panicked; its claim was released (`500`).
     pub const HANDLER_PANICKED: &str = "internal_error";
+    /// A step of a multi-step handler could not be run or recorded (`500`), when the
+    /// handler answers with the [`StepError`](crate::StepError): its name was invalid or
+    /// used twice, a step ran inside a transactional handler (nothing ran; a retry may
+    /// run again), or its output could not be recorded (not serialisable, over the cap;
+    /// this answer is recorded and replayed, so the step never runs again).
+    pub const STEP_FAILED: &str = "step_failed";
     /// A transactional handler runs on an engine whose store is of another database
     /// (`500`); nothing was run.
     pub const TRANSACTION_UNSUPPORTED: &str = "transaction_unsupported";

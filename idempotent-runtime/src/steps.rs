@@ -283,7 +283,7 @@ impl<E: IntoResponse> IntoResponse for StepError<E> {
                 );
                 Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    codes::HANDLER_PANICKED,
+                    codes::STEP_FAILED,
                     "Internal server error",
                     "A step of the request ran, but its result could not be kept. The \
                      request is not run again under this key.",
@@ -295,7 +295,7 @@ impl<E: IntoResponse> IntoResponse for StepError<E> {
                 warn!(event = "step_invalid", step, reason, "step refused");
                 Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    codes::HANDLER_PANICKED,
+                    codes::STEP_FAILED,
                     "Internal server error",
                     "A step of the request could not run; it is safe to retry with the same key.",
                 )

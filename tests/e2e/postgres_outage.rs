@@ -67,6 +67,23 @@ impl Proxy {
         }
     }
 
+    /// A proxy to `upstream` on a port of its own where nothing listens yet: a database
+    /// that is still down. [`restore`](Self::restore) brings it up.
+    async fn down(upstream: String) -> Proxy {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Proxy {
+            port,
+            upstream,
+            accept: None,
+            connections: Arc::default(),
+        }
+    }
+
     async fn restore(&mut self) {
         let mut listener = None;
         for _ in 0..100 {
@@ -137,11 +154,43 @@ async fn post(
 pub(crate) fn trials() -> Vec<Trial> {
     ignored_if(
         Server::Postgres.unavailable(),
-        vec![async_trial(
-            "database_outage_is_503_then_recovers_without_double_execution",
-            database_outage_is_503_then_recovers_without_double_execution,
-        )],
+        vec![
+            async_trial(
+                "database_outage_is_503_then_recovers_without_double_execution",
+                database_outage_is_503_then_recovers_without_double_execution,
+            ),
+            async_trial(
+                "an_instance_started_before_its_database_waits_for_it",
+                an_instance_started_before_its_database_waits_for_it,
+            ),
+        ],
     )
+}
+
+/// An instance started while its database is down (a restart of both, a deploy during a
+/// database failover) waits for it, saying so, instead of exiting; once the database
+/// listens it opens the store and serves.
+async fn an_instance_started_before_its_database_waits_for_it() {
+    let db = TestDatabase::create("late").await;
+    let mut proxy = Proxy::down(upstream_of(&db.url)).await;
+    let proxied_url = via_port(&db.url, proxy.port);
+    let database_comes_up = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        proxy.restore().await;
+    };
+    // `start_captured` returns once the demo listens, which it does only after its
+    // database is up; it fails the test if the demo exits meanwhile.
+    let ((demo, output), ()) = tokio::join!(
+        Instance::start_captured(std::process::Command::new(DEMO), &proxied_url, &[]),
+        database_comes_up,
+    );
+    assert!(
+        output.has_line_with(&["waiting for the database", "127.0.0.1"]),
+        "the wait is logged: {:#?}",
+        output.lines()
+    );
+    let (status, body, _) = post(&reqwest::Client::new(), &demo, "late-1", 100).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
 }
 
 async fn database_outage_is_503_then_recovers_without_double_execution() {
@@ -171,7 +220,10 @@ async fn database_outage_is_503_then_recovers_without_double_execution() {
                 .body(r#"{"amount": 300, "currency": "BRL"}"#)
                 .send()
                 .await
-                .map(|response| response.status())
+                .map(|response| {
+                    let retry_after = response.headers().contains_key("retry-after");
+                    (response.status(), retry_after)
+                })
         })
     };
     let direct = db.pool().await; // not through the proxy
@@ -180,10 +232,14 @@ async fn database_outage_is_503_then_recovers_without_double_execution() {
     })
     .await;
     proxy.cut(); // while its handler waits on the gateway (800 ms)
-    let in_flight = in_flight.await.unwrap().expect("answered");
-    assert!(
-        in_flight.is_server_error(),
-        "its charge could not be recorded: {in_flight}"
+    let (in_flight, retry_after) = in_flight.await.unwrap().expect("answered");
+    // Whoever notices the outage first (the gateway writing its charge, a step's record,
+    // the engine's own store calls), the client is told to retry, not that the server
+    // is broken: a stock retrying client stops at a `500`.
+    assert_eq!(
+        (in_flight, retry_after),
+        (StatusCode::SERVICE_UNAVAILABLE, true),
+        "its charge could not be recorded: an outage, retried"
     );
     let (status, problem, _) = post(&client, &demo, "during", 200).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "during: {problem}");

@@ -309,7 +309,7 @@ impl Idempotency {
     }
 
     /// Spawns a background task that purges expired records every `interval`, in
-    /// batches of [`sweep_batch`](IdempotencyBuilder::sweep_batch) (default 1000) with
+    /// batches of [`sweep_batch`](IdempotencyBuilder::sweep_batch) (default 5000) with
     /// [`sweep_pause`](IdempotencyBuilder::sweep_pause) between them (default none).
     /// Abort the returned handle to stop it.
     ///

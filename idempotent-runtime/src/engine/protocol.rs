@@ -48,7 +48,7 @@ use crate::metrics::{self, Outcome};
 use crate::steps::{StepContext, StepLog};
 #[cfg(feature = "sql")]
 use crate::store::Capabilities;
-use crate::store::{ClaimOutcome, ClaimRequest, FencingToken};
+use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Takeover};
 #[cfg(feature = "sql")]
 use crate::transaction::{Tx, TxDatabase, TxStore};
 
@@ -316,10 +316,20 @@ async fn claim_key(
             }
             match takeover {
                 None => info!(event = "claimed", "running handler"),
-                Some(reason) => info!(
+                Some(Takeover::Expired) => info!(
                     event = "taken_over",
-                    reason = reason.as_str(),
-                    "took over an earlier record of this key; running handler"
+                    reason = Takeover::Expired.as_str(),
+                    "took over an expired record of this key; running handler"
+                ),
+                // The store reports a record released with its steps kept (a 5xx, a
+                // panic) like one whose owner stopped renewing it: both are in progress
+                // with their lease ended. Say both, rather than suggest a crash.
+                Some(Takeover::LeaseLost) => info!(
+                    event = "taken_over",
+                    reason = "lease_ended",
+                    "took over this request's earlier execution, whose lease had ended: it \
+                     was released (a 5xx or a panic, its recorded steps kept) or its owner \
+                     stopped renewing it (crashed or stalled); running handler"
                 ),
             }
             if let Some(last) = steps.last() {

@@ -34,6 +34,12 @@ async fn text(response: Response) -> (StatusCode, String) {
     (status, String::from_utf8(body.to_vec()).expect("utf-8"))
 }
 
+/// The `code` of a problem+json body.
+fn problem_code(body: &str) -> String {
+    let problem: serde_json::Value = serde_json::from_str(body).expect("a problem+json body");
+    problem["code"].as_str().expect("a code").to_owned()
+}
+
 /// How many times each step of [`charge`] ran.
 #[derive(Default)]
 struct Runs {
@@ -135,6 +141,67 @@ async fn a_released_5xx_resumes_after_its_recorded_steps() {
     assert!(info.steps.is_empty());
 }
 
+/// The fields (`message` included) of each event logged while a future runs with this
+/// layer's subscriber.
+#[derive(Clone, Default)]
+struct Events(Arc<std::sync::Mutex<Vec<Fields>>>);
+
+#[derive(Debug, Default)]
+struct Fields(std::collections::BTreeMap<&'static str, String>);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name(), format!("{value:?}"));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name(), value.to_owned());
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        self.0.lock().unwrap().push(fields);
+    }
+}
+
+/// The retry of a request that answered 5xx after a step takes over the record the
+/// release kept for that step. Nothing lost a lease: the log must not send an operator
+/// looking for a crashed instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_of_a_released_5xx_is_not_logged_as_a_lost_lease() {
+    use tracing::instrument::WithSubscriber;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(Runs::default());
+    let (status, _) = text(run_charge(&engine, "k", 1, &runs).await).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+
+    let events = Events::default();
+    let subscriber = tracing_subscriber::registry().with(events.clone());
+    let retry = run_charge(&engine, "k", 1, &runs)
+        .with_subscriber(subscriber)
+        .await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    let events = events.0.lock().unwrap();
+    let taken_over = events
+        .iter()
+        .find(|fields| fields.0.get("event").map(String::as_str) == Some("taken_over"))
+        .unwrap_or_else(|| panic!("a taken_over event: {events:?}"));
+    assert_ne!(
+        taken_over.0.get("reason").map(String::as_str),
+        Some("lease_lost"),
+        "{taken_over:?}"
+    );
+    assert!(
+        taken_over.0["message"].contains("released"),
+        "the message names the release as one cause: {taken_over:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_that_fails_is_not_recorded_and_runs_again() {
     let engine = Idempotency::new(MemoryStore::new());
@@ -202,7 +269,11 @@ async fn misuse_is_a_typed_error_and_runs_nothing() {
     assert_eq!(errors.lock().unwrap().len(), 3);
     let (status, body) = text(response).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(body.contains("internal_error"), "{body}");
+    assert_eq!(
+        problem_code(&body),
+        "step_failed",
+        "nothing panicked: {body}"
+    );
 
     // A key the engine did not hand out has no record to keep a step in.
     let key = IdempotencyKey::new(SCOPE.into(), "k".into());
@@ -370,12 +441,22 @@ async fn a_step_that_ran_but_cannot_be_recorded_is_not_run_again() {
                 },
             )
             .await;
-        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(
             response.headers().get("idempotent-replayed").is_some(),
             attempt == 1,
             "attempt {attempt}"
         );
+        let (status, body) = text(response).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        // The replay carries the status only: this engine's cap, which refused the step's
+        // output, refuses the problem's body too.
+        if attempt == 0 {
+            assert_eq!(
+                problem_code(&body),
+                "step_failed",
+                "nothing panicked: {body}"
+            );
+        }
     }
     assert_eq!(ran.load(Ordering::SeqCst), 1, "the step ran once");
 }

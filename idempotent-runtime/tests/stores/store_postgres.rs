@@ -245,6 +245,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             concurrent_starts_migrate_one_fresh_schema_once,
         ),
         async_trial(
+            "a_fresh_and_a_restarted_open_log_no_notices",
+            a_fresh_and_a_restarted_open_log_no_notices,
+        ),
+        async_trial(
             "concurrent_claims_across_two_pools_have_one_winner",
             concurrent_claims_across_two_pools_have_one_winner,
         ),
@@ -333,6 +337,57 @@ async fn invalid_schema_name_is_refused_before_connecting() {
             assert!(reason.contains("invalid schema name"), "{reason}");
         }
         other => panic!("expected StoreError::Open, got {other:?}"),
+    }
+}
+
+/// The Postgres notices sqlx logs (target `sqlx::postgres::notice`, `INFO` for a
+/// `NOTICE`) while a future runs with this layer's subscriber.
+#[derive(Clone, Default)]
+struct Notices(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() == "sqlx::postgres::notice" {
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            self.0.lock().unwrap().push(message.0);
+        }
+    }
+}
+
+/// An event's `message` field.
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+/// A first start looks like a clean start: no `… does not exist, skipping` from the
+/// migrations' `DROP … IF EXISTS`, and no `… already exists, skipping` on every restart.
+/// Operators read such lines as errors.
+async fn a_fresh_and_a_restarted_open_log_no_notices() {
+    use tracing::instrument::WithSubscriber;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let url = database_url();
+    let schema = TestSchema::new(&url).await;
+    for start in ["fresh", "restarted"] {
+        let notices = Notices::default();
+        let subscriber = tracing_subscriber::registry().with(notices.clone());
+        let store = PostgresStore::connect_in_schema(&url, &schema.name)
+            .with_subscriber(subscriber)
+            .await
+            .unwrap_or_else(|e| panic!("{start} open: {e}"));
+        store.pool().close().await;
+        let logged = notices.0.lock().unwrap().clone();
+        assert!(
+            logged.is_empty(),
+            "a {start} open logged notices: {logged:?}"
+        );
     }
 }
 

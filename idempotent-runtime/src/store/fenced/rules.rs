@@ -10,8 +10,7 @@ use crate::fingerprint::Fingerprint;
 use crate::store::operator::{lease_left_from_millis, system_time_from_millis};
 use crate::store::takeover::{Decision, Found, decide, takeover};
 use crate::store::{
-    FencingToken, RecordInfo, RecordState, StoreError, decode_steps,
-    release_keeps_record,
+    FencingToken, RecordInfo, RecordState, StoreError, decode_steps, release_keeps_record,
 };
 
 /// What the record looks like to a claim with `fingerprint` at `now`: the input of the

@@ -391,6 +391,14 @@ fn migrate<'c>(
             Some(schema) => format!("{}.{MIGRATIONS_TABLE}", schema.quoted()),
             None => MIGRATIONS_TABLE.to_owned(),
         };
+        // The migrations are written to be re-run (`IF NOT EXISTS`, `DROP … IF EXISTS`),
+        // and Postgres answers each step it skips with a NOTICE, which sqlx logs at INFO
+        // (`… does not exist, skipping`, `… already exists, skipping`): lines that read
+        // like errors on every start. Warnings and errors still reach the log. (The
+        // connection is not reused afterwards.)
+        sqlx::query("SET client_min_messages TO warning")
+            .execute(&mut *conn)
+            .await?;
         let mut migrator = sql::migrator(MIGRATIONS, table);
         if let Some(schema) = schema {
             // Created under the migrator's lock, so concurrent starts do not race on it.
