@@ -431,7 +431,13 @@ impl StepLog {
         if let Start::Resume(output) = self.start(name)? {
             return self.resume(name, &output);
         }
-        let output = step().await.map_err(StepError::Failed)?;
+        let output = match step().await {
+            Ok(output) => output,
+            Err(error) => {
+                self.give_back(name);
+                return Err(StepError::Failed(error));
+            }
+        };
         let recorded = self.recorded(name, &output)?;
         let record = self.store.record_step(scope, key, self.token, &recorded);
         let stored = metrics::timed(
@@ -513,6 +519,7 @@ impl StepLog {
             Ok(output) => output,
             Err(error) => {
                 rollback(transaction).await;
+                self.give_back(name);
                 return Err(StepError::Failed(error));
             }
         };
@@ -602,6 +609,13 @@ impl StepLog {
             });
         }
         Ok(Start::Run)
+    }
+
+    /// Gives step `name` back after its own failure: nothing was recorded, so the handler
+    /// may call it again in this execution.
+    fn give_back(&self, name: &str) {
+        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        progress.used.retain(|used| used != name);
     }
 
     /// The recorded `output` of step `name`, deserialised.

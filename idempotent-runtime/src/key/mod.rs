@@ -142,14 +142,15 @@ impl IdempotencyKey {
     /// made of steps therefore resumes where its last execution stopped.
     ///
     /// - `step`'s `Err` is not recorded: the error comes back as
-    ///   [`StepError::Failed`], and a retry runs the step again.
+    ///   [`StepError::Failed`], and the step may run again, by the same name, in this
+    ///   execution (an inline retry) or a later one.
     /// - An external step is *at least once*: a crash after `step` did its work and before
     ///   its output was recorded runs it again on the retry. Pass
     ///   [`derive`](Self::derive)`(name)` to the provider as its idempotency key, so the
     ///   provider deduplicates that one rerun. A step that writes to the store's own
     ///   database is exactly once with [`atomic_step`](Self::atomic_step).
-    /// - Names are unique within a request: calling one twice in an execution is
-    ///   [`StepError::NameUsedTwice`]. A recorded output that no longer deserialises as
+    /// - Names are unique within a request: calling one again in an execution after it
+    ///   gave its output (or while it runs) is [`StepError::NameUsedTwice`]. A recorded output that no longer deserialises as
     ///   `T` is [`StepError::Undecodable`], never a silent rerun.
     /// - No step starts without the lease: one that finds it lost answers
     ///   [`StepError::LeaseLost`] without running.

@@ -612,3 +612,55 @@ async fn a_step_store_failure_wrapped_in_the_handlers_error_releases_under_store
         "released: the retry ran again"
     );
 }
+
+/// A step whose own work failed gave nothing and recorded nothing: the handler may try it
+/// again at once by the same name (an inline retry), and the output that finally comes is
+/// recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_step_can_be_retried_inline_by_the_same_name() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let tries = Arc::new(AtomicUsize::new(0));
+    let handler_tries = tries.clone();
+    let response = engine
+        .run(
+            &CONFIG,
+            SCOPE,
+            "inline",
+            fingerprint(1),
+            move |key| async move {
+                let mut last = None;
+                for _ in 0..3 {
+                    let tries = handler_tries.clone();
+                    let quoted = key
+                        .step("quote", || async move {
+                            match tries.fetch_add(1, Ordering::SeqCst) {
+                                0 => Err(StatusCode::BAD_GATEWAY),
+                                n => Ok(format!("quote_{n}")),
+                            }
+                        })
+                        .await;
+                    match quoted {
+                        Ok(quote) => return (StatusCode::CREATED, quote).into_response(),
+                        Err(error @ StepError::Failed(_)) => last = Some(error),
+                        Err(other) => return other.into_response(),
+                    }
+                }
+                last.map_or(
+                    StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                    IntoResponse::into_response,
+                )
+            },
+        )
+        .await;
+    assert_eq!(
+        text(response).await,
+        (StatusCode::CREATED, "quote_1".to_owned())
+    );
+    assert_eq!(
+        tries.load(Ordering::SeqCst),
+        2,
+        "failed once, then gave its output"
+    );
+    let info = engine.inspect(SCOPE, "inline").await.expect("inspect");
+    assert!(info.is_some(), "completed");
+}
