@@ -194,8 +194,9 @@ pub struct KeyedRecord {
 pub struct Fenced<R> {
     records: R,
     /// The version of each in-progress record after its owner's last write through this
-    /// value, so that the owner's next write is one compare-and-set.
-    owned: Mutex<HashMap<(String, String), (FencingToken, u64)>>,
+    /// value, by the owner's token (unique to its claim), so that the owner's next write
+    /// is one compare-and-set.
+    owned: Mutex<HashMap<FencingToken, u64>>,
 }
 
 impl<R: RecordStore> Fenced<R> {
@@ -212,17 +213,16 @@ impl<R: RecordStore> Fenced<R> {
         &self.records
     }
 
-    fn owned(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (FencingToken, u64)>> {
+    fn owned(&self) -> std::sync::MutexGuard<'_, HashMap<FencingToken, u64>> {
         self.owned.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn remember(&self, scope: &str, key: &str, token: FencingToken, version: u64) {
-        self.owned()
-            .insert((scope.to_owned(), key.to_owned()), (token, version));
+    fn remember(&self, token: FencingToken, version: u64) {
+        self.owned().insert(token, version);
     }
 
-    fn forget_version(&self, scope: &str, key: &str) {
-        self.owned().remove(&(scope.to_owned(), key.to_owned()));
+    fn forget_version(&self, token: FencingToken) {
+        self.owned().remove(&token);
     }
 
     /// Applies the owner's `change` to the record `token` holds: one compare-and-set on
@@ -235,11 +235,7 @@ impl<R: RecordStore> Fenced<R> {
         token: FencingToken,
         change: &Change<'_>,
     ) -> Result<bool, StoreError> {
-        let known = self
-            .owned()
-            .get(&(scope.to_owned(), key.to_owned()))
-            .filter(|(owner, _)| *owner == token)
-            .map(|&(_, version)| version);
+        let known = self.owned().get(&token).copied();
         let mut version = match known {
             Some(version) => version,
             None => match self.records.read(scope, key).await? {
@@ -250,14 +246,14 @@ impl<R: RecordStore> Fenced<R> {
         for _ in 0..ATTEMPTS {
             match self.records.update(scope, key, version, change).await? {
                 Updated::Updated(now_at) => {
-                    self.remember(scope, key, token, now_at);
+                    self.remember(token, now_at);
                     return Ok(true);
                 }
                 Updated::Stale(Some(record), _) if rules::owned_by(&record, token) => {
                     version = record.version;
                 }
                 Updated::Stale(..) => {
-                    self.forget_version(scope, key);
+                    self.forget_version(token);
                     return Ok(false);
                 }
             }
@@ -286,7 +282,7 @@ impl<R: RecordStore> Store for Fenced<R> {
         for _ in 0..ATTEMPTS {
             let (record, now) = match self.records.insert(scope, key, &change(false)).await? {
                 Inserted::Inserted => {
-                    self.remember(scope, key, claim.token, Record::first_version(claim.token));
+                    self.remember(claim.token, Record::first_version(claim.token));
                     return Ok(ClaimOutcome::Claimed {
                         token: claim.token,
                         takeover: None,
@@ -308,7 +304,7 @@ impl<R: RecordStore> Store for Fenced<R> {
                 .await?
             {
                 Updated::Updated(version) => {
-                    self.remember(scope, key, claim.token, version);
+                    self.remember(claim.token, version);
                     let steps = match &record.body {
                         RecordBody::InProgress { steps, .. } if keep => decode_steps(steps)?,
                         _ => Vec::new(),
@@ -349,7 +345,7 @@ impl<R: RecordStore> Store for Fenced<R> {
         let done = self
             .owner_writes(scope, key, token, &Change::Complete(response))
             .await;
-        self.forget_version(scope, key);
+        self.forget_version(token);
         done
     }
 
@@ -371,7 +367,7 @@ impl<R: RecordStore> Store for Fenced<R> {
         key: &str,
         token: FencingToken,
     ) -> Result<bool, StoreError> {
-        self.forget_version(scope, key);
+        self.forget_version(token);
         for _ in 0..ATTEMPTS {
             let record = match self.records.read(scope, key).await? {
                 (Some(record), _) if rules::owned_by(&record, token) => record,
@@ -431,8 +427,8 @@ impl<R: RecordStore> Store for Fenced<R> {
                 rules::Forget::DeleteExpired => ForgetOutcome::NotFound,
                 rules::Forget::Delete(info) => ForgetOutcome::Forgotten(info),
             };
+            // The forgotten owner's cached version compares stale from now on.
             if self.records.delete(scope, key, record.version).await? {
-                self.forget_version(scope, key);
                 return Ok(outcome);
             }
         }
