@@ -31,6 +31,12 @@ pub struct DemoArgs {
     )]
     pub gateway_database_url: String,
 
+    /// How long to wait at startup for a Postgres or MySQL database that refuses
+    /// connections (e.g. restarting), retrying and logging each attempt, before giving
+    /// up; `0s` gives up at the first refusal.
+    #[arg(long, env = "DATABASE_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub database_wait: Duration,
+
     /// Where `database_url` came from: a flag, `DATABASE_URL` or the default. Worth
     /// logging, because sqlx users often have `DATABASE_URL` exported for another project.
     #[arg(skip = DatabaseUrlFrom::Default)]

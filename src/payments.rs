@@ -634,9 +634,9 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
             "the store keeps only idempotency records; the gateway's charges go here"
         );
     }
-    database::wait_until_reachable(&args.database_url, database::STARTUP_WAIT).await?;
+    database::wait_until_reachable(&args.database_url, args.database_wait).await?;
     if database::is_key_value_store(&args.database_url) {
-        database::wait_until_reachable(&args.gateway_database_url, database::STARTUP_WAIT).await?;
+        database::wait_until_reachable(&args.gateway_database_url, args.database_wait).await?;
     }
     let (db, store) = database::open_store(&args.database_url, &args.gateway_database_url).await?;
     let effects = EffectsLog::open(args.effects_log.as_deref())?;

@@ -106,8 +106,7 @@ async fn balance(
 
 /// The example's `run`, on MySQL.
 pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
-    crate::database::wait_until_reachable(&args.database_url, crate::database::STARTUP_WAIT)
-        .await?;
+    crate::database::wait_until_reachable(&args.database_url, args.database_wait).await?;
     let store = MySqlStore::connect(&args.database_url).await?;
     let db = store.pool().clone();
     sqlx::raw_sql(SCHEMA).execute(&db).await?;

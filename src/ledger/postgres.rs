@@ -85,8 +85,7 @@ async fn balance(caller: Caller, State(db): State<PgPool>) -> Result<Json<Balanc
 
 /// The example's `run`, on Postgres.
 pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
-    crate::database::wait_until_reachable(&args.database_url, crate::database::STARTUP_WAIT)
-        .await?;
+    crate::database::wait_until_reachable(&args.database_url, args.database_wait).await?;
     let store = PostgresStore::connect(&args.database_url).await?;
     let db = store.pool().clone();
     sqlx::raw_sql(SCHEMA).execute(&db).await?;

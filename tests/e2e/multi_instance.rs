@@ -254,7 +254,15 @@ async fn unreachable_server_at_start_names_the_url_without_the_password(
     secret: &'static str,
 ) {
     let output = std::process::Command::new(DEMO)
-        .args(["--addr", "127.0.0.1:0", "--database-url", url])
+        // Refused at every attempt: waits its second for the database, then gives up.
+        .args([
+            "--addr",
+            "127.0.0.1:0",
+            "--database-url",
+            url,
+            "--database-wait",
+            "1s",
+        ])
         .env("RUST_LOG", "off")
         .output()
         .expect("run demo");
