@@ -10,8 +10,10 @@
 //! and an in-process store's wall clock steps.
 //!
 //! The model decides as the code does by calling the same functions
-//! ([`idempotent_runtime::testing::protocol`]): the store's claim classifies a found
-//! record with [`decide`] (the takeover rule), the engine runs a claim, raises
+//! ([`idempotent_runtime::testing::protocol`]), on its record as the fenced record seam
+//! keeps it ([`SeamRecord`]): the store's claim classifies a found record with
+//! [`rules::claim`] (the takeover rule), ownership is [`rules::owned_by`], a renewal is
+//! [`Change::Renew`] as [`SeamRecord::changed`] applies it, the engine runs a claim, raises
 //! `lease_lost` and times its renewals by [`licence_holds`] and [`renewal_timeout`], and
 //! gives up recording an answer by [`may_stop_recording`]. What it adds is the
 //! sequencing around them, written after `engine/mod.rs` (claim), `engine/execution.rs`
@@ -25,7 +27,7 @@
 //! effect and its record leaves that step to run again (steps are at least once). The
 //! store appends a step only under the holder's token, a takeover keeps or clears them
 //! by [`steps_survive`], `complete` clears them, and `release` keeps a record that holds
-//! steps, its lease ended and its token [`RELEASED`], by [`release_keeps_record`]. A
+//! steps, its lease ended and its token [`RELEASED`], by [`rules::release`]. A
 //! handler may also return a 5xx between two steps, which the engine releases, so that
 //! the release that keeps a record is explored.
 //!
@@ -71,10 +73,14 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use idempotent_runtime::store::Takeover;
+use bytes::Bytes;
+use idempotent_runtime::Fingerprint;
+use idempotent_runtime::store::{
+    Change, FencingToken, Record as SeamRecord, RecordBody, StoreNow, StoredResponse, Takeover,
+};
+use idempotent_runtime::testing::protocol::rules::{self, Release};
 use idempotent_runtime::testing::protocol::{
-    Decision, Found, decide, licence_holds, may_stop_recording, release_keeps_record,
-    renewal_timeout, steps_survive,
+    Decision, licence_holds, may_stop_recording, renewal_timeout, steps_survive,
 };
 use stateright::{Model, Property};
 
@@ -252,6 +258,66 @@ pub struct Record {
     pub ttl_left: Tick,
     /// The steps recorded under it (a set of step bits), in progress only.
     pub steps: u8,
+}
+
+/// The instant the model's records are seen at by the engine's rules: zero on both of the
+/// store's clocks, so that a time left is the time at which it runs out.
+const SEAM_NOW: StoreNow = StoreNow {
+    wall_millis: 0,
+    lease_millis: 0,
+};
+
+/// A model token as the store keeps it: [`RELEASED`] is [`FencingToken::RELEASED`], and
+/// no claim's token is.
+fn seam_token(token: u8) -> FencingToken {
+    if token == RELEASED {
+        FencingToken::RELEASED
+    } else {
+        FencingToken(i64::from(token) + 1)
+    }
+}
+
+/// A model fingerprint as the store keeps it.
+fn seam_fingerprint(fingerprint: u8) -> Fingerprint {
+    Fingerprint {
+        version: 1,
+        digest: [fingerprint; 32],
+    }
+}
+
+/// Milliseconds at [`SEAM_NOW`] as whole ticks left.
+fn ticks(millis: i64) -> Tick {
+    Tick::try_from(millis.div_euclid(1000)).unwrap_or(Tick::MAX)
+}
+
+impl Record {
+    /// This record as the fenced record seam keeps it, seen at [`SEAM_NOW`]: what the
+    /// engine's rules (the same functions `Fenced` decides with) take.
+    fn seam(&self) -> SeamRecord {
+        let millis = |left: Tick| i64::from(left) * 1000;
+        SeamRecord {
+            fingerprint: seam_fingerprint(self.fingerprint),
+            token: seam_token(self.token),
+            version: 0,
+            created_at: 0,
+            expires_at: millis(self.ttl_left),
+            body: match self.response {
+                Some(_) => RecordBody::Completed(StoredResponse {
+                    status: 201,
+                    headers: Vec::new(),
+                    body: None,
+                }),
+                None => RecordBody::InProgress {
+                    lease_expires_at: millis(self.lease_left),
+                    steps: if self.steps == 0 {
+                        Bytes::new()
+                    } else {
+                        Bytes::from_static(b"recorded")
+                    },
+                },
+            },
+        }
+    }
 }
 
 /// A store call as the engine sends it.
@@ -674,7 +740,11 @@ impl Protocol {
 
     /// The store applies `op`, as one atomic step.
     fn apply(&self, s: &mut State, op: Op) -> Answer {
-        let owned = |record: &Option<Record>, token: u8| matches!(record, Some(r) if r.token == token && r.response.is_none());
+        let owned = |record: &Option<Record>, token: u8| {
+            record
+                .as_ref()
+                .is_some_and(|r| rules::owned_by(&r.seam(), seam_token(token)))
+        };
         match op {
             Op::Claim { fingerprint, token } => {
                 let fresh = Record {
@@ -690,12 +760,8 @@ impl Protocol {
                     s.history.life_left = self.ttl;
                     return Answer::Claimed { steps: 0 };
                 };
-                let decision = decide(Found {
-                    completed: found.response.is_some(),
-                    ttl_ran_out: found.ttl_left <= 0,
-                    lease_ran_out: found.response.is_none() && found.lease_left <= 0,
-                    same_fingerprint: found.fingerprint == fingerprint,
-                });
+                let decision =
+                    rules::claim(&found.seam(), SEAM_NOW, &seam_fingerprint(fingerprint));
                 match decision {
                     Decision::Take(reason) => {
                         // Only a lease is a holder's: a completed record is nobody's.
@@ -736,13 +802,18 @@ impl Protocol {
             Op::Renew { token } => {
                 let held = owned(&s.record, token);
                 if let (true, Some(r)) = (held, s.record.as_mut()) {
-                    r.lease_left = self.lease;
                     let keep = if self.rules.renewal_keeps_a_ttl {
                         self.ttl
                     } else {
                         self.lease
                     };
-                    r.ttl_left = r.ttl_left.max(keep);
+                    let renewal = Change::Renew {
+                        lease: Self::duration(self.lease),
+                        ttl: Self::duration(keep),
+                    };
+                    let renewed = SeamRecord::changed(Some(&r.seam()), &renewal, SEAM_NOW);
+                    r.lease_left = ticks(rules::lease_left(&renewed, SEAM_NOW).unwrap_or(0));
+                    r.ttl_left = ticks(renewed.expires_at);
                     s.history.life_left = self.ttl;
                 }
                 Answer::Done(held)
@@ -759,7 +830,7 @@ impl Protocol {
             Op::Release { token } => {
                 let held = owned(&s.record, token);
                 match s.record.as_mut() {
-                    Some(r) if held && release_keeps_record(r.steps != 0) => {
+                    Some(r) if held && rules::release(&r.seam()) == Release::EndLease => {
                         // The released owner is fenced off: its late renewals and
                         // steps own nothing.
                         r.lease_left = 0;

@@ -33,7 +33,7 @@ use bytes::Bytes;
 use crate::fingerprint::Fingerprint;
 
 mod capabilities;
-mod fenced;
+pub(crate) mod fenced;
 mod forward;
 mod memory;
 mod memory_usage;

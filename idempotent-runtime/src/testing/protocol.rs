@@ -5,8 +5,11 @@
 //! Each is the one copy of its rule: the stores' claims classify a found record with
 //! [`decide`] (of which [`takeover`] is the first step), the engine runs a claim, raises
 //! `lease_lost` and times its renewals by [`licence_holds`] and [`renewal_timeout`], and
-//! stops recording an answer only when [`may_stop_recording`] says so.
+//! stops recording an answer only when [`may_stop_recording`] says so. [`rules`] holds
+//! the decisions [`Fenced`](crate::store::Fenced) takes about one record over the fenced
+//! record seam (claims, ownership, release, expiry, `forget`, `inspect`).
 
 pub use crate::lease::{licence_holds, may_stop_recording, renewal_timeout};
+pub use crate::store::fenced::rules;
 pub use crate::store::takeover::{Decision, Found, decide, takeover};
 pub use crate::store::{release_keeps_record, steps_survive};

@@ -30,7 +30,8 @@ use super::{
 use crate::clock::millis;
 use crate::fingerprint::Fingerprint;
 
-mod rules;
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub mod rules;
 
 /// How many times a decision is taken again when the record changed under it before a
 /// store error is reported: each retry means another writer won, so this only runs out

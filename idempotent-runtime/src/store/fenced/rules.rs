@@ -1,7 +1,8 @@
 //! The protocol's decisions about one record, as pure functions of the record, the
 //! store's [`StoreNow`] and the request: [`Fenced`](super::Fenced) runs the protocol over
 //! a [`RecordStore`](super::RecordStore) with these and nothing else, so a store that
-//! implements the seam holds records and compares versions but decides nothing.
+//! implements the seam holds records and compares versions but decides nothing. The
+//! protocol model calls the same functions (`testing::protocol::rules`).
 
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use crate::store::{
 
 /// What the record looks like to a claim with `fingerprint` at `now`: the input of the
 /// takeover rule ([`decide`]).
-pub(super) fn found(record: &Record, now: StoreNow, fingerprint: &Fingerprint) -> Found {
+pub fn found(record: &Record, now: StoreNow, fingerprint: &Fingerprint) -> Found {
     Found {
         completed: matches!(record.body, RecordBody::Completed(_)),
         ttl_ran_out: record.expires_at <= now.wall_millis,
@@ -25,13 +26,13 @@ pub(super) fn found(record: &Record, now: StoreNow, fingerprint: &Fingerprint) -
 }
 
 /// What a claim with `fingerprint` does with the record it found at `now`.
-pub(super) fn claim(record: &Record, now: StoreNow, fingerprint: &Fingerprint) -> Decision {
+pub fn claim(record: &Record, now: StoreNow, fingerprint: &Fingerprint) -> Decision {
     decide(found(record, now, fingerprint))
 }
 
 /// An in-progress record's lease left at `now`, in milliseconds (zero or less: ran
 /// out); `None` for a completed record.
-pub(super) fn lease_left(record: &Record, now: StoreNow) -> Option<i64> {
+pub fn lease_left(record: &Record, now: StoreNow) -> Option<i64> {
     match record.body {
         RecordBody::InProgress {
             lease_expires_at, ..
@@ -41,14 +42,14 @@ pub(super) fn lease_left(record: &Record, now: StoreNow) -> Option<i64> {
 }
 
 /// Whether `token` owns the record: it is in progress under that token's claim.
-pub(super) fn owned_by(record: &Record, token: FencingToken) -> bool {
+pub fn owned_by(record: &Record, token: FencingToken) -> bool {
     record.token == token && matches!(record.body, RecordBody::InProgress { .. })
 }
 
 /// Whether the record is expired at `now`: a claim would take it over as
 /// [`Takeover::Expired`](crate::store::Takeover::Expired), whatever its request, so the
 /// sweeper may delete it and operators no longer see it.
-pub(super) fn expired(record: &Record, now: StoreNow) -> bool {
+pub fn expired(record: &Record, now: StoreNow) -> bool {
     let found = Found {
         same_fingerprint: false,
         ..found(record, now, &record.fingerprint)
@@ -58,7 +59,7 @@ pub(super) fn expired(record: &Record, now: StoreNow) -> bool {
 
 /// What `release` does with the record its owner gives up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Release {
+pub enum Release {
     /// Delete it: the next request claims the key anew.
     Delete,
     /// Keep it, its lease ended now and its token [`FencingToken::RELEASED`], so that the
@@ -67,7 +68,7 @@ pub(super) enum Release {
 }
 
 /// What `release` does with `record` ([`release_keeps_record`]).
-pub(super) fn release(record: &Record) -> Release {
+pub fn release(record: &Record) -> Release {
     let holds_steps =
         matches!(&record.body, RecordBody::InProgress { steps, .. } if !steps.is_empty());
     if release_keeps_record(holds_steps) {
@@ -79,7 +80,7 @@ pub(super) fn release(record: &Record) -> Release {
 
 /// What `forget` does with the record it found at `now`.
 #[derive(Debug)]
-pub(super) enum Forget {
+pub enum Forget {
     /// Delete it and report it as it was.
     Delete(RecordInfo),
     /// Delete it (it is expired) and report nothing.
@@ -89,7 +90,7 @@ pub(super) enum Forget {
 }
 
 /// What `forget` (forced or not) does with `record` at `now`.
-pub(super) fn forget(record: &Record, now: StoreNow, force: bool) -> Result<Forget, StoreError> {
+pub fn forget(record: &Record, now: StoreNow, force: bool) -> Result<Forget, StoreError> {
     if expired(record, now) {
         return Ok(Forget::DeleteExpired);
     }
@@ -100,7 +101,7 @@ pub(super) fn forget(record: &Record, now: StoreNow, force: bool) -> Result<Forg
 }
 
 /// What an operator sees of a live `record` at `now` (`None`: it is expired).
-pub(super) fn inspect(record: &Record, now: StoreNow) -> Result<Option<RecordInfo>, StoreError> {
+pub fn inspect(record: &Record, now: StoreNow) -> Result<Option<RecordInfo>, StoreError> {
     if expired(record, now) {
         return Ok(None);
     }
