@@ -92,7 +92,8 @@ mod steps;
 
 use crate::fingerprint::Fingerprint;
 use crate::store::{
-    ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, Store, StoredResponse, Takeover,
+    ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordedStep, Store,
+    StoredResponse, Takeover,
 };
 pub use faults::{
     check_fault_backward_wall_step_keeps_no_lease_alive,
@@ -180,6 +181,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_concurrent_takeover_one_winner,
         check_concurrent_distinct_keys_all_claimed,
         check_claims_racing_releases_never_share_a_key,
+        check_claims_racing_fenced_writes_never_fail,
         check_scope_isolation,
         check_keys_compared_exactly,
         check_long_keys_and_scopes,
@@ -939,6 +941,112 @@ pub async fn check_claims_racing_releases_never_share_a_key<H: Harness>() {
         task.await.expect("claim/release task");
     }
     assert!(wins.load(Ordering::SeqCst) > 0);
+}
+
+/// Claims racing the owners' fenced writes: 16 claimers × 200 rounds on four keys, each
+/// round's winner of a key recording a step, renewing and completing, then forgetting the
+/// record, or renewing and releasing it, while the other claimers keep claiming (their
+/// claims of all four keys batched together, on a store that batches). Never an error,
+/// never two owners of a key, and every fenced write of an owner takes effect
+/// ([`race_claims_against_fenced_writes`] on the one store).
+pub async fn check_claims_racing_fenced_writes_never_fail<H: Harness>() {
+    let (_h, store) = setup::<H>().await;
+    race_claims_against_fenced_writes(&[store]).await;
+}
+
+/// The race of [`check_claims_racing_fenced_writes_never_fail`] over `instances`: stores
+/// over one backend, as instances of an app share one database, each key's claimers
+/// spread over them.
+///
+/// Several keys, so that their records lie next to one another in the store's index: on
+/// MySQL, a claim batch's duplicate-key check of one key (deleted, so claimed anew) stops
+/// on the next key's first index entry and locks it, then inserts before it; an owner's
+/// `UPDATE` or `DELETE` of that next key waiting for the same entry closes a cycle, and
+/// InnoDB rolls the owner's write back (a deadlock) now and then over this many rounds,
+/// which the store must send again, not report.
+pub async fn race_claims_against_fenced_writes(instances: &[Arc<dyn Store>]) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const CLAIMERS: usize = 16;
+    const KEYS: usize = 4;
+    const ROUNDS: usize = 200;
+    let owners: Arc<[AtomicUsize; KEYS]> = Arc::new(Default::default());
+    let wins = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(CLAIMERS));
+    let step = RecordedStep {
+        name: "authorise".to_owned(),
+        output: Bytes::from_static(br#"{"authorisation":"auth_1"}"#),
+        recorded_at: std::time::UNIX_EPOCH + Duration::from_millis(1_764_000_000_000),
+    };
+    let tasks: Vec<_> = (0..CLAIMERS)
+        .map(|claimer| {
+            let (owned, key) = (claimer % KEYS, format!("{KEY}-{}", claimer % KEYS));
+            let (store, owners, wins, barrier, step) = (
+                Arc::clone(&instances[claimer / KEYS % instances.len()]),
+                Arc::clone(&owners),
+                Arc::clone(&wins),
+                Arc::clone(&barrier),
+                step.clone(),
+            );
+            tokio::spawn(async move {
+                let stored = response("raced");
+                let owners = &owners[owned];
+                barrier.wait().await;
+                for _ in 0..ROUNDS {
+                    let token = match claim_in(&*store, SCOPE, &key, fp(1)).await {
+                        (
+                            ClaimOutcome::Claimed {
+                                token,
+                                takeover,
+                                steps,
+                            },
+                            _,
+                        ) => {
+                            assert_eq!(takeover, None, "a key forgotten or released is new");
+                            assert_eq!(steps, Vec::new(), "a new record has no steps");
+                            token
+                        }
+                        (ClaimOutcome::InProgress { .. }, _) => {
+                            tokio::task::yield_now().await;
+                            continue;
+                        }
+                        (ClaimOutcome::Replay(replayed), _) => {
+                            assert_eq!(replayed, stored, "the owner's response replays");
+                            tokio::task::yield_now().await;
+                            continue;
+                        }
+                        (other, _) => panic!("unexpected {other:?}"),
+                    };
+                    assert_eq!(owners.fetch_add(1, Ordering::SeqCst), 0, "two owners");
+                    let renew = async || {
+                        let renewed = store.renew(SCOPE, &key, token, LEASE, TTL).await;
+                        assert!(renewed.expect("renew"), "the owner renews");
+                    };
+                    if wins.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+                        let recorded = store.record_step(SCOPE, &key, token, &step).await;
+                        assert!(recorded.expect("record_step"), "the owner records");
+                        renew().await;
+                        let completed = store.complete(SCOPE, &key, token, &stored).await;
+                        assert!(completed.expect("complete"), "the owner completes");
+                        owners.fetch_sub(1, Ordering::SeqCst);
+                        let forgotten = store.forget(SCOPE, &key, false).await;
+                        assert!(
+                            matches!(forgotten.expect("forget"), ForgetOutcome::Forgotten(_)),
+                            "the completed record is forgotten"
+                        );
+                    } else {
+                        renew().await;
+                        owners.fetch_sub(1, Ordering::SeqCst);
+                        let released = store.release(SCOPE, &key, token).await;
+                        assert!(released.expect("release"), "the owner releases");
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("claim/write task");
+    }
+    assert!(wins.load(Ordering::SeqCst) > KEYS, "keys were won again");
 }
 
 /// The same key in two scopes is two records: both claim (with different fingerprints),

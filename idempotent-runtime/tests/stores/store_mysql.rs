@@ -230,6 +230,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             concurrent_claims_across_two_pools_have_one_winner,
         ),
         async_trial(
+            "claims_of_four_instances_racing_fenced_writes_never_fail",
+            claims_of_four_instances_racing_fenced_writes_never_fail,
+        ),
+        async_trial(
             "timestamps_come_from_the_database_clock",
             timestamps_come_from_the_database_clock,
         ),
@@ -422,6 +426,21 @@ async fn concurrent_claims_across_two_pools_have_one_winner() {
         }
         assert_eq!(winners.len(), 1, "round {round}: exactly one Claimed");
     }
+}
+
+/// The conformance race of claims against the owners' fenced writes (`renew`,
+/// `record_step`, `complete`, `forget`, `release`) over four instances (stores, each with
+/// its pool and its claim batcher) on one table, so that the claim batches of several
+/// instances run at once too: never an error, never two owners.
+async fn claims_of_four_instances_racing_fenced_writes_never_fail() {
+    let database = TestDatabase::new().await;
+    let mut instances: Vec<Arc<dyn Store>> = Vec::new();
+    for _ in 0..4 {
+        instances.push(Arc::new(
+            MySqlStore::connect(&database.url()).await.unwrap(),
+        ));
+    }
+    conformance::race_claims_against_fenced_writes(&instances).await;
 }
 
 async fn timestamps_come_from_the_database_clock() {

@@ -9,7 +9,8 @@
 use sqlx::mysql::{MySqlConnection, MySqlRow};
 use sqlx::{Either, Row};
 
-use super::group_commit::{self, Answer, Batch, Value, inline, run_request};
+use super::group_commit::{Answer, Batch, Value, inline, run_request};
+use super::lock_conflict;
 use super::{MySqlStore, micros, scope_key_sha256};
 use crate::fingerprint::Fingerprint;
 use crate::store::sql::{self, Classified, FoundRow};
@@ -114,7 +115,7 @@ impl MySqlStore {
                 )
             })),
             // Another statement on the same row won a lock race: claim again.
-            Err(TakeOverError::Sql(error)) if group_commit::is_lock_conflict(&error) => Ok(None),
+            Err(TakeOverError::Sql(error)) if lock_conflict::is_lock_conflict(&error) => Ok(None),
             Err(TakeOverError::Sql(error)) => Err(error.into()),
             Err(TakeOverError::Store(error)) => Err(error),
         }

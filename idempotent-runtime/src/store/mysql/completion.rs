@@ -107,8 +107,8 @@ impl Batch for QueuedCompletion {
     }
 
     fn rolled_back() -> Option<bool> {
-        // A completion must not be answered "not yours" for a lock conflict: it runs
-        // alone instead.
+        // A completion must not be answered "not yours" for a lock conflict: its batch is
+        // sent again.
         None
     }
 }

@@ -23,9 +23,9 @@
 //!   are sorted by record (`scope_key_sha256`), so batches of different instances lock
 //!   rows in one order.
 //! - **A lock conflict runs again.** A batch InnoDB rolled back on a deadlock or a lock
-//!   wait timeout committed nothing of the failed statement: its callers are told so
-//!   ([`Batch::rolled_back`]) — a claim runs again — or, without such an answer, each
-//!   element runs alone.
+//!   wait timeout committed nothing: its callers are told so ([`Batch::rolled_back`]) — a
+//!   claim runs again — or, for completions, which are fenced writes, the batch is sent
+//!   again by the rule every fenced write follows (`lock_conflict.rs`).
 //! - **One element the server refuses fails alone.** Any other error the server reported
 //!   runs the elements one batch of one each, so only the one at fault gets its error.
 //! - **A lost connection fails its batch.** An I/O error or [`BATCH_TIMEOUT`] answers
@@ -44,10 +44,11 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult, MySqlRow};
+use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlQueryResult, MySqlRow};
 use sqlx::{AssertSqlSafe, Either, Executor, MySql};
 use tokio::time::Instant;
 
+use super::lock_conflict::{Resends, is_lock_conflict};
 use crate::store::sql::batcher::{self, MAX_BATCH, Waiting};
 
 /// Bytes of responses per completion request at most; a response larger than this does
@@ -63,11 +64,6 @@ pub(super) const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection idle this long is closed and replaced before its next batch, rather than
 /// risking one the server closed meanwhile (`wait_timeout`).
 const IDLE_LIMIT: Duration = Duration::from_secs(60);
-
-/// `ER_LOCK_DEADLOCK`: InnoDB rolled the statement back to break a deadlock.
-const LOCK_DEADLOCK: u16 = 1213;
-/// `ER_LOCK_WAIT_TIMEOUT`: the statement waited `innodb_lock_wait_timeout` for a row lock.
-const LOCK_WAIT_TIMEOUT: u16 = 1205;
 
 /// One caller's answer.
 pub(super) type Answer<B> = batcher::Answer<<B as Batch>::Reply>;
@@ -101,7 +97,8 @@ pub(super) trait Batch: Send + Sync + Sized + 'static {
     ) -> impl Future<Output = Result<Vec<Answer<Self>>, sqlx::Error>> + Send + 'c;
 
     /// The reply of an element whose batch InnoDB rolled back on a lock conflict, when
-    /// the caller acts on that itself; `None`: the element runs alone instead.
+    /// the caller acts on that itself; `None`: the batch is a fenced write, sent again
+    /// (`lock_conflict.rs`).
     fn rolled_back() -> Option<Self::Reply>;
 }
 
@@ -270,7 +267,7 @@ async fn serve<B: Batch>(mut db: BatchConnection, mut waiting: Waiting<B, B::Rep
 /// Runs one batch and answers each of its callers; leaves `batch` empty.
 async fn run_batch<B: Batch>(db: &mut BatchConnection, batch: &mut Vec<Queued<B>>) {
     let items: Vec<&B> = batch.iter().map(|queued| &queued.item).collect();
-    let error = match db.run(&items).await {
+    let error = match send(db, &items).await {
         Ok(replies) => {
             drop(items);
             for (queued, reply) in batch.drain(..).zip(replies) {
@@ -285,11 +282,15 @@ async fn run_batch<B: Batch>(db: &mut BatchConnection, batch: &mut Vec<Queued<B>
         batcher::fail_all(batch, FAILED, Vec::new(), error);
         return;
     }
-    if is_lock_conflict(&error)
-        && let Some(reply) = B::rolled_back()
-    {
-        for queued in batch.drain(..) {
-            queued.answer(Ok(reply.clone()));
+    if is_lock_conflict(&error) {
+        match B::rolled_back() {
+            Some(reply) => {
+                for queued in batch.drain(..) {
+                    queued.answer(Ok(reply.clone()));
+                }
+            }
+            // A batch of completions rolled back each time `send` sent it.
+            None => batcher::fail_all(batch, FAILED, Vec::new(), error),
         }
         return;
     }
@@ -297,7 +298,7 @@ async fn run_batch<B: Batch>(db: &mut BatchConnection, batch: &mut Vec<Queued<B>
     // element may be at fault.
     tracing::debug!(%error, items = batch.len(), "a group commit request was refused; running its items one by one");
     for queued in batch.drain(..) {
-        let reply = match db.run(&[&queued.item]).await {
+        let reply = match send(db, &[&queued.item]).await {
             Ok(mut reply) => reply.pop().expect("one reply for one item"),
             Err(error) if is_lock_conflict(&error) => match B::rolled_back() {
                 Some(reply) => Ok(reply),
@@ -309,14 +310,19 @@ async fn run_batch<B: Batch>(db: &mut BatchConnection, batch: &mut Vec<Queued<B>
     }
 }
 
-/// A deadlock or lock wait timeout: InnoDB rolled the statement back, and the same
-/// statement may well succeed now.
-pub(super) fn is_lock_conflict(error: &sqlx::Error) -> bool {
-    let number = error
-        .as_database_error()
-        .and_then(|db| db.try_downcast_ref::<MySqlDatabaseError>())
-        .map(MySqlDatabaseError::number);
-    matches!(number, Some(LOCK_DEADLOCK | LOCK_WAIT_TIMEOUT))
+/// Runs `batch` on `db`; a batch of fenced writes (one with no [`Batch::rolled_back`]
+/// answer: completions) is sent again while InnoDB rolls it back for a lock conflict.
+async fn send<B: Batch>(
+    db: &mut BatchConnection,
+    batch: &[&B],
+) -> Result<Vec<Answer<B>>, sqlx::Error> {
+    let mut resends = Resends::new("a batch of completions");
+    loop {
+        let answer = db.run(batch).await;
+        if B::rolled_back().is_some() || !resends.again(&answer) {
+            return answer;
+        }
+    }
 }
 
 /// What each caller of a batch whose request failed is told.

@@ -91,15 +91,17 @@
 //! pool, fenced the same way. `release` is one request of two fenced statements
 //! (`sql/release.sql`): a `DELETE` of the record if it holds no steps, else an `UPDATE`
 //! that keeps it in progress with its lease ended now and its token
-//! `FencingToken::RELEASED`, so the same request resumes by a lease-lost takeover. Its
-//! `DELETE` can deadlock with a claim batch's duplicate-key checks; the rolled-back
-//! request is sent again, a few times at most. `purge_expired` reads a batch of expired
-//! records' ids without locking, then deletes those rows by primary key, re-checking
-//! their expiry: no range of the expiry index is ever locked, so sweepers on many
-//! instances never make claims wait. The operator tools: `inspect` is one consistent read
-//! (an in-progress record's steps included); `forget` is that read, then a `DELETE` by
-//! `scope_key_sha256` fenced by the token and state it read (run again if the record
-//! changed between), which deletes the steps with the record.
+//! `FencingToken::RELEASED`, so the same request resumes by a lease-lost takeover. Any
+//! of these fenced writes can deadlock with a claim batch's duplicate-key checks (and
+//! so can `record_step` and `forget`'s `DELETE`): one rule, in `lock_conflict.rs`,
+//! sends a write InnoDB rolled back for a lock conflict again, a few times at most.
+//! `purge_expired` reads a batch of expired records' ids without locking, then deletes
+//! those rows by primary key, re-checking their expiry: no range of the expiry index is
+//! ever locked, so sweepers on many instances never make claims wait. The operator
+//! tools: `inspect` is one consistent read (an in-progress record's steps included);
+//! `forget` is that read, then a `DELETE` by `scope_key_sha256` fenced by the token and
+//! state it read (run again if the record changed between), which deletes the steps
+//! with the record.
 //!
 //! # Recovery points: the `steps` column
 //!
@@ -177,12 +179,14 @@ use super::{
 mod claim;
 mod completion;
 mod group_commit;
+mod lock_conflict;
 mod operator;
 mod transaction;
 
 use claim::QueuedClaim;
 use completion::QueuedCompletion;
 use group_commit::{Batcher, Value, inline};
+use lock_conflict::resend_on_lock_conflict;
 
 /// The embedded migrations, in version order; the files live in `migrations/mysql/`.
 const MIGRATIONS: &[EmbeddedMigration] = &[
@@ -214,10 +218,6 @@ const RECORD_STEP: &str = include_str!("sql/record_step.sql");
 const RECORD_STEP_REFUSED: &str = include_str!("sql/record_step_refused.sql");
 const PURGE_FIND: &str = include_str!("sql/purge_find.sql");
 const PURGE_DELETE: &str = include_str!("sql/purge_delete.sql");
-
-/// How many times `release` sends its request when InnoDB rolls it back for a lock
-/// conflict; then the error is the answer, and the lease simply runs out.
-const RELEASE_ATTEMPTS: usize = 8;
 
 /// How many records one purge `DELETE` names (its `IN` list).
 const PURGE_CHUNK: usize = 500;
@@ -520,9 +520,10 @@ impl Store for MySqlStore {
         step: &RecordedStep,
     ) -> Result<bool, StoreError> {
         let encoded = super::encode_step(step);
-        let done = record_step_statement(scope, key, token, &encoded)
-            .execute(&self.pool)
-            .await?;
+        let done = resend_on_lock_conflict("record_step", || {
+            record_step_statement(scope, key, token, &encoded).execute(&self.pool)
+        })
+        .await?;
         if done.rows_affected() == 1 {
             return Ok(true);
         }
@@ -549,12 +550,13 @@ impl Store for MySqlStore {
         lease: Duration,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let query = sqlx::query(RENEW).bind(micros(lease)).bind(micros(ttl));
         // Rows *matched* (sqlx connects with CLIENT_FOUND_ROWS): a renew that happens to
         // write the same lease end still counts as owning the record.
-        let done = bind_record_token(query, scope, key, token)
-            .execute(&self.pool)
-            .await?;
+        let done = resend_on_lock_conflict("renew", || {
+            let query = sqlx::query(RENEW).bind(micros(lease)).bind(micros(ttl));
+            bind_record_token(query, scope, key, token).execute(&self.pool)
+        })
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -566,11 +568,15 @@ impl Store for MySqlStore {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         match QueuedCompletion::batchable((scope, key), token, response)? {
+            // The batcher sends a batch again itself (`group_commit.rs`).
             Some(completion) => self.completions.ask(completion).await,
             None => {
-                let done = completion(scope, key, token, response)?
-                    .execute(&self.pool)
-                    .await?;
+                let pool = &self.pool;
+                let done = resend_on_lock_conflict("complete", move || async move {
+                    let query = completion(scope, key, token, response)?;
+                    Ok::<_, StoreError>(query.execute(pool).await?)
+                })
+                .await?;
                 Ok(done.rows_affected() == 1)
             }
         }
@@ -591,20 +597,7 @@ impl Store for MySqlStore {
         ];
         let released = [Value::Int(FencingToken::RELEASED.0)];
         let statements = inline(RELEASE, &[&record[..], &released, &record].concat());
-        let mut attempt = 1;
-        loop {
-            match release_once(&self.pool, &statements).await {
-                // InnoDB rolled a statement back to break a deadlock with a claim batch;
-                // both are fenced by the token, so sending them again is safe.
-                Err(error)
-                    if group_commit::is_lock_conflict(&error) && attempt < RELEASE_ATTEMPTS =>
-                {
-                    tracing::debug!(attempt, %error, "release hit a lock conflict; retrying");
-                    attempt += 1;
-                }
-                done => return Ok(done?),
-            }
-        }
+        Ok(resend_on_lock_conflict("release", || release_once(&self.pool, &statements)).await?)
     }
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
@@ -641,7 +634,8 @@ impl Store for MySqlStore {
         key: &str,
         force: bool,
     ) -> Result<ForgetOutcome, StoreError> {
-        self.forget_record(scope, key, force).await
+        // Read and fenced delete again: the read decides anew on what is there now.
+        resend_on_lock_conflict("forget", || self.forget_record(scope, key, force)).await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -1,6 +1,8 @@
 //! Transactional handlers on MySQL (`Tx<MySql>`): the handler's writes and the
 //! completion, or a step's writes and its recording, share one InnoDB transaction on the
-//! store's pool.
+//! store's pool. Neither write is sent again on a lock conflict (`lock_conflict.rs`): a
+//! deadlock rolls back the handler's whole transaction, so only the unit of work as a
+//! whole can run again.
 
 use std::sync::Arc;
 
