@@ -14,10 +14,13 @@ use idempotent_runtime::testing::Trial;
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::{Clock, ManualClock, Store, StoreError};
 
+/// Records by `(scope, key)`.
+type Records = BTreeMap<(String, String), Record>;
+
 /// Records by `(scope, key)`, on a clock of this process.
 #[derive(Debug)]
 struct BTreeRecords {
-    records: Mutex<BTreeMap<(String, String), Record>>,
+    records: Mutex<Records>,
     clock: Arc<dyn Clock>,
 }
 
@@ -30,7 +33,7 @@ impl BTreeRecords {
     }
 
     /// The map, and the instant of the operation about to run on it.
-    fn lock(&self) -> (MutexGuard<'_, BTreeMap<(String, String), Record>>, StoreNow) {
+    fn lock(&self) -> (MutexGuard<'_, Records>, StoreNow) {
         let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         let now = StoreNow {
             wall_millis: self.clock.now_millis(),
