@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use idempotent_policy::{KEY_HEADER, REPLAYED_HEADER};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::key::CallKey;
 use crate::policy::{AttemptOutcome, Decision, RetryPolicy, StopReason, may_retry};
@@ -234,7 +235,9 @@ impl Call {
             Some(timeout) if timeout < remaining => (timeout, false),
             _ => (remaining, true),
         };
-        let sent = tokio::time::timeout(limit, attempt).await;
+        let sent = tokio::time::timeout(limit, attempt)
+            .instrument(self.span.clone())
+            .await;
         let _in_call = self.span.enter();
         let (decision, ended, what) = match sent {
             Ok(Ok(answer)) => {

@@ -27,16 +27,19 @@ struct Seen {
     body: Bytes,
 }
 
+/// One scripted answer: a status and its headers.
+type ScriptedAnswer = (u16, Vec<(&'static str, String)>);
+
 /// A server that answers the scripted responses in order (the last one forever) and
 /// records the requests; it knows nothing of idempotency.
 #[derive(Clone)]
 struct ScriptedServer {
-    script: Arc<Vec<(u16, Vec<(&'static str, String)>)>>,
+    script: Arc<Vec<ScriptedAnswer>>,
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl ScriptedServer {
-    async fn start(script: Vec<(u16, Vec<(&'static str, String)>)>) -> (Self, SocketAddr) {
+    async fn start(script: Vec<ScriptedAnswer>) -> (Self, SocketAddr) {
         let server = Self {
             script: Arc::new(script),
             seen: Arc::default(),
@@ -75,11 +78,11 @@ async fn answer(State(server): State<ScriptedServer>, headers: HeaderMap, body: 
     response
 }
 
-fn status(code: u16) -> (u16, Vec<(&'static str, String)>) {
+fn status(code: u16) -> ScriptedAnswer {
     (code, Vec::new())
 }
 
-fn status_with(code: u16, name: &'static str, value: &str) -> (u16, Vec<(&'static str, String)>) {
+fn status_with(code: u16, name: &'static str, value: &str) -> ScriptedAnswer {
     (code, vec![(name, value.to_owned())])
 }
 
