@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{Extensions, HeaderMap, HeaderValue, Method, StatusCode};
 use idempotent_policy::{KEY_HEADER, REPLAYED_HEADER};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -109,48 +109,57 @@ fn replayed(headers: &HeaderMap) -> bool {
         .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true"))
 }
 
-/// A response head the policy can read.
-pub(crate) trait AnswerHead {
+/// A response as the call sees it: a head the policy reads, extensions for the report.
+pub(crate) trait Answer {
     fn status(&self) -> StatusCode;
     fn headers(&self) -> &HeaderMap;
+    fn extensions_mut(&mut self) -> &mut Extensions;
 }
 
-impl<B> AnswerHead for http::Response<B> {
+impl<B> Answer for http::Response<B> {
     fn status(&self) -> StatusCode {
         self.status()
     }
 
     fn headers(&self) -> &HeaderMap {
         self.headers()
+    }
+
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        self.extensions_mut()
     }
 }
 
 #[cfg(feature = "reqwest")]
-impl AnswerHead for reqwest::Response {
+impl Answer for reqwest::Response {
     fn status(&self) -> StatusCode {
         self.status()
     }
 
     fn headers(&self) -> &HeaderMap {
         self.headers()
+    }
+
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        self.extensions_mut()
     }
 }
 
 /// The key a request is sent with, written to its headers: the [`CallKey`] given in its
 /// extensions (replacing any `Idempotency-Key` field), else the field the caller set,
-/// else a generated key when `generate` is on and the method is not idempotent.
+/// else a generated key when the policy generates keys and the method is not idempotent.
 pub(crate) fn attach_key(
     method: &Method,
     headers: &mut HeaderMap,
     given: Option<&CallKey>,
-    generate: bool,
+    policy: &RetryPolicy,
 ) -> Option<HeaderValue> {
     let generated;
     let key = match given {
         Some(key) => key,
         None => match headers.get(KEY_HEADER) {
             Some(set_by_caller) => return Some(set_by_caller.clone()),
-            None if generate && !crate::policy::is_idempotent_method(method) => {
+            None if policy.generates_keys() && !crate::policy::is_idempotent_method(method) => {
                 generated = CallKey::generate();
                 &generated
             }
@@ -163,7 +172,8 @@ pub(crate) fn attach_key(
 
 /// How a call ended.
 pub(crate) enum Ended<T, E> {
-    /// An answer: final, or the last retryable one.
+    /// An answer: final, or the last retryable one; its extensions hold the
+    /// [`CallReport`].
     Answer(T),
     /// The transport's error on the last attempt.
     Failed(E),
@@ -222,7 +232,7 @@ impl Call {
         no_answer: impl Fn(&E) -> bool,
     ) -> Option<Ended<T, E>>
     where
-        T: AnswerHead,
+        T: Answer,
         E: std::fmt::Display,
     {
         self.attempts += 1;
@@ -239,7 +249,7 @@ impl Call {
             .instrument(self.span.clone())
             .await;
         let _in_call = self.span.enter();
-        let (decision, ended, what) = match sent {
+        let (decision, mut ended, what) = match sent {
             Ok(Ok(answer)) => {
                 let outcome = AttemptOutcome::Answer {
                     status: answer.status(),
@@ -281,8 +291,12 @@ impl Call {
                 (decision, Ended::Client(error), Some("timed out".to_owned()))
             }
         };
-        let status = match &ended {
-            Ended::Answer(answer) => Some(answer.status().as_u16()),
+        let status = match &mut ended {
+            Ended::Answer(answer) => {
+                let report = self.report(answer.headers());
+                answer.extensions_mut().insert(report);
+                Some(answer.status().as_u16())
+            }
             _ => None,
         };
         let error = what.as_deref().unwrap_or("");
@@ -331,7 +345,7 @@ impl Call {
     }
 
     /// The report for the call's final answer, whose headers are `headers`.
-    pub(crate) fn report(&self, headers: &HeaderMap) -> CallReport {
+    fn report(&self, headers: &HeaderMap) -> CallReport {
         CallReport {
             key: self.key.clone(),
             attempts: self.attempts,

@@ -16,7 +16,7 @@ use crate::policy::RetryPolicy;
 /// A tower layer that retries a call safely, with the rules of
 /// [`RetryMiddleware`](crate::RetryMiddleware): one `Idempotency-Key` per call (a
 /// [`CallKey`] in the request's extensions, the caller's own header, or a generated key
-/// with [`generating_keys`](Self::generating_keys)), reused on every attempt; retries of
+/// with [`RetryPolicy::with_generated_keys`]), reused on every attempt; retries of
 /// failed attempts and of `409`, `429`, `502`–`504` only; a request that is neither
 /// idempotent nor keyed is sent once.
 ///
@@ -49,23 +49,12 @@ use crate::policy::RetryPolicy;
 #[derive(Debug, Clone)]
 pub struct RetryLayer {
     policy: RetryPolicy,
-    generate_keys: bool,
 }
 
 impl RetryLayer {
-    /// Retries as `policy` says; requests without a key get none.
+    /// Retries as `policy` says.
     pub fn new(policy: RetryPolicy) -> Self {
-        Self {
-            policy,
-            generate_keys: false,
-        }
-    }
-
-    /// Gives every request without a key whose method is not idempotent a new UUIDv4 key
-    /// (see [`RetryMiddleware::generating_keys`](crate::RetryMiddleware::generating_keys)).
-    pub fn generating_keys(mut self) -> Self {
-        self.generate_keys = true;
-        self
+        Self { policy }
     }
 }
 
@@ -106,19 +95,11 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
-        let RetryLayer {
-            policy,
-            generate_keys,
-        } = self.layer;
+        let policy = self.layer.policy;
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             let given = parts.extensions.get::<CallKey>().cloned();
-            let key = attach_key(
-                &parts.method,
-                &mut parts.headers,
-                given.as_ref(),
-                generate_keys,
-            );
+            let key = attach_key(&parts.method, &mut parts.headers, given.as_ref(), &policy);
             let mut call = Call::start(policy, &parts.method, &parts.uri, key);
             loop {
                 let attempt = Request::from_parts(parts.clone(), body.clone());
@@ -126,11 +107,7 @@ where
                 let sent = async { sent.await.map_err(Into::<BoxError>::into) };
                 match call.attempt(sent, |_| true).await {
                     None => continue,
-                    Some(Ended::Answer(mut response)) => {
-                        let report = call.report(response.headers());
-                        response.extensions_mut().insert(report);
-                        return Ok(response);
-                    }
+                    Some(Ended::Answer(response)) => return Ok(response),
                     Some(Ended::Failed(error)) => return Err(error),
                     Some(Ended::Client(error)) => return Err(error.into()),
                 }

@@ -14,8 +14,8 @@ use crate::policy::RetryPolicy;
 ///
 /// - **The key** is the [`CallKey`] in the request's extensions, else the
 ///   `Idempotency-Key` header the caller set, else (with
-///   [`generating_keys`](Self::generating_keys)) a new UUIDv4 for a request whose method
-///   is not idempotent.
+///   [`RetryPolicy::with_generated_keys`]) a new UUIDv4 for a request whose method is not
+///   idempotent.
 /// - **Retried**: connection errors and timeouts (no answer head), `409` (the key is still
 ///   running), `429`, `502`, `503` and `504`, after the `Retry-After` the server sent
 ///   (capped) or an exponential backoff with full jitter; within the policy's attempt
@@ -52,25 +52,12 @@ use crate::policy::RetryPolicy;
 #[derive(Debug, Clone)]
 pub struct RetryMiddleware {
     policy: RetryPolicy,
-    generate_keys: bool,
 }
 
 impl RetryMiddleware {
-    /// Retries as `policy` says; requests without a key get none.
+    /// Retries as `policy` says.
     pub fn new(policy: RetryPolicy) -> Self {
-        Self {
-            policy,
-            generate_keys: false,
-        }
-    }
-
-    /// Gives every request without a key whose method is not idempotent (`POST`, `PATCH`)
-    /// a new UUIDv4 key, so it is retried too. Only for APIs that deduplicate on
-    /// `Idempotency-Key`: a server that ignores the header would run a retried `POST`
-    /// twice.
-    pub fn generating_keys(mut self) -> Self {
-        self.generate_keys = true;
-        self
+        Self { policy }
     }
 }
 
@@ -84,7 +71,7 @@ impl Middleware for RetryMiddleware {
     ) -> Result<Response> {
         let given = extensions.get::<CallKey>();
         let method = request.method().clone();
-        let key = attach_key(&method, request.headers_mut(), given, self.generate_keys);
+        let key = attach_key(&method, request.headers_mut(), given, &self.policy);
         let mut call = Call::start(self.policy, &method, request.url(), key);
         let retryable = call.retryable();
         if retryable && request.try_clone().is_none() {
@@ -103,11 +90,7 @@ impl Middleware for RetryMiddleware {
             let sent = next.clone().run(attempt, extensions);
             match call.attempt(sent, no_answer).await {
                 None => continue,
-                Some(Ended::Answer(mut response)) => {
-                    let report = call.report(response.headers());
-                    response.extensions_mut().insert(report);
-                    return Ok(response);
-                }
+                Some(Ended::Answer(response)) => return Ok(response),
                 Some(Ended::Failed(error)) => return Err(error),
                 Some(Ended::Client(error)) => return Err(Error::middleware(error)),
             }

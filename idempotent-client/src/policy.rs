@@ -35,11 +35,13 @@ pub struct RetryPolicy {
     base_backoff: Duration,
     max_backoff: Duration,
     max_retry_after: Duration,
+    generate_keys: bool,
 }
 
 impl Default for RetryPolicy {
     /// Five attempts within 30 s, no timeout per attempt (the transport's own applies),
-    /// backoff from 100 ms up to 5 s, `Retry-After` honoured up to 30 s.
+    /// backoff from 100 ms up to 5 s, `Retry-After` honoured up to 30 s, no generated
+    /// keys.
     fn default() -> Self {
         Self {
             max_attempts: 5,
@@ -48,6 +50,7 @@ impl Default for RetryPolicy {
             base_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             max_retry_after: Duration::from_secs(30),
+            generate_keys: false,
         }
     }
 }
@@ -84,6 +87,20 @@ impl RetryPolicy {
     pub fn with_max_retry_after(mut self, max: Duration) -> Self {
         self.max_retry_after = max;
         self
+    }
+
+    /// Gives every request without a key whose method is not idempotent (`POST`,
+    /// `PATCH`) a new UUIDv4 key, so it is retried too. Only for APIs that deduplicate on
+    /// `Idempotency-Key`: a server that ignores the header would run a retried `POST`
+    /// twice.
+    pub fn with_generated_keys(mut self) -> Self {
+        self.generate_keys = true;
+        self
+    }
+
+    /// Whether requests without a key get a generated one ([`with_generated_keys`](Self::with_generated_keys)).
+    pub fn generates_keys(&self) -> bool {
+        self.generate_keys
     }
 
     /// Requests per call, the first included.
@@ -363,6 +380,22 @@ mod tests {
         headers
     }
 
+    /// The decision after attempt `attempts`, at the call's start.
+    fn decide_at_start(
+        policy: &RetryPolicy,
+        retryable: bool,
+        attempts: u32,
+        outcome: AttemptOutcome<'_>,
+    ) -> Decision {
+        policy.decide(
+            retryable,
+            attempts,
+            outcome,
+            Duration::ZERO,
+            SystemTime::now(),
+        )
+    }
+
     fn answer(status: u16, headers: &HeaderMap) -> AttemptOutcome<'_> {
         AttemptOutcome::Answer {
             status: StatusCode::from_u16(status).expect("status"),
@@ -405,19 +438,13 @@ mod tests {
             answer(409, &none),
         ] {
             assert_eq!(
-                policy.decide(false, 1, outcome, Duration::ZERO, SystemTime::now()),
+                decide_at_start(&policy, false, 1, outcome),
                 Decision::Stop(StopReason::NotRetryable)
             );
         }
         // Its final answer is still an answer.
         assert_eq!(
-            policy.decide(
-                false,
-                1,
-                answer(201, &none),
-                Duration::ZERO,
-                SystemTime::now()
-            ),
+            decide_at_start(&policy, false, 1, answer(201, &none)),
             Decision::Stop(StopReason::Answered)
         );
     }
@@ -427,23 +454,11 @@ mod tests {
         let policy = RetryPolicy::default().with_max_attempts(3);
         let none = HeaderMap::new();
         assert!(matches!(
-            policy.decide(
-                true,
-                2,
-                answer(503, &none),
-                Duration::ZERO,
-                SystemTime::now()
-            ),
+            decide_at_start(&policy, true, 2, answer(503, &none)),
             Decision::Retry { .. }
         ));
         assert_eq!(
-            policy.decide(
-                true,
-                3,
-                answer(503, &none),
-                Duration::ZERO,
-                SystemTime::now()
-            ),
+            decide_at_start(&policy, true, 3, answer(503, &none)),
             Decision::Stop(StopReason::AttemptsExhausted)
         );
     }

@@ -95,6 +95,29 @@ fn quick_policy() -> RetryPolicy {
         .with_deadline(Duration::from_secs(30))
 }
 
+/// `POST /payments` on `addr` through `client`, with `key` as the call's key if any.
+async fn post_payment(
+    client: &ClientWithMiddleware,
+    addr: SocketAddr,
+    key: Option<CallKey>,
+    body: impl Into<reqwest::Body>,
+) -> reqwest_middleware::Result<reqwest::Response> {
+    let mut request = client.post(format!("http://{addr}/payments")).body(body);
+    if let Some(key) = key {
+        request = request.with_extension(key);
+    }
+    request.send().await
+}
+
+/// One call with a new key and no body through a client with `policy`.
+async fn keyed_call(
+    policy: RetryPolicy,
+    addr: SocketAddr,
+) -> reqwest_middleware::Result<reqwest::Response> {
+    let client = client(RetryMiddleware::new(policy));
+    post_payment(&client, addr, Some(CallKey::generate()), "").await
+}
+
 fn client(middleware: RetryMiddleware) -> ClientWithMiddleware {
     ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
@@ -106,13 +129,14 @@ async fn a_keyed_post_is_retried_with_the_same_key_until_answered() {
     let (server, addr) =
         ScriptedServer::start(vec![status(503), status(502), status(429), status(201)]).await;
     let key = CallKey::new(r#"order-1042 "quoted""#).unwrap();
-    let response = client(RetryMiddleware::new(quick_policy()))
-        .post(format!("http://{addr}/payments"))
-        .with_extension(key.clone())
-        .body("amount=10000")
-        .send()
-        .await
-        .expect("answered");
+    let response = post_payment(
+        &client(RetryMiddleware::new(quick_policy())),
+        addr,
+        Some(key.clone()),
+        "amount=10000",
+    )
+    .await
+    .expect("answered");
     assert_eq!(response.status(), 201);
     let report = response.call_report().expect("report");
     assert_eq!(report.attempts, 4);
@@ -131,10 +155,7 @@ async fn a_post_without_a_key_is_sent_once() {
     // A server without idempotency: a second POST would be a second charge.
     let (server, addr) = ScriptedServer::start(vec![status(503), status(503), status(201)]).await;
     let client = client(RetryMiddleware::new(quick_policy()));
-    let response = client
-        .post(format!("http://{addr}/payments"))
-        .body("amount=10000")
-        .send()
+    let response = post_payment(&client, addr, None, "amount=10000")
         .await
         .expect("answered");
     assert_eq!(response.status(), 503, "the first answer is final");
@@ -143,11 +164,7 @@ async fn a_post_without_a_key_is_sent_once() {
     assert_eq!(server.seen()[0].key, None);
 
     // The same request with a key is retried: the rule above is about the key alone.
-    let response = client
-        .post(format!("http://{addr}/payments"))
-        .with_extension(CallKey::generate())
-        .body("amount=10000")
-        .send()
+    let response = post_payment(&client, addr, Some(CallKey::generate()), "amount=10000")
         .await
         .expect("answered");
     assert_eq!(response.status(), 201);
@@ -169,21 +186,14 @@ async fn a_post_without_a_key_whose_connection_drops_is_not_resent() {
         }
     });
     let client = client(RetryMiddleware::new(quick_policy()));
-    let error = client
-        .post(format!("http://{addr}/payments"))
-        .body("amount=10000")
-        .send()
+    let error = post_payment(&client, addr, None, "amount=10000")
         .await
         .expect_err("no answer");
     assert!(error.is_request() || error.is_connect(), "{error:?}");
     assert_eq!(*connections.lock().unwrap(), 1);
 
     // A keyed one is resent until the attempt budget runs out.
-    let error = client
-        .post(format!("http://{addr}/payments"))
-        .with_extension(CallKey::generate())
-        .body("amount=10000")
-        .send()
+    let error = post_payment(&client, addr, Some(CallKey::generate()), "amount=10000")
         .await
         .expect_err("no answer");
     assert!(error.is_request() || error.is_connect(), "{error:?}");
@@ -196,7 +206,7 @@ async fn a_post_without_a_key_whose_connection_drops_is_not_resent() {
 #[tokio::test]
 async fn a_get_is_retried_without_a_key_and_sent_without_one() {
     let (server, addr) = ScriptedServer::start(vec![status(504), status(200)]).await;
-    let response = client(RetryMiddleware::new(quick_policy()).generating_keys())
+    let response = client(RetryMiddleware::new(quick_policy().with_generated_keys()))
         .get(format!("http://{addr}/payments/pay_1"))
         .send()
         .await
@@ -211,12 +221,7 @@ async fn a_get_is_retried_without_a_key_and_sent_without_one() {
 async fn other_client_errors_and_server_errors_are_final() {
     for code in [400, 401, 402, 404, 408, 413, 422, 500, 501] {
         let (server, addr) = ScriptedServer::start(vec![status(code), status(201)]).await;
-        let response = client(RetryMiddleware::new(quick_policy()))
-            .post(format!("http://{addr}/payments"))
-            .with_extension(CallKey::generate())
-            .send()
-            .await
-            .expect("answered");
+        let response = keyed_call(quick_policy(), addr).await.expect("answered");
         assert_eq!(response.status(), code);
         assert_eq!(server.seen().len(), 1, "{code} is not retried");
     }
@@ -225,12 +230,9 @@ async fn other_client_errors_and_server_errors_are_final() {
 #[tokio::test]
 async fn generated_keys_are_one_per_call() {
     let (server, addr) = ScriptedServer::start(vec![status(409), status(201)]).await;
-    let client = client(RetryMiddleware::new(quick_policy()).generating_keys());
+    let client = client(RetryMiddleware::new(quick_policy().with_generated_keys()));
     for _ in 0..2 {
-        let response = client
-            .post(format!("http://{addr}/payments"))
-            .body("amount=10000")
-            .send()
+        let response = post_payment(&client, addr, None, "amount=10000")
             .await
             .expect("answered");
         assert_eq!(response.status(), 201);
@@ -254,12 +256,7 @@ async fn a_retry_after_in_seconds_is_waited_for() {
     // The backoff is at most 5 ms: a gap of a second is the server's `Retry-After`.
     let (server, addr) =
         ScriptedServer::start(vec![status_with(409, "retry-after", "1"), status(201)]).await;
-    let response = client(RetryMiddleware::new(quick_policy()))
-        .post(format!("http://{addr}/payments"))
-        .with_extension(CallKey::generate())
-        .send()
-        .await
-        .expect("answered");
+    let response = keyed_call(quick_policy(), addr).await.expect("answered");
     assert_eq!(response.status(), 201);
     let seen = server.seen();
     assert_eq!(seen.len(), 2);
@@ -277,12 +274,7 @@ async fn a_retry_after_longer_than_the_cap_is_cut_to_the_cap() {
     ])
     .await;
     let policy = quick_policy().with_max_retry_after(Duration::from_millis(150));
-    let response = client(RetryMiddleware::new(policy))
-        .post(format!("http://{addr}/payments"))
-        .with_extension(CallKey::generate())
-        .send()
-        .await
-        .expect("answered");
+    let response = keyed_call(policy, addr).await.expect("answered");
     assert_eq!(response.status(), 201);
     let seen = server.seen();
     assert_eq!(seen.len(), 3);
@@ -300,12 +292,7 @@ async fn the_deadline_ends_a_call_that_keeps_failing() {
         .with_max_attempts(u32::MAX)
         .with_backoff(Duration::from_millis(10), Duration::from_millis(40))
         .with_deadline(deadline);
-    let response = client(RetryMiddleware::new(policy))
-        .post(format!("http://{addr}/payments"))
-        .with_extension(CallKey::generate())
-        .send()
-        .await
-        .expect("the last answer");
+    let response = keyed_call(policy, addr).await.expect("the last answer");
     assert_eq!(response.status(), 503);
     let seen = server.seen();
     assert!(seen.len() > 1, "retried before the deadline");
@@ -332,12 +319,7 @@ async fn the_deadline_cuts_an_attempt_that_gets_no_answer() {
         }
     });
     let policy = quick_policy().with_deadline(Duration::from_millis(200));
-    let error = client(RetryMiddleware::new(policy))
-        .post(format!("http://{addr}/payments"))
-        .with_extension(CallKey::generate())
-        .send()
-        .await
-        .expect_err("no answer");
+    let error = keyed_call(policy, addr).await.expect_err("no answer");
     let error = match error {
         reqwest_middleware::Error::Middleware(error) => error,
         other => panic!("{other:?}"),
@@ -354,12 +336,7 @@ async fn the_deadline_cuts_an_attempt_that_gets_no_answer() {
     let policy = quick_policy()
         .with_attempt_timeout(Duration::from_millis(50))
         .with_max_attempts(3);
-    let error = client(RetryMiddleware::new(policy))
-        .post(format!("http://{addr}/payments"))
-        .with_extension(CallKey::generate())
-        .send()
-        .await
-        .expect_err("no answer");
+    let error = keyed_call(policy, addr).await.expect_err("no answer");
     let reqwest_middleware::Error::Middleware(error) = error else {
         panic!("{error:?}")
     };
@@ -377,11 +354,7 @@ async fn a_streaming_body_is_refused_when_the_request_may_be_retried() {
     let (server, addr) = ScriptedServer::start(vec![status(201)]).await;
     let client = client(RetryMiddleware::new(quick_policy()));
     let streaming = || reqwest::Body::wrap(Full::new(Bytes::from_static(b"amount=10000")));
-    let error = client
-        .post(format!("http://{addr}/payments"))
-        .with_extension(CallKey::generate())
-        .body(streaming())
-        .send()
+    let error = post_payment(&client, addr, Some(CallKey::generate()), streaming())
         .await
         .expect_err("refused");
     let reqwest_middleware::Error::Middleware(error) = error else {
@@ -394,10 +367,7 @@ async fn a_streaming_body_is_refused_when_the_request_may_be_retried() {
     assert!(server.seen().is_empty(), "refused before sending");
 
     // Sent once anyway, it needs no copy.
-    let response = client
-        .post(format!("http://{addr}/payments"))
-        .body(streaming())
-        .send()
+    let response = post_payment(&client, addr, None, streaming())
         .await
         .expect("answered");
     assert_eq!(response.status(), 201);
@@ -411,12 +381,7 @@ async fn a_replay_is_reported() {
         status_with(201, "idempotent-replayed", "true"),
     ])
     .await;
-    let response = client(RetryMiddleware::new(quick_policy()))
-        .post(format!("http://{addr}/payments"))
-        .with_extension(CallKey::generate())
-        .send()
-        .await
-        .expect("answered");
+    let response = keyed_call(quick_policy(), addr).await.expect("answered");
     assert!(response.is_replayed());
     let report = response.call_report().unwrap();
     assert!(report.replayed);

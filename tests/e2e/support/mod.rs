@@ -6,17 +6,16 @@ pub(crate) mod process;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use idempotent_demo::database::{self, Database};
+use idempotent_demo::database;
 use idempotent_demo::gateway::Gateway;
 use idempotent_demo::gateway::api::{self, GatewayClient};
-use idempotent_runtime::{Idempotency, Store};
+use idempotent_runtime::Idempotency;
 use tower::ServiceExt;
 
 use idempotent_demo::mailer::Mailer;
@@ -57,19 +56,6 @@ where
 {
     let url = format!("sqlite://{}", dir.join("payments.db").display());
     let (db, store) = database::open(&url).await.expect("open demo database");
-    payments_demo_on(db, store, latency, route).await
-}
-
-async fn payments_demo_on<Route, Routed>(
-    db: Database,
-    store: Arc<dyn Store>,
-    latency: Duration,
-    route: Route,
-) -> PaymentsDemo
-where
-    Route: FnOnce(SocketAddr) -> Routed,
-    Routed: Future<Output = GatewayClient>,
-{
     let gateway = Gateway::new(db.clone(), latency)
         .await
         .expect("gateway schema");
