@@ -4,5 +4,5 @@
 //! demo's own records.
 
 pub mod client;
-pub mod proxy;
+pub use crate::fault_proxy as proxy;
 pub mod run;

@@ -12,6 +12,11 @@
 //! Every call that authorises or declines a charge, deduplicated or not, is also a line in
 //! the [`EffectsLog`] when the demo has one (`--effects-log`), so that a test can count
 //! the provider's effects across a `kill -9` of the process.
+//!
+//! The demo's handler reaches the gateway over HTTP, as it would a real provider: [`api`]
+//! serves it on loopback and is the demo's client of it, through `idempotent-client`.
+
+pub mod api;
 
 use std::io::Write;
 use std::path::Path;
@@ -111,6 +116,14 @@ pub enum GatewayError {
     /// Appending the call to the effects log failed (the charge itself is recorded).
     #[error("effects log error: {0}")]
     EffectsLog(#[from] std::io::Error),
+    /// The gateway gave no answer within the client's attempts and deadline: whether it
+    /// charged is unknown, and a retry with the same downstream key charges at most once.
+    #[error("payment gateway unreachable: {0}")]
+    Unreachable(String),
+    /// The gateway answered something its API does not (a `400`, a `500`, a body that is
+    /// not a charge).
+    #[error("unexpected answer from the payment gateway: {0}")]
+    Protocol(String),
 }
 
 /// The fake gateway.
@@ -180,14 +193,15 @@ impl Gateway {
         self
     }
 
-    /// Charges `amount` to `account`, deduplicated by `downstream_key`.
+    /// Charges `amount` to `account`, deduplicated by `downstream_key`: answers the charge
+    /// and whether it is new (`false`: an earlier call with `downstream_key` made it).
     pub async fn charge(
         &self,
         account: &str,
         amount: i64,
         currency: &str,
         downstream_key: &str,
-    ) -> Result<Charge, GatewayError> {
+    ) -> Result<(Charge, bool), GatewayError> {
         tokio::time::sleep(self.latency).await;
         if amount == UNAVAILABLE_AMOUNT {
             return Err(GatewayError::Unavailable);
@@ -258,7 +272,7 @@ impl Gateway {
         if charge.status == "declined" {
             return Err(GatewayError::Declined(charge));
         }
-        Ok(charge)
+        Ok((charge, inserted == 1))
     }
 
     /// The account's charges, oldest first.

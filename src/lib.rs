@@ -7,6 +7,8 @@
 //!   (recovery points);
 //! - [`ledger`]: a transactional handler (SQLite, with twins for Postgres and MySQL);
 //! - `chaos` (feature `postgres`): the chaos check of the payments demo;
+//! - [`fault_proxy`]: a TCP proxy that drops requests and cuts answers, for the chaos
+//!   check and the client half's tests;
 //! - [`auth`]: bearer-token authentication with fixed demo API keys (the idempotency
 //!   scope);
 //! - [`cli`]: the flags, each with an environment fallback;
@@ -23,6 +25,7 @@ pub mod auth;
 pub mod chaos;
 pub mod cli;
 pub mod database;
+pub mod fault_proxy;
 pub mod gateway;
 pub mod ledger;
 pub mod mailer;

@@ -15,7 +15,8 @@
 //! back instead of running the step again:
 //!
 //! 1. `authorise`: the gateway charges the card (an external effect, deduplicated by the
-//!    gateway too through `key.derive("authorise")`);
+//!    gateway too through `key.derive("authorise")`). The call goes over HTTP through
+//!    `idempotent-client`, which sends that key on every retry of a lost answer;
 //! 2. `ledger`: one row in `demo_payment_ledger`. With an SQL store the row is written in
 //!    the store's own database and commits together with the step's record (exactly
 //!    once); with Redis it goes to the gateway's database as a plain step;
@@ -44,6 +45,7 @@ use crate::amount;
 use crate::auth::{BearerAuth, Caller};
 use crate::cli::DemoArgs;
 use crate::database::{self, Database};
+use crate::gateway::api::GatewayClient;
 use crate::gateway::{Charge, EffectsLog, Gateway, GatewayError};
 use crate::mailer::Mailer;
 use crate::serve::{self, Banner, BoxError};
@@ -53,8 +55,10 @@ use crate::serve::{self, Banner, BoxError};
 pub struct AppState {
     /// The idempotency engine (`#[idempotent]` handlers find it through `FromRef`).
     pub idempotency: Idempotency,
-    /// The payment provider.
+    /// The payment provider's records (`GET /payments` reads them).
     pub gateway: Gateway,
+    /// The payment provider's API, which `POST /payments` charges through.
+    pub gateway_client: GatewayClient,
     /// The receipt mailer.
     pub mailer: Mailer,
     /// Where each payment's ledger row goes.
@@ -114,7 +118,8 @@ pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
 ///
 /// `scope = caller`: keys are unique per authenticated account. `key` is the claimed key
 /// and runs the steps; `key.derive("authorise")` is the gateway's own idempotency key, the
-/// same on every retry of this request, so the provider deduplicates too. `AsProblem`
+/// same on every retry of this request and on every attempt of the gateway call, so the
+/// provider deduplicates too. `AsProblem`
 /// answers malformed JSON as problem+json, before the key is claimed.
 #[utoipa::path(
     post,
@@ -144,8 +149,9 @@ pub fn openapi(idempotency: &Idempotency) -> utoipa::openapi::OpenApi {
             not a `ChargeRequest` object, e.g. an array or a number (`unprocessable_entity`, \
             from the JSON extractor: nothing ran, the key stays unused).",
             body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The gateway is down (`gateway_unavailable`); nothing was \
-            charged. Or the demo's database is unavailable for a moment, e.g. restarting \
+        (status = 503, description = "The gateway is down (`gateway_unavailable`; nothing was \
+            charged) or did not answer (`gateway_unreachable`; a retry with the same key charges \
+            at most once). Or the demo's database is unavailable for a moment, e.g. restarting \
             (`database_unavailable`): retry with the same key, the steps already done are not \
             repeated.",
             body = Problem, content_type = "application/problem+json"),
@@ -168,7 +174,7 @@ async fn create_payment(
             let downstream_key = key.derive("authorise");
             Ok::<_, ApiError>(
                 state
-                    .gateway
+                    .gateway_client
                     .charge(account, amount, &currency, &downstream_key)
                     .await?,
             )
@@ -521,6 +527,8 @@ enum ApiError {
     Declined(Payment),
     /// The gateway is down (`503`); nothing happened, retry with the same key.
     GatewayUnavailable,
+    /// The gateway did not answer (`503`); a retry with the same key charges at most once.
+    GatewayUnreachable,
     /// No such payment for this caller (`404`).
     NotFound,
     /// The demo's database is unavailable for a moment: the connection was lost or
@@ -548,8 +556,13 @@ impl From<GatewayError> for ApiError {
         match err {
             GatewayError::Declined(charge) => ApiError::Declined(charge.into()),
             GatewayError::Unavailable => ApiError::GatewayUnavailable,
+            GatewayError::Unreachable(err) => {
+                tracing::warn!(%err, "the gateway did not answer");
+                ApiError::GatewayUnreachable
+            }
             GatewayError::Ledger(err) => err.into(),
             GatewayError::EffectsLog(err) => ApiError::Internal(err.to_string()),
+            GatewayError::Protocol(detail) => ApiError::Internal(detail),
         }
     }
 }
@@ -601,6 +614,14 @@ impl IntoResponse for ApiError {
                  Idempotency-Key: what was already done is not done again.",
             )
             .with_retry_after(1),
+            ApiError::GatewayUnreachable => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "gateway_unreachable",
+                "Payment gateway unreachable",
+                "The gateway did not answer. Retry with the same Idempotency-Key: the card is \
+                 charged at most once.",
+            )
+            .with_retry_after(1),
             ApiError::NotFound => Problem::new(
                 StatusCode::NOT_FOUND,
                 "not_found",
@@ -650,6 +671,10 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
     let gateway = Gateway::new(db.clone(), args.gateway_latency())
         .await?
         .with_effects_log(effects.clone());
+    // The fake provider listens on loopback; the handler calls it like a real one.
+    let gateway_addr =
+        crate::gateway::api::serve(gateway.clone(), ([127, 0, 0, 1], 0).into()).await?;
+    tracing::info!(%gateway_addr, "the fake payment gateway listens");
     let ledger = Ledger::new(db, !database::is_key_value_store(&args.database_url)).await?;
     if let Some(step) = &args.pause_after_step {
         tracing::warn!(%step, "test hook: every POST /payments stops after this step");
@@ -657,6 +682,7 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
     let app = router(AppState {
         idempotency: idempotency.clone(),
         gateway,
+        gateway_client: GatewayClient::new(gateway_addr),
         mailer: Mailer::new(effects),
         ledger,
         pause: PauseAfterStep::new(args.pause_after_step.as_deref()),

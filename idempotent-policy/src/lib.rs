@@ -1,9 +1,41 @@
-//! The part of the idempotency policy no handler configures, defined once for the two
-//! crates that apply it: `idempotent-runtime` (which strips these headers before storing
-//! a response) and `idempotent-macros` (which refuses them in `exclude_headers`, saying
-//! why). Use it through `idempotent-runtime`, which re-exports it.
+//! The part of the idempotency policy no handler configures, defined once for the crates
+//! that apply it: `idempotent-runtime` (which strips these headers before storing a
+//! response, and parses the key), `idempotent-macros` (which refuses them in
+//! `exclude_headers`, saying why) and `idempotent-client` (which sends the key and reads
+//! the replay marker). Use it through `idempotent-runtime` or `idempotent-client`.
 #![no_std]
 #![warn(missing_docs)]
+
+extern crate alloc;
+
+use alloc::string::String;
+
+/// The request header carrying the key (lower-case).
+pub const KEY_HEADER: &str = "idempotency-key";
+
+/// The longest key the server accepts, in characters (after unquoting).
+pub const MAX_KEY_LEN: usize = 255;
+
+/// Formats `key` as an RFC 9651 sf-string: wrapped in `"`, with `"` and `\` escaped.
+///
+/// It does not validate: a key with characters outside printable ASCII gives a value the
+/// server refuses.
+///
+/// ```
+/// assert_eq!(idempotent_policy::quote_key(r#"a"b\c"#), r#""a\"b\\c""#);
+/// ```
+pub fn quote_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 2);
+    out.push('"');
+    for c in key.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
 
 /// The header marking a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";

@@ -26,7 +26,9 @@
 //! 16. [`checks`]: the test suite, the fuzz harness, the protocol model and the chaos
 //!     check — how to run each and what it proves;
 //! 17. [`steps`]: multi-step handlers — recovery points, atomic and external steps, and
-//!     what a retry does after each kind of failure.
+//!     what a retry does after each kind of failure;
+//! 18. [`client`]: calling other APIs safely — `idempotent-client`, one key per call
+//!     reused on every retry, and what it retries.
 //!
 //! Every Rust example here is compiled as a doc test. The examples after [`app`] paste
 //! into its program as it stands: what they need from it (the `Caller` extractor, the
@@ -82,3 +84,6 @@ pub mod checks {}
 
 #[doc = include_str!("17_steps.md")]
 pub mod steps {}
+
+#[doc = include_str!("18_client.md")]
+pub mod client {}

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use http::{HeaderMap, HeaderName};
 
 /// The longest key accepted, in characters.
-pub const MAX_KEY_LEN: usize = 255;
+pub const MAX_KEY_LEN: usize = idempotent_policy::MAX_KEY_LEN;
 
 /// Why a request's idempotency key was refused (`400` problem+json).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,16 +83,7 @@ pub fn parse_header(headers: &HeaderMap, name: &HeaderName) -> Result<String, Ke
 /// assert_eq!(idempotent_runtime::key::quote(r#"a"b\c"#), r#""a\"b\\c""#);
 /// ```
 pub fn quote(key: &str) -> String {
-    let mut out = String::with_capacity(key.len() + 2);
-    out.push('"');
-    for c in key.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-    out
+    idempotent_policy::quote_key(key)
 }
 
 /// Parses one field value (raw bytes, any content) into the unquoted key.

@@ -4,16 +4,18 @@
 
 pub(crate) mod process;
 
-use std::sync::Arc;
+use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use idempotent_demo::database::{self, Database};
+use idempotent_demo::database;
 use idempotent_demo::gateway::Gateway;
-use idempotent_runtime::{Idempotency, Store};
+use idempotent_demo::gateway::api::{self, GatewayClient};
+use idempotent_runtime::Idempotency;
 use tower::ServiceExt;
 
 use idempotent_demo::mailer::Mailer;
@@ -35,21 +37,39 @@ pub(crate) struct PaymentsDemo {
 
 /// The payments demo on an SQLite file in `dir`, as [`PaymentsDemo`].
 pub(crate) async fn payments_demo(dir: &std::path::Path, latency: Duration) -> PaymentsDemo {
-    let url = format!("sqlite://{}", dir.join("payments.db").display());
-    let (db, store) = database::open(&url).await.expect("open demo database");
-    payments_demo_on(db, store, latency).await
+    payments_demo_routed(dir, latency, |gateway| async move {
+        GatewayClient::new(gateway)
+    })
+    .await
 }
 
-async fn payments_demo_on(db: Database, store: Arc<dyn Store>, latency: Duration) -> PaymentsDemo {
+/// [`payments_demo`], its handler reaching the gateway through the client `route` makes
+/// for the gateway's address (through a fault proxy in front of it, say).
+pub(crate) async fn payments_demo_routed<Route, Routed>(
+    dir: &std::path::Path,
+    latency: Duration,
+    route: Route,
+) -> PaymentsDemo
+where
+    Route: FnOnce(SocketAddr) -> Routed,
+    Routed: Future<Output = GatewayClient>,
+{
+    let url = format!("sqlite://{}", dir.join("payments.db").display());
+    let (db, store) = database::open(&url).await.expect("open demo database");
     let gateway = Gateway::new(db.clone(), latency)
         .await
         .expect("gateway schema");
+    let gateway_addr = api::serve(gateway.clone(), ([127, 0, 0, 1], 0).into())
+        .await
+        .expect("serve the gateway");
+    let gateway_client = route(gateway_addr).await;
     let ledger = Ledger::new(db, true).await.expect("ledger schema");
     let mailer = Mailer::default();
     let idempotency = Idempotency::builder_shared(store).build();
     let app = router(AppState {
         idempotency,
         gateway: gateway.clone(),
+        gateway_client,
         mailer: mailer.clone(),
         ledger: ledger.clone(),
         pause: PauseAfterStep::default(),

@@ -1,4 +1,5 @@
-//! A fault-injecting TCP proxy on loopback, one per demo instance. Each connection draws
+//! A fault-injecting TCP proxy on loopback, in front of a demo instance (the chaos check)
+//! or of the demo's gateway (the client half's tests). Each connection draws
 //! one fate (the client opens one connection per request, so each request does):
 //!
 //! - **pass**: relayed both ways;
