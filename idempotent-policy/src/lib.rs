@@ -1,9 +1,15 @@
-//! The part of the idempotency policy no handler configures, defined once for the two
-//! crates that apply it: `idempotent-runtime` (which strips these headers before storing
-//! a response) and `idempotent-macros` (which refuses them in `exclude_headers`, saying
-//! why). Use it through `idempotent-runtime`, which re-exports it.
+//! What `idempotent-macros` (at compile time) and `idempotent-runtime` (at run time) must
+//! agree on, defined once for both: the headers never replayed (the runtime strips them
+//! before storing a response, the macro refuses them in `exclude_headers`, saying why),
+//! and the [`duration`] grammar (the attribute's `ttl = "1h 30m"`, and durations an
+//! application reads at run time). Use it through `idempotent-runtime`, which re-exports
+//! it.
 #![no_std]
 #![warn(missing_docs)]
+
+extern crate alloc;
+
+pub mod duration;
 
 /// The header marking a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
