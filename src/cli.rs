@@ -34,8 +34,8 @@ pub struct DemoArgs {
 
     /// How long to wait at startup for a Postgres or MySQL database that refuses
     /// connections (e.g. restarting), retrying and logging each attempt, before giving
-    /// up (e.g. `1ms` to give up at the first refusal).
-    #[arg(long, env = "DATABASE_WAIT", default_value = "60s", value_parser = duration::parse)]
+    /// up; `0s` gives up at the first refusal.
+    #[arg(long, env = "DATABASE_WAIT", default_value = "60s", value_parser = duration::parse_or_zero)]
     pub database_wait: Duration,
 
     /// Where `database_url` came from: a flag, `DATABASE_URL` or the default. Worth
@@ -153,6 +153,9 @@ mod tests {
             DemoArgs::try_from_iter(["demo", "--ttl", "1h 30m", "--lease", "1s500ms"]).unwrap();
         assert_eq!(args.ttl, Duration::from_secs(5400));
         assert_eq!(args.lease, Duration::from_millis(1500));
+        // The startup wait's zero means "at once": the same grammar, zero allowed.
+        let args = DemoArgs::try_from_iter(["demo", "--database-wait", "0s"]).unwrap();
+        assert_eq!(args.database_wait, Duration::ZERO);
         for (bad, says) in [
             ("soon", "\"soon\" is not a whole number followed by a unit"),
             ("0s", "is zero"),
