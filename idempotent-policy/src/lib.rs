@@ -1,12 +1,16 @@
-//! The part of the idempotency policy no handler configures, defined once for the crates
-//! that apply it: `idempotent-runtime` (which strips these headers before storing a
-//! response, and parses the key), `idempotent-macros` (which refuses them in
-//! `exclude_headers`, saying why) and `idempotent-client` (which sends the key and reads
-//! the replay marker). Use it through `idempotent-runtime` or `idempotent-client`.
+//! What the crates of the project must agree on, defined once for the crates that apply
+//! it: the headers never replayed (`idempotent-runtime` strips them before storing a
+//! response, `idempotent-macros` refuses them in `exclude_headers`, saying why), the key's
+//! header (the runtime parses it, `idempotent-client` sends it and reads the replay
+//! marker), and the [`duration`] grammar (the attribute's `ttl = "1h 30m"`, and durations
+//! an application reads at run time). Use it through `idempotent-runtime` or
+//! `idempotent-client`.
 #![no_std]
 #![warn(missing_docs)]
 
 extern crate alloc;
+
+pub mod duration;
 
 use alloc::string::String;
 
