@@ -1,8 +1,9 @@
 //! Compile-time tests of `#[idempotent]`: handlers that must compile (and build a router)
 //! and mistakes that must be refused with a helpful, well-placed error.
 //!
-//! Regenerate the expected errors with `TRYBUILD=overwrite cargo test --test ui`, then
-//! read every changed `.stderr`: each error must point at the user's token.
+//! Regenerate the expected errors with `TRYBUILD=overwrite cargo test -p
+//! idempotent-ui-tests`, then read every changed `.stderr`: each error must point at the
+//! user's token, and teach the fix.
 
 #[test]
 fn ui() {
