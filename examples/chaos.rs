@@ -19,6 +19,7 @@ use std::time::Duration;
 use clap::Parser;
 use idempotent_demo::chaos::{client, proxy, run};
 use idempotent_demo::payments;
+use idempotent_runtime::duration;
 
 /// Chaos check of the payments demo.
 #[derive(Debug, Parser)]
@@ -37,7 +38,7 @@ struct ChaosArgs {
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
     /// The fake gateway's latency (how long each handler runs).
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "100ms", value_parser = duration::parse)]
     gateway_latency: Duration,
     /// Percent of connections closed before the request reaches the server.
     #[arg(long, default_value_t = 10)]
@@ -52,13 +53,13 @@ struct ChaosArgs {
     #[arg(long, default_value_t = 5)]
     stall_percent: u32,
     /// The client's timeout per attempt.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = duration::parse)]
     attempt_timeout: Duration,
     /// Attempts per payment.
     #[arg(long, default_value_t = 10)]
     max_attempts: u32,
     /// The client phase must end within this.
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = duration::parse)]
     time_limit: Duration,
     /// Where the instances' logs go.
     #[arg(long, default_value_os_t = std::env::temp_dir().join("idempotent-chaos"))]

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
+use idempotent_runtime::duration;
 
 /// Flags of the demo APIs.
 #[derive(Debug, Clone, Parser)]
@@ -34,7 +35,7 @@ pub struct DemoArgs {
     /// How long to wait at startup for a Postgres or MySQL database that refuses
     /// connections (e.g. restarting), retrying and logging each attempt, before giving
     /// up; `0s` gives up at the first refusal.
-    #[arg(long, env = "DATABASE_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "DATABASE_WAIT", default_value = "60s", value_parser = duration::parse_or_zero)]
     pub database_wait: Duration,
 
     /// Where `database_url` came from: a flag, `DATABASE_URL` or the default. Worth
@@ -48,18 +49,18 @@ pub struct DemoArgs {
 
     /// The engine's default lease (e.g. `30s`): how long a claim stays owned without a
     /// heartbeat, so how soon a crashed instance's request can be retried.
-    #[arg(long, env = "IDEMPOTENCY_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOTENCY_LEASE", default_value = "30s", value_parser = duration::parse)]
     pub lease: Duration,
 
     /// The engine's default TTL (e.g. `24h`): how long a key is remembered. Shorten it to
     /// watch an expired key run as new.
-    #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = duration::parse)]
     pub ttl: Duration,
 
     /// The engine's default wait (e.g. `5s`): a duplicate that finds the original still
     /// running waits up to this long for its outcome (and gets the replay) instead of
     /// `409` at once. Off by default.
-    #[arg(long, env = "IDEMPOTENCY_WAIT", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEMPOTENCY_WAIT", value_parser = duration::parse)]
     pub wait: Option<Duration>,
 
     /// Payments demo: append one line per external effect of the fake providers
@@ -127,8 +128,8 @@ impl DemoArgs {
                 clap::error::ErrorKind::ArgumentConflict,
                 format!(
                     "--lease ({}) must be shorter than --ttl ({})",
-                    humantime::format_duration(parsed.lease),
-                    humantime::format_duration(parsed.ttl)
+                    duration::format(parsed.lease),
+                    duration::format(parsed.ttl)
                 ),
             ));
         }
@@ -145,14 +146,25 @@ impl DemoArgs {
 mod tests {
     use super::*;
 
+    /// The flags read the attribute's grammar (`idempotent_runtime::duration`).
     #[test]
-    fn durations_are_humantime() {
+    fn durations_are_the_attributes_grammar() {
         let args =
-            DemoArgs::try_from_iter(["demo", "--ttl", "1h 30m", "--lease", "1500ms"]).unwrap();
+            DemoArgs::try_from_iter(["demo", "--ttl", "1h 30m", "--lease", "1s500ms"]).unwrap();
         assert_eq!(args.ttl, Duration::from_secs(5400));
         assert_eq!(args.lease, Duration::from_millis(1500));
-        let bad = DemoArgs::try_from_iter(["demo", "--ttl", "soon"]).unwrap_err();
-        assert_eq!(bad.kind(), clap::error::ErrorKind::ValueValidation);
+        // The startup wait's zero means "at once": the same grammar, zero allowed.
+        let args = DemoArgs::try_from_iter(["demo", "--database-wait", "0s"]).unwrap();
+        assert_eq!(args.database_wait, Duration::ZERO);
+        for (bad, says) in [
+            ("soon", "\"soon\" is not a whole number followed by a unit"),
+            ("0s", "is zero"),
+            ("1.5h", "write whole numbers"),
+        ] {
+            let error = DemoArgs::try_from_iter(["demo", "--ttl", bad]).unwrap_err();
+            assert_eq!(error.kind(), clap::error::ErrorKind::ValueValidation);
+            assert!(error.to_string().contains(says), "{error}");
+        }
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub enum DatabaseError {
     Schema(#[from] sqlx::Error),
     /// The database still refused connections when the startup wait ran out (see
     /// [`wait_until_reachable`]).
-    #[error("the database at {location} was not reachable within {}: {reason}", humantime::format_duration(*.waited))]
+    #[error("the database at {location} was not reachable within {}: {reason}", idempotent_runtime::duration::format(*.waited))]
     Unreachable {
         /// The database URL, password redacted.
         location: String,

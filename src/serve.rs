@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::Router;
-use idempotent_runtime::Idempotency;
+use idempotent_runtime::{Idempotency, duration};
 
 use crate::auth::DEMO_KEYS;
 use crate::cli::DemoArgs;
@@ -101,13 +101,13 @@ fn print_banner(banner: Banner, addr: std::net::SocketAddr, args: &DemoArgs) {
         args.database_url_from
     );
     let wait = match args.wait {
-        Some(wait) => humantime::format_duration(wait).to_string(),
+        Some(wait) => duration::format(wait).to_string(),
         None => "off".to_owned(),
     };
     println!(
         "idempotency: ttl {}, lease {}, wait {wait}",
-        humantime::format_duration(args.ttl),
-        humantime::format_duration(args.lease)
+        duration::format(args.ttl),
+        duration::format(args.lease)
     );
     for (key, account) in DEMO_KEYS {
         println!("  api key {key} -> {account}");

@@ -11,11 +11,14 @@ use syn::meta::ParseNestedMeta;
 use syn::parse::Parser;
 use syn::{Expr, Ident, Lit, LitStr, Token};
 
-use crate::duration;
+use std::time::Duration;
+
+use idempotent_policy::duration::{self, DurationErrorKind};
 
 /// Every argument the attribute knows, in the order the docs list them.
 pub(crate) const KNOWN: &[&str] = &[
     "scope",
+    "state",
     "ttl",
     "lease",
     "max_duration",
@@ -30,8 +33,8 @@ pub(crate) const KNOWN: &[&str] = &[
 
 /// A duration argument: its value and the literal it came from (for spans and messages).
 pub(crate) struct DurationArg {
-    /// Whole seconds, always positive.
-    pub(crate) secs: u64,
+    /// Always positive, in whole milliseconds (the grammar's smallest unit).
+    pub(crate) value: Duration,
     /// The literal as written.
     pub(crate) lit: LitStr,
 }
@@ -64,6 +67,8 @@ pub(crate) enum FingerprintMode {
 pub(crate) struct Args {
     /// The argument naming the authenticated caller.
     pub(crate) scope: Option<Ident>,
+    /// `state = AppState`: the router state, checked to give the engine.
+    pub(crate) state: Option<syn::Type>,
     pub(crate) ttl: Option<DurationArg>,
     pub(crate) lease: Option<DurationArg>,
     pub(crate) max_duration: Option<DurationArg>,
@@ -98,7 +103,7 @@ impl Args {
             Err(err) => errors.push(err),
         }
         if let (Some(ttl), Some(lease)) = (&args.ttl, &args.lease)
-            && lease.secs >= ttl.secs
+            && lease.value >= ttl.value
         {
             errors.push(syn::Error::new(
                 lease.lit.span(),
@@ -152,7 +157,12 @@ impl Args {
             return skip_value(meta);
         }
         meta.input.parse::<Token![=]>()?;
-        let value: Expr = meta.input.parse()?;
+        // A type, not an expression: `AppState<Db>` is no expression.
+        let value = if name == "state" && !meta.input.peek(LitStr) {
+            Value::Type(meta.input.parse()?)
+        } else {
+            Value::Expr(meta.input.parse()?)
+        };
         if self.seen.contains(&name) {
             errors.push(syn::Error::new_spanned(
                 &meta.path,
@@ -163,8 +173,16 @@ impl Args {
             return Ok(());
         }
         self.seen.push(name.clone());
+        let value = match value {
+            Value::Type(ty) => {
+                self.state = Some(ty);
+                return Ok(());
+            }
+            Value::Expr(value) => value,
+        };
         let outcome = match name.as_str() {
             "scope" => scope_value(&value).map(|ident| self.scope = Some(ident)),
+            "state" => Err(state_string(&value)),
             "ttl" => duration_value("ttl", &value).map(|d| self.ttl = Some(d)),
             "lease" => duration_value("lease", &value).map(|d| self.lease = Some(d)),
             "max_duration" => {
@@ -190,11 +208,17 @@ impl Args {
     }
 }
 
+/// An argument's value: a type for `state`, an expression for the others.
+enum Value {
+    Type(syn::Type),
+    Expr(Expr),
+}
+
 /// A wait longer than the handler may run never ends in a replay that a shorter one would
 /// miss. Checked only against a `max_duration` written beside it: the engine's default is
 /// configured at run time, and the engine cuts a longer wait to it.
 fn check_wait(wait: &DurationArg, max: &DurationArg, errors: &mut Vec<syn::Error>) {
-    if wait.secs > max.secs {
+    if wait.value > max.value {
         errors.push(syn::Error::new(
             wait.lit.span(),
             format!(
@@ -220,6 +244,7 @@ fn unknown_message(what: &str) -> String {
 fn example(name: &str) -> &'static str {
     match name {
         "scope" => "scope = caller",
+        "state" => "state = AppState",
         "ttl" => "ttl = \"24h\"",
         "lease" => "lease = \"30s\"",
         "max_duration" => "max_duration = \"2m\"",
@@ -292,31 +317,54 @@ fn scope_value(value: &Expr) -> syn::Result<Ident> {
     ))
 }
 
+/// `state = "AppState"`: the only value of `state` read as an expression.
+fn state_string(value: &Expr) -> syn::Error {
+    let name = string_literal(value).map_or_else(|| "AppState".to_owned(), LitStr::value);
+    syn::Error::new_spanned(
+        value,
+        format!(
+            "`state` names the router state's type, not a string: write `state = {name}` \
+             without quotes"
+        ),
+    )
+}
+
 fn duration_value(name: &str, value: &Expr) -> syn::Result<DurationArg> {
     let Some(lit) = string_literal(value) else {
         return Err(syn::Error::new_spanned(
             value,
             format!(
-                "`{name}` takes a duration string with units, e.g. `{}` (s, m, h, d; combinations like \"1h30m\")",
+                "`{name}` takes a duration string with units, e.g. `{}` (ms, s, m, h, d; \
+                 combinations like \"1h 30m\")",
                 example(name)
             ),
         ));
     };
-    match duration::parse_secs(&lit.value()) {
-        Ok(secs) => Ok(DurationArg {
-            secs,
+    match duration::parse(&lit.value()) {
+        Ok(value) => Ok(DurationArg {
+            value,
             lit: lit.clone(),
         }),
         // A zero wait reads like "do not wait": say how that is written.
-        Err(message) if name == "wait" && message.contains(" is zero") => Err(syn::Error::new(
+        Err(error) if name == "wait" && *error.kind() == DurationErrorKind::Zero => {
+            Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`wait = {:?}` is zero: to answer `409` at once, leave `wait` out (waiting \
+                     is off by default); to wait, write a few seconds, e.g. `wait = \"5s\"`",
+                    lit.value()
+                ),
+            ))
+        }
+        Err(error) if *error.kind() == DurationErrorKind::Zero => Err(syn::Error::new(
             lit.span(),
             format!(
-                "`wait = {:?}` is zero: to answer `409` at once, leave `wait` out (waiting \
-                     is off by default); to wait, write a few seconds, e.g. `wait = \"5s\"`",
-                lit.value()
+                "`{name} = {:?}` is zero: it must be positive, e.g. `{}`",
+                lit.value(),
+                example(name)
             ),
         )),
-        Err(message) => Err(syn::Error::new(lit.span(), format!("`{name}`: {message}"))),
+        Err(error) => Err(syn::Error::new(lit.span(), format!("`{name}`: {error}"))),
     }
 }
 
@@ -562,13 +610,32 @@ mod tests {
         );
         assert!(args.complete);
         assert_eq!(args.scope.unwrap(), "caller");
-        assert_eq!(args.ttl.unwrap().secs, 5_400);
-        assert_eq!(args.lease.unwrap().secs, 10);
-        assert_eq!(args.max_duration.unwrap().secs, 120);
+        assert_eq!(args.ttl.unwrap().value, Duration::from_secs(5_400));
+        assert_eq!(args.lease.unwrap().value, Duration::from_secs(10));
+        assert_eq!(args.max_duration.unwrap().value, Duration::from_secs(120));
         assert_eq!(args.on_server_error, Some(OnServerError::Store));
         assert_eq!(args.fingerprint, Some(FingerprintMode::Json));
         assert_eq!(args.exclude_headers.unwrap().len(), 2);
         assert!(args.krate.unwrap().is_ident("renamed"));
+    }
+
+    #[test]
+    fn state_is_a_type() {
+        let (args, errors) = parse(quote!(scope = c, state = AppState<Db>, ttl = "1h"));
+        assert!(errors.is_empty() && args.complete, "{errors:?}");
+        let state = args.state.unwrap();
+        assert_eq!(quote!(#state).to_string(), "AppState < Db >");
+        let (args, errors) = parse(quote!(scope = c, state = "AppState", state = Other));
+        assert!(args.complete);
+        assert_eq!(
+            errors,
+            [
+                "`state` names the router state's type, not a string: write `state = AppState` \
+                 without quotes",
+                "duplicate argument `state`: it is already set in this attribute; keep one",
+            ]
+        );
+        assert!(args.state.is_none(), "a refused value sets nothing");
     }
 
     #[test]
@@ -623,7 +690,7 @@ mod tests {
         }
         let (args, errors) = parse(quote!(scope = c, wait = "5s"));
         assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(args.wait.map(|w| w.secs), Some(5));
+        assert_eq!(args.wait.map(|w| w.value), Some(Duration::from_secs(5)));
         let (_, errors) = parse(quote!(scope = c, wait = "0s"));
         assert!(
             errors[0]
@@ -635,7 +702,7 @@ mod tests {
         // The engine's default maximum duration is configured at run time: not checked here.
         let (args, errors) = parse(quote!(scope = c, wait = "10m"));
         assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(args.wait.map(|w| w.secs), Some(600));
+        assert_eq!(args.wait.map(|w| w.value), Some(Duration::from_secs(600)));
         let (_, errors) = parse(quote!(scope = c, max_duration = "30s", wait = "1m"));
         assert!(
             errors[0].contains(
@@ -719,6 +786,32 @@ mod tests {
         assert!(errors[0].contains("must be shorter"), "{errors:?}");
         let (_, errors) = parse(quote!(scope = c, ttl = "1m", lease = "59s"));
         assert!(errors.is_empty());
+        let (_, errors) = parse(quote!(scope = c, ttl = "1s", lease = "1000ms"));
+        assert!(errors[0].contains("must be shorter"), "{errors:?}");
+    }
+
+    /// The grammar is `idempotent_policy::duration`'s (tested there): what the demos' flags
+    /// read, the attribute reads, milliseconds and spaces included.
+    #[test]
+    fn durations_are_the_shared_grammar() {
+        let (args, errors) = parse(quote!(scope = c, ttl = "1h 30m", lease = "1s500ms"));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(args.ttl.unwrap().value, Duration::from_secs(5_400));
+        assert_eq!(args.lease.unwrap().value, Duration::from_millis(1_500));
+        let (_, errors) = parse(quote!(scope = c, ttl = "1.5h"));
+        assert_eq!(
+            errors,
+            [
+                "`ttl`: invalid duration \"1.5h\": write whole numbers, e.g. \"1h30m\"; the units \
+                 are ms, s, m, h and d, e.g. \"500ms\", \"90s\", \"15m\", \"24h\", \"7d\" or \
+                 \"1h 30m\""
+            ]
+        );
+        let (_, errors) = parse(quote!(scope = c, lease = "0ms"));
+        assert_eq!(
+            errors,
+            ["`lease = \"0ms\"` is zero: it must be positive, e.g. `lease = \"30s\"`"]
+        );
     }
 
     #[test]

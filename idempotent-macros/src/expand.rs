@@ -228,10 +228,19 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
     let allow_arity = (user_count <= CLIPPY_MAX_ARGS && wrapper_count > CLIPPY_MAX_ARGS)
         .then(|| quote!(#[allow(clippy::too_many_arguments)]));
 
+    // `state = AppState`: a forgotten `impl FromRef<AppState> for Idempotency` is reported
+    // on the attribute's `AppState`, naming the impl, besides Axum's "not a `Handler`".
+    let state_check = args.state.as_ref().map(|state| {
+        quote_spanned! {state.span()=>
+            #p::check_state_gives_engine::<#state>();
+        }
+    });
+
     let body = quote! {
         #(#inner_attrs)*
         async fn #name(#(#inner_params),*) #output #block
         const __CONFIG: #p::HandlerConfig = #config;
+        #state_check
         #unhash
         let __scope = #scope_fn(&#scope_arg).into_owned();
         #run
@@ -258,21 +267,17 @@ fn config(args: &Args, handler_name: &syn::Ident, p: &TokenStream) -> TokenStrea
         #p::HandlerConfig::new()
             .name(::core::concat!(::core::module_path!(), "::", #name))
     };
-    if let Some(ttl) = &args.ttl {
-        let secs = Literal::u64_unsuffixed(ttl.secs);
-        config.extend(quote!(.ttl(#p::Duration::from_secs(#secs))));
-    }
-    if let Some(lease) = &args.lease {
-        let secs = Literal::u64_unsuffixed(lease.secs);
-        config.extend(quote!(.lease(#p::Duration::from_secs(#secs))));
-    }
-    if let Some(max) = &args.max_duration {
-        let secs = Literal::u64_unsuffixed(max.secs);
-        config.extend(quote!(.max_duration(#p::Duration::from_secs(#secs))));
-    }
-    if let Some(wait) = &args.wait {
-        let secs = Literal::u64_unsuffixed(wait.secs);
-        config.extend(quote!(.wait(#p::Duration::from_secs(#secs))));
+    for (setter, duration) in [
+        ("ttl", &args.ttl),
+        ("lease", &args.lease),
+        ("max_duration", &args.max_duration),
+        ("wait", &args.wait),
+    ] {
+        if let Some(duration) = duration {
+            let setter = format_ident!("{}", setter);
+            let value = duration_tokens(duration.value, p);
+            config.extend(quote!(.#setter(#value)));
+        }
     }
     if let Some(policy) = args.on_server_error {
         let variant = match policy {
@@ -295,4 +300,18 @@ fn config(args: &Args, handler_name: &syn::Ident, p: &TokenStream) -> TokenStrea
         config.extend(quote!(.key_optional()));
     }
     config
+}
+
+/// `Duration::from_secs(n)` when `duration` is whole seconds (what the docs show an
+/// expansion as), else `Duration::from_millis(n)`: the grammar's smallest unit.
+fn duration_tokens(duration: std::time::Duration, p: &TokenStream) -> TokenStream {
+    if duration.subsec_millis() == 0 {
+        let secs = Literal::u64_unsuffixed(duration.as_secs());
+        quote!(#p::Duration::from_secs(#secs))
+    } else {
+        let millis =
+            u64::try_from(duration.as_millis()).expect("the grammar counts milliseconds in a u64");
+        let millis = Literal::u64_unsuffixed(millis);
+        quote!(#p::Duration::from_millis(#millis))
+    }
 }

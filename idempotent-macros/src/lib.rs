@@ -2,10 +2,10 @@
 //! re-exports it together with everything the expansion names.
 //!
 //! Layout: `args` parses the attribute's arguments, `signature` checks the
-//! function, `expand` generates the wrapper, `duration` parses `"24h"`-style durations.
+//! function, `expand` generates the wrapper. Durations (`"24h"`, `"1h 30m"`) are read with
+//! `idempotent_policy::duration`, the grammar the runtime reads too.
 
 mod args;
-mod duration;
 mod expand;
 mod signature;
 #[cfg(test)]
@@ -66,8 +66,15 @@ use proc_macro::TokenStream;
 /// - `scope = <argument>` (required): the argument naming the authenticated caller. It
 ///   must be bound to a plain name (`caller: Caller`, not `Caller(c): Caller`) and its type
 ///   must implement `Scope`. Keys are unique per scope.
-/// - `ttl = "24h"`: how long a key is remembered (`"90s"`, `"15m"`, `"24h"`, `"7d"`,
-///   `"1h30m"`). Default: the engine's (24h unless configured).
+/// - `state = AppState`: the router state. The attribute then checks that the state gives
+///   the engine (`impl FromRef<AppState> for Idempotency`), and when it does not, the first
+///   error is on this `AppState` and names the impl to write (see "The router state"
+///   below). Optional: without it the handler works for any state that gives the engine.
+/// - `ttl = "24h"`: how long a key is remembered. Durations are whole numbers with the
+///   units `ms`, `s`, `m`, `h` and `d`, largest first, with or without spaces: `"500ms"`,
+///   `"90s"`, `"15m"`, `"24h"`, `"7d"`, `"1h30m"`, `"1h 30m"` (the grammar of
+///   `idempotent_runtime::duration`, which the runtime reads too); zero is refused.
+///   Default: the engine's (24h unless configured).
 /// - `lease = "30s"`: how long a running request keeps its claim between heartbeats; must
 ///   be shorter than `ttl`. Default: the engine's (30s unless configured).
 /// - `max_duration = "2m"`: how long the handler and its response body may take. Past
@@ -135,13 +142,27 @@ use proc_macro::TokenStream;
 /// compiles while the attribute is being fixed. One follow-on error remains: code that
 /// calls the handler directly with its arguments (the stub has none).
 ///
+/// # The router state
+///
 /// The router state must give the engine: `impl FromRef<AppState> for Idempotency`. The
-/// macro cannot check that, as it does not know the router's state type, and Axum reports
-/// the missing impl as the handler not being a `Handler`: when `.route(.., post(name))`
-/// says the handler does not implement ``Handler<(…), Idempotency>`` and
-/// `.with_state(state)` says ``expected `Idempotency`, found `AppState` ``, the `FromRef`
-/// impl is missing (Rust inferred the state to be `Idempotency`, the one type it knows
-/// gives an engine).
+/// macro does not know the router's state type unless told, and Axum reports a missing
+/// impl as the handler not being a `Handler`: when `.route(.., post(name))` says the
+/// handler does not implement ``Handler<(…), Idempotency>`` and `.with_state(state)` says
+/// ``expected `Idempotency`, found `AppState` ``, the `FromRef` impl is missing (Rust
+/// inferred the state to be `Idempotency`, the one type it knows gives an engine). With
+/// `state = AppState` the first error says so, on `AppState`:
+///
+/// ```text
+/// error[E0277]: `#[idempotent(state = AppState)]`: the router state `AppState` does not give the handler its engine
+///    |
+///    | #[idempotent(scope = caller, state = AppState)]
+///    |                                      ^^^^^^^^ `Idempotency` does not implement `FromRef<AppState>`
+/// ```
+///
+/// `#[axum::debug_handler]` goes below `#[idempotent]`, where it checks the expansion (the
+/// handler Axum routes; give it `state = AppState` unless a `State<AppState>` argument
+/// names the state). Above, it checks the function as written, whose key and transaction
+/// arguments are no extractors, and refuses correct code.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

@@ -559,3 +559,43 @@ fn policy_publishes_the_config_as_a_constant() {
         assert!(text.contains(message), "{text}");
     }
 }
+
+#[test]
+fn a_named_state_is_checked_to_give_the_engine() {
+    let text = expand(
+        quote!(scope = caller, state = AppState),
+        quote! {
+            async fn create(caller: Caller, State(app): State<AppState>) -> StatusCode {
+                let _ = (caller, app);
+                StatusCode::CREATED
+            }
+        },
+    );
+    assert!(
+        text.contains("::idempotent_runtime::__private::check_state_gives_engine::<AppState>();"),
+        "{text}"
+    );
+    let unnamed = expand(
+        quote!(scope = caller),
+        quote!(
+            async fn create(caller: Caller) {}
+        ),
+    );
+    assert!(!unnamed.contains("check_state_gives_engine"), "{unnamed}");
+}
+
+#[test]
+fn sub_second_durations_expand_to_milliseconds() {
+    let text = expand(
+        quote!(scope = caller, ttl = "1h 30m", lease = "1s500ms"),
+        quote!(
+            async fn create(caller: Caller) {}
+        ),
+    );
+    assert!(
+        text.contains(".ttl(::idempotent_runtime::__private::Duration::from_secs(5400))")
+            && text
+                .contains(".lease(::idempotent_runtime::__private::Duration::from_millis(1500))"),
+        "{text}"
+    );
+}

@@ -50,6 +50,23 @@ const EXAMPLES: &str = "e.g. \"500ms\", \"90s\", \"15m\", \"24h\", \"7d\" or \"1
 ///
 /// [`DurationError`], whose message quotes the text and says how to write it.
 pub fn parse(text: &str) -> Result<Duration, DurationError> {
+    let duration = parse_or_zero(text)?;
+    if duration.is_zero() {
+        return Err(DurationError {
+            text: text.into(),
+            kind: DurationErrorKind::Zero,
+        });
+    }
+    Ok(duration)
+}
+
+/// Parses a duration like [`parse`], where zero (`"0s"`) is a duration too: for a bound
+/// whose zero means "at once" (e.g. how long to wait for a database at startup).
+///
+/// # Errors
+///
+/// [`DurationError`], as [`parse`] (never [`DurationErrorKind::Zero`]).
+pub fn parse_or_zero(text: &str) -> Result<Duration, DurationError> {
     let error = |kind| DurationError {
         text: text.into(),
         kind,
@@ -103,9 +120,6 @@ pub fn parse(text: &str) -> Result<Duration, DurationError> {
             .and_then(|part| total_ms.checked_add(part))
             .ok_or_else(|| error(DurationErrorKind::TooLarge))?;
         rest = after_unit.trim_start();
-    }
-    if total_ms == 0 {
-        return Err(error(DurationErrorKind::Zero));
     }
     Ok(Duration::from_millis(total_ms))
 }
@@ -299,6 +313,15 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    #[test]
+    fn zero_is_a_duration_where_it_means_at_once() {
+        assert_eq!(parse_or_zero("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_or_zero("0h 0ms"), Ok(Duration::ZERO));
+        assert_eq!(parse_or_zero("1h 30m"), ms(5_400_000));
+        let error = parse_or_zero("0").unwrap_err();
+        assert_eq!(*error.kind(), DurationErrorKind::MissingUnit("0".into()));
     }
 
     #[test]

@@ -189,8 +189,11 @@ pub mod transaction;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{HandlerConfig, OnServerError};
 pub use engine::{Idempotency, IdempotencyBuilder};
+// The attribute's duration grammar, for durations an application reads at run time
+// (flags, environment variables), so that both accept the same text.
 pub use fingerprint::{Fingerprint, FingerprintMode, RequestFingerprint};
 pub use idempotent_macros::idempotent;
+pub use idempotent_policy::duration;
 pub use key::{IdempotencyKey, KeyError};
 pub use layer::IdempotencyLayer;
 pub use problem::Problem;
@@ -216,7 +219,9 @@ pub use transaction::Tx;
 pub mod __private {
     pub use crate::config::{HandlerConfig, OnServerError};
     pub use crate::fingerprint::FingerprintMode;
-    pub use crate::macro_support::{Guard, Hashed, ViaHashed};
+    pub use crate::macro_support::{
+        Guard, Hashed, StateGivesEngine, ViaHashed, check_state_gives_engine,
+    };
     pub use crate::scope::Scope;
     pub use axum::response::Response;
     pub use std::time::Duration;

@@ -48,6 +48,26 @@ where
     }
 }
 
+/// A router state the engine can be taken from (`Idempotency: FromRef<Self>`), under a
+/// name the compiler shows: `#[idempotent(state = AppState)]` checks its state with
+/// [`check_state_gives_engine`], so a forgotten `FromRef` impl is reported on the
+/// attribute's `AppState`, naming the impl to write, rather than only as Axum's "not a
+/// `Handler`" at the route.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent(state = {Self})]`: the router state `{Self}` does not give the handler its engine",
+    label = "`Idempotency` does not implement `FromRef<{Self}>`",
+    note = "add `impl axum::extract::FromRef<{Self}> for idempotent_runtime::Idempotency {{ fn from_ref(state: &{Self}) -> Self {{ state.idempotency.clone() }} }}` (with the name of your state's `Idempotency` field)"
+)]
+pub trait StateGivesEngine {}
+
+// `do_not_recommend`: the error names this trait (and its note the fix), not the
+// `FromRef` bound behind it, whose candidates (`impl FromRef<T> for T`) mislead.
+#[diagnostic::do_not_recommend]
+impl<S> StateGivesEngine for S where Idempotency: FromRef<S> {}
+
+/// Compiles only when `S` gives the engine: the check `state = S` expands to.
+pub const fn check_state_gives_engine<S: StateGivesEngine>() {}
+
 impl Guard {
     /// The key a required guard was extracted with.
     fn required_key(&self) -> &str {

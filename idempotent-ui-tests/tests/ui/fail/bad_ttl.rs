@@ -13,12 +13,18 @@ async fn update(caller: String) -> StatusCode {
     StatusCode::OK
 }
 
-#[idempotent(scope = caller, lease = "500ms")]
+#[idempotent(scope = caller, lease = "1.5s")]
 async fn delete(caller: String) -> StatusCode {
     let _ = caller;
     StatusCode::OK
 }
 
+#[idempotent(scope = caller, max_duration = "30m 1h")]
+async fn refund(caller: String) -> StatusCode {
+    let _ = caller;
+    StatusCode::OK
+}
+
 fn main() {
-    let _ = (create, update, delete);
+    let _ = (create, update, delete, refund);
 }
