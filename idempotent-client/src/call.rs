@@ -249,7 +249,7 @@ impl Call {
             .instrument(self.span.clone())
             .await;
         let _in_call = self.span.enter();
-        let (decision, mut ended, what) = match sent {
+        let (decision, ended, what) = match sent {
             Ok(Ok(answer)) => {
                 let outcome = AttemptOutcome::Answer {
                     status: answer.status(),
@@ -264,7 +264,11 @@ impl Call {
                 (decision, Ended::Failed(error), Some(what))
             }
             Ok(Err(error)) => {
-                tracing::warn!(attempt = attempt_no, %error, "attempt failed before sending; not retried");
+                tracing::warn!(
+                    attempt = attempt_no,
+                    %error,
+                    "attempt failed in a way a retry cannot mend; not retried"
+                );
                 return Some(Ended::Failed(error));
             }
             Err(_) if cut_by_deadline => {
@@ -291,12 +295,8 @@ impl Call {
                 (decision, Ended::Client(error), Some("timed out".to_owned()))
             }
         };
-        let status = match &mut ended {
-            Ended::Answer(answer) => {
-                let report = self.report(answer.headers());
-                answer.extensions_mut().insert(report);
-                Some(answer.status().as_u16())
-            }
+        let status = match &ended {
+            Ended::Answer(answer) => Some(answer.status().as_u16()),
             _ => None,
         };
         let error = what.as_deref().unwrap_or("");
@@ -311,7 +311,7 @@ impl Call {
                     error,
                     delay_ms = delay.as_millis() as u64,
                     retry_after = asked_by_server,
-                    "attempt not answered for good; retrying with the same key"
+                    "attempt got no final answer; retrying"
                 );
                 drop(_in_call);
                 tokio::time::sleep(delay).await;
@@ -319,7 +319,7 @@ impl Call {
             }
             Decision::Stop(StopReason::Answered) => {
                 tracing::debug!(attempt = attempt_no, status, "answered");
-                Some(ended)
+                Some(self.stamped(ended))
             }
             Decision::Stop(reason) => {
                 tracing::warn!(
@@ -329,7 +329,7 @@ impl Call {
                     reason = reason.as_str(),
                     "call ends without a final answer"
                 );
-                Some(ended)
+                Some(self.stamped(ended))
             }
         }
     }
@@ -344,12 +344,16 @@ impl Call {
         )
     }
 
-    /// The report for the call's final answer, whose headers are `headers`.
-    fn report(&self, headers: &HeaderMap) -> CallReport {
-        CallReport {
-            key: self.key.clone(),
-            attempts: self.attempts,
-            replayed: replayed(headers),
+    /// `ended`, with the call's [`CallReport`] in its answer's extensions if it has one.
+    fn stamped<T: Answer, E>(&self, mut ended: Ended<T, E>) -> Ended<T, E> {
+        if let Ended::Answer(answer) = &mut ended {
+            let report = CallReport {
+                key: self.key.clone(),
+                attempts: self.attempts,
+                replayed: replayed(answer.headers()),
+            };
+            answer.extensions_mut().insert(report);
         }
+        ended
     }
 }
