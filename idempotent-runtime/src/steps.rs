@@ -41,9 +41,10 @@ pub(crate) enum StepAnswer {
     /// (too large, not serialisable), so a retry would only run it again and fail the
     /// same way.
     Record,
-    /// Give the claim up unless the handler answered a success, keeping the recorded
-    /// steps, so a retry resumes: the lease was lost or the store failed (recording its
-    /// `503` would replay it for the whole TTL). Overrides [`Record`](Self::Record).
+    /// Give the claim up when the handler answers an error (`4xx`, `5xx`), keeping the
+    /// recorded steps, so a retry resumes: the lease was lost or the store failed
+    /// (recording its `503` would replay it for the whole TTL); a handler that carried on
+    /// and answered a success is recorded. Overrides [`Record`](Self::Record).
     Release,
 }
 
