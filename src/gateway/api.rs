@@ -83,6 +83,14 @@ async fn create_charge(
             (StatusCode::PAYMENT_REQUIRED, Json(charge)).into_response()
         }
         Err(GatewayError::Unavailable) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        // Its ledger's database is away for a moment (a restart): nothing was charged,
+        // and a caller's retry is what the outage needs, not a `500` it would stop at.
+        Err(GatewayError::Ledger(error)) if crate::database::is_transient(&error) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(http::header::RETRY_AFTER, "1")],
+            error.to_string(),
+        )
+            .into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
     }
 }
