@@ -236,6 +236,8 @@ impl<R: RecordStore> Fenced<R> {
         token: FencingToken,
         change: &Change<'_>,
     ) -> Result<bool, StoreError> {
+        // A completion ends what the token owns: no later write may find its version.
+        let last = matches!(change, Change::Complete(_));
         let known = self.owned().get(&token).copied();
         let mut version = match known {
             Some(version) => version,
@@ -247,7 +249,9 @@ impl<R: RecordStore> Fenced<R> {
         for _ in 0..ATTEMPTS {
             match self.records.update(scope, key, version, change).await? {
                 Updated::Updated(now_at) => {
-                    self.remember(token, now_at);
+                    if !last {
+                        self.remember(token, now_at);
+                    }
                     return Ok(true);
                 }
                 Updated::Stale(Some(record), _) if rules::owned_by(&record, token) => {
@@ -343,11 +347,9 @@ impl<R: RecordStore> Store for Fenced<R> {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let done = self
-            .owner_writes(scope, key, token, &Change::Complete(response))
-            .await;
         self.forget_version(token);
-        done
+        self.owner_writes(scope, key, token, &Change::Complete(response))
+            .await
     }
 
     async fn record_step(
