@@ -205,9 +205,16 @@ pub async fn check_fault_crash_after_the_ttl_resumes_the_steps<H: Harness>() {
         }
     };
     let first = tokio::spawn(charge(a, true));
-    while authorised.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(LEASE / 16).await;
-    }
+    // Bounded so that an engine that never runs the handler fails the check, not hangs it.
+    let waited_for_step = tokio::time::timeout(Duration::from_secs(30), async {
+        while authorised.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(LEASE / 16).await;
+        }
+    });
+    assert!(
+        waited_for_step.await.is_ok(),
+        "engine A never ran the handler's step"
+    );
     // A keeps running for five leases of the store's time, past its TTL of three, and
     // keeps its lease by renewing.
     pass_double_time(&harness, LEASE.saturating_mul(5)).await;
