@@ -69,6 +69,16 @@ pub struct DemoArgs {
     #[arg(long, env = "PAYMENTS_DEMO_EFFECTS_LOG")]
     pub effects_log: Option<PathBuf>,
 
+    /// Payments demo: the Standard Webhooks secret (`whsec_…`) the gateway signs the events
+    /// it posts to `POST /webhooks/gateway` with. The default is a published demo secret:
+    /// set your own outside a demo.
+    #[arg(
+        long,
+        env = "PAYMENTS_DEMO_WEBHOOK_SECRET",
+        default_value = crate::payments::DEMO_WEBHOOK_SECRET
+    )]
+    pub webhook_secret: String,
+
     /// Test hook of the payments demo, off by default: after `POST /payments` has recorded
     /// the named step (`authorise`, `ledger` or `receipt`), print `paused after step NAME`
     /// to stderr and wait forever, so a test can `kill -9` the process at a known point.

@@ -1,5 +1,6 @@
-//! A fake mailer that sends payment receipts: it counts what it sends, and appends one line
-//! per receipt to the demo's [`EffectsLog`] (`receipt_sent pay_… rcpt_…`) when it has one.
+//! A fake mailer that sends payment receipts and refund notices: it counts what it sends,
+//! and appends one line per mail to the demo's [`EffectsLog`] (`receipt_sent pay_… rcpt_…`,
+//! `refund_notice_sent ch_… ntc_…`) when it has one.
 //!
 //! Like a real mail provider without an idempotency key, it sends a second receipt when
 //! asked twice: only the payments handler's `receipt` step keeps a retried request from
@@ -56,7 +57,25 @@ impl Mailer {
         Ok(receipt)
     }
 
-    /// How many receipts this process's mailer has sent.
+    /// Mails `account` a notice that `charge` was refunded. Fails only when the effects
+    /// log cannot be written (the notice counts as sent then).
+    pub async fn send_refund_notice(
+        &self,
+        account: &str,
+        charge: &str,
+    ) -> Result<Receipt, std::io::Error> {
+        let notice = Receipt {
+            id: format!("ntc_{:016x}", rand::rng().random::<u64>()),
+            payment: charge.to_owned(),
+        };
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        tracing::info!(notice = %notice.id, %charge, %account, "refund notice sent");
+        self.effects
+            .append(&format!("refund_notice_sent {charge} {}", notice.id))?;
+        Ok(notice)
+    }
+
+    /// How many mails (receipts and refund notices) this process's mailer has sent.
     pub fn sent(&self) -> u64 {
         self.sent.load(Ordering::SeqCst)
     }

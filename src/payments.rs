@@ -7,6 +7,9 @@
 //! - `GET /payments/{id}` — one of them;
 //! - `GET /metrics` — the engine's counters and latencies in the Prometheus text format
 //!   (added by the serve loop, [`crate::prometheus`]).
+//! - `POST /webhooks/gateway` — events the gateway posts, signed the Standard Webhooks way
+//!   (`--webhook-secret`): verified, then handled once per event id however often the
+//!   gateway delivers it (a `charge.refunded` mails the customer one refund notice);
 //! - `GET /openapi.json` — the API in OpenAPI 3.1, `POST /payments` with its published
 //!   idempotency policy (key header, problem answers, TTL and lease as configured).
 //!
@@ -37,7 +40,10 @@ use http::{HeaderValue, StatusCode, header};
 use idempotent_runtime::openapi::PublishedPolicy;
 use idempotent_runtime::rejection::AsProblem;
 use idempotent_runtime::transaction::TxDatabase;
-use idempotent_runtime::{Idempotency, IdempotencyKey, Problem, StepError, idempotent};
+use idempotent_runtime::webhook::WebhookVerifier;
+use idempotent_runtime::{
+    Idempotency, IdempotencyKey, IdempotencyLayer, Problem, StepError, idempotent,
+};
 use serde::{Deserialize, Serialize};
 use utoipa::OpenApi;
 
@@ -65,7 +71,13 @@ pub struct AppState {
     pub ledger: Ledger,
     /// The test hook that stops a request after a step (`--pause-after-step`).
     pub pause: PauseAfterStep,
+    /// Verifies the events the gateway posts to `POST /webhooks/gateway`.
+    pub webhooks: WebhookVerifier,
 }
+
+/// The demo's published webhook secret: what `--webhook-secret` defaults to, and what the
+/// tests sign events with.
+pub const DEMO_WEBHOOK_SECRET: &str = "whsec_ZGVtby13ZWJob29rLXNlY3JldC1kby1ub3QtdXNl";
 
 impl FromRef<AppState> for Idempotency {
     fn from_ref(state: &AppState) -> Self {
@@ -82,11 +94,58 @@ impl FromRef<AppState> for Gateway {
 /// The payments API.
 pub fn router(state: AppState) -> Router {
     let doc = Json(openapi(&state.idempotency));
+    // Verified before anything else, then one run per event id: a redelivery replays.
+    let webhooks = Router::new()
+        .route("/webhooks/gateway", post(gateway_event))
+        .route_layer(
+            IdempotencyLayer::new(state.idempotency.clone())
+                .standard_webhooks("gateway", state.webhooks.clone())
+                .name("gateway_webhook"),
+        );
     Router::new()
         .route("/payments", post(create_payment).get(list_payments))
         .route("/payments/{id}", get(get_payment))
         .route("/openapi.json", get(move || async move { doc }))
+        .merge(webhooks)
         .with_state(state)
+}
+
+/// An event the gateway posts.
+#[derive(Debug, Deserialize)]
+pub struct GatewayEvent {
+    /// What happened, e.g. `charge.refunded`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The charge it happened to.
+    pub data: ChargeEvent,
+}
+
+/// The charge an event is about.
+#[derive(Debug, Deserialize)]
+pub struct ChargeEvent {
+    /// The gateway's charge id.
+    pub charge: String,
+    /// The account the charge belongs to.
+    pub account: String,
+}
+
+/// `POST /webhooks/gateway`: a `charge.refunded` event mails the customer a refund notice;
+/// other events are acknowledged and ignored (a sender stops retrying on a `2xx`). The
+/// layer in front runs it once per event id, so the customer gets one notice however often
+/// the gateway delivers the event.
+async fn gateway_event(
+    State(state): State<AppState>,
+    AsProblem(Json(event)): AsProblem<Json<GatewayEvent>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if event.kind != "charge.refunded" {
+        return Ok(Json(serde_json::json!({ "ignored": event.kind })));
+    }
+    let notice = state
+        .mailer
+        .send_refund_notice(&event.data.account, &event.data.charge)
+        .await
+        .map_err(|err| ApiError::Internal(err.to_string()))?;
+    Ok(Json(serde_json::json!({ "notice": notice.id })))
 }
 
 /// The operations, as `#[utoipa::path]` describes them.
@@ -686,6 +745,7 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
         mailer: Mailer::new(effects),
         ledger,
         pause: PauseAfterStep::new(args.pause_after_step.as_deref()),
+        webhooks: WebhookVerifier::new([&args.webhook_secret])?,
     });
     let banner = Banner {
         name: "payments",

@@ -88,6 +88,8 @@ use http::request::Parts;
 use http::{Method, Request, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 use tracing::error;
+#[cfg(feature = "webhooks")]
+use tracing::warn;
 
 use crate::config::{HandlerConfig, OnServerError};
 use crate::engine::Idempotency;
@@ -95,6 +97,8 @@ use crate::fingerprint::FingerprintMode;
 use crate::problem::{Problem, codes, key_problem};
 use crate::request::{self, KeyLabel};
 use crate::scope::Scope;
+#[cfg(feature = "webhooks")]
+use crate::webhook::WebhookVerifier;
 
 /// The methods a layer protects unless told otherwise: the ones that are not idempotent
 /// by definition.
@@ -129,6 +133,17 @@ pub struct IdempotencyLayer<Sc = ScopeSource> {
     config: HandlerConfig,
     methods: Arc<[Method]>,
     scope: Sc,
+    keys: KeySource,
+}
+
+/// Where a protected request's key comes from.
+#[derive(Debug, Clone)]
+enum KeySource {
+    /// The engine's key header (`Idempotency-Key`).
+    Header,
+    /// The `webhook-id` of a Standard Webhooks delivery, once it is verified.
+    #[cfg(feature = "webhooks")]
+    Webhook(Arc<WebhookVerifier>),
 }
 
 /// A layer that does not know yet where the scope comes from; not a [`Layer`].
@@ -160,6 +175,7 @@ impl<Sc: fmt::Debug> fmt::Debug for IdempotencyLayer<Sc> {
             .field("config", &self.config)
             .field("methods", &self.methods)
             .field("scope", &self.scope)
+            .field("keys", &self.keys)
             .finish_non_exhaustive()
     }
 }
@@ -173,6 +189,7 @@ impl IdempotencyLayer<NoScope> {
             config: HandlerConfig::new(),
             methods: Arc::new(DEFAULT_METHODS),
             scope: NoScope,
+            keys: KeySource::Header,
         }
     }
 }
@@ -210,12 +227,34 @@ impl<Sc> IdempotencyLayer<Sc> {
         })
     }
 
+    /// Protects incoming webhooks from `sender`, signed the Standard Webhooks way (see
+    /// [`crate::webhook`]): each delivery is verified by `verifier` before anything else
+    /// — one that fails is answered `401` problem+json and nothing is claimed or stored
+    /// — and then claimed under its `webhook-id`, in the scope `webhook:{sender}`, so
+    /// that a redelivery replays the first delivery's answer. The `Idempotency-Key`
+    /// header plays no part.
+    #[cfg(feature = "webhooks")]
+    pub fn standard_webhooks(
+        self,
+        sender: &str,
+        verifier: WebhookVerifier,
+    ) -> IdempotencyLayer<ScopeSource> {
+        let scope = format!("webhook:{sender}");
+        let mut layer = self.with_scope(ScopeSource {
+            scope_of: Arc::new(move |_: &Parts| Some(scope.clone())),
+            from: "the webhook sender",
+        });
+        layer.keys = KeySource::Webhook(Arc::new(verifier));
+        layer
+    }
+
     fn with_scope(self, scope: ScopeSource) -> IdempotencyLayer<ScopeSource> {
         IdempotencyLayer {
             engine: self.engine,
             config: self.config,
             methods: self.methods,
             scope,
+            keys: self.keys,
         }
     }
 
@@ -297,6 +336,7 @@ impl<S> Layer<S> for IdempotencyLayer<ScopeSource> {
                 config: self.config,
                 methods: self.methods.clone(),
                 scope: self.scope.clone(),
+                keys: self.keys.clone(),
             }),
         }
     }
@@ -319,6 +359,7 @@ struct Shared {
     config: HandlerConfig,
     methods: Arc<[Method]>,
     scope: ScopeSource,
+    keys: KeySource,
 }
 
 impl<S> fmt::Debug for IdempotencyService<S> {
@@ -375,6 +416,10 @@ where
         );
         return scope_missing();
     };
+    #[cfg(feature = "webhooks")]
+    if let KeySource::Webhook(verifier) = &shared.keys {
+        return protect_webhook(shared, verifier, inner, scope, parts, body).await;
+    }
     let (config, label) = (&shared.config, KeyLabel::Handler(shared.config.name));
     let key = match request::read_key(&parts, &shared.engine, config.key_optional, label) {
         Ok(Some(key)) => key,
@@ -387,14 +432,67 @@ where
         }
         Err(err) => return key_problem(&err).into_response(),
     };
-    let (mut request, covered) = match request::read_body(parts, body).await {
+    let (request, covered) = match request::read_body(parts, body).await {
         Ok(read) => read,
         Err(refused) => return refused,
     };
+    run(shared, inner, &scope, &key, request, covered).await
+}
+
+/// The contract around one webhook delivery: its body read and its signature verified
+/// before anything is claimed, then the engine under its `webhook-id`.
+#[cfg(feature = "webhooks")]
+async fn protect_webhook<S>(
+    shared: &Shared,
+    verifier: &WebhookVerifier,
+    inner: S,
+    scope: String,
+    parts: Parts,
+    body: Body,
+) -> Response
+where
+    S: Service<Request<Body>, Error = Infallible> + Send + 'static,
+    S::Response: IntoResponse + 'static,
+    S::Future: Send + 'static,
+{
+    let (request, covered) = match request::read_body(parts, body).await {
+        Ok(read) => read,
+        Err(refused) => return refused,
+    };
+    let key = match verifier.verify(request.headers(), covered.body()) {
+        Ok(id) => id.to_owned(),
+        Err(unverified) => {
+            warn!(
+                event = "webhook_unverified",
+                scope = %scope,
+                reason = %unverified,
+                "webhook delivery refused before the claim"
+            );
+            return unverified.into_response();
+        }
+    };
+    run(shared, inner, &scope, &key, request, covered).await
+}
+
+/// Runs the wrapped service through the engine under `key`, the key in its extensions.
+async fn run<S>(
+    shared: &Shared,
+    inner: S,
+    scope: &str,
+    key: &str,
+    mut request: Request<Body>,
+    covered: request::Covered,
+) -> Response
+where
+    S: Service<Request<Body>, Error = Infallible> + Send + 'static,
+    S::Response: IntoResponse + 'static,
+    S::Future: Send + 'static,
+{
+    let config = &shared.config;
     let fingerprint = covered.fingerprint(config.fingerprint);
     shared
         .engine
-        .run(config, &scope, &key, fingerprint, move |key| {
+        .run(config, scope, key, fingerprint, move |key| {
             request.extensions_mut().insert(key);
             call_inner(inner, request)
         })

@@ -185,6 +185,8 @@ pub mod store;
 pub mod testing;
 #[cfg(feature = "sql")]
 pub mod transaction;
+#[cfg(feature = "webhooks")]
+pub mod webhook;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{HandlerConfig, OnServerError};

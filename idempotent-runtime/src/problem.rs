@@ -175,4 +175,11 @@ pub mod codes {
     /// A replay of a response whose body was over the store cap: the operation ran and
     /// its status and headers are replayed, the body was not kept.
     pub const RESPONSE_NOT_STORED: &str = "idempotency_response_not_stored";
+    /// An incoming webhook failed verification (`401`; feature `webhooks`): a Standard
+    /// Webhooks header missing, a bad timestamp or one outside the tolerance, or no
+    /// matching signature; `reason` says which. Nothing was claimed or stored.
+    pub const WEBHOOK_UNVERIFIED: &str = "webhook_unverified";
+    /// A verified webhook's `webhook-id` cannot be an idempotency key (`400`; feature
+    /// `webhooks`): blank, too long, or with characters outside printable ASCII.
+    pub const WEBHOOK_ID_INVALID: &str = "webhook_id_invalid";
 }

@@ -66,6 +66,12 @@ pub(crate) struct Covered {
 }
 
 impl Covered {
+    /// The request's body.
+    #[cfg(feature = "webhooks")]
+    pub(crate) fn body(&self) -> &[u8] {
+        &self.body
+    }
+
     /// The request's fingerprint in `mode`, hashed only if the engine needs it (a replay
     /// from the replay cache does not).
     pub(crate) fn fingerprint(self, mode: FingerprintMode) -> RequestFingerprint {

@@ -8,6 +8,9 @@ use std::time::Duration;
 use http::StatusCode;
 use idempotent_runtime::testing::{Trial, async_trial};
 
+use idempotent_demo::payments::DEMO_WEBHOOK_SECRET;
+use idempotent_runtime::webhook::WebhookSecret;
+
 use crate::support::{self, payments_app, payments_demo, post_payment, send};
 
 const CHARGE: &str = r#"{"amount": 10000, "currency": "BRL"}"#;
@@ -37,6 +40,10 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "a_charge_authorises_writes_one_ledger_row_and_mails_one_receipt",
             a_charge_authorises_writes_one_ledger_row_and_mails_one_receipt,
+        ),
+        async_trial(
+            "a_refund_event_delivered_ten_times_mails_one_notice",
+            a_refund_event_delivered_ten_times_mails_one_notice,
         ),
     ]
 }
@@ -192,4 +199,54 @@ async fn a_charge_authorises_writes_one_ledger_row_and_mails_one_receipt() {
     let declined_id = &charges.iter().find(|c| c.status == "declined").unwrap().id;
     assert_eq!(ledger_rows(&demo.ledger, declined_id).await, 0);
     assert_eq!(demo.mailer.sent(), 1, "no receipt for a declined card");
+}
+
+/// The gateway's `charge.refunded` event `id`, signed now with `secret`.
+fn refund_event(id: &str, secret: &str) -> http::Request<axum::body::Body> {
+    let body = r#"{"type":"charge.refunded","data":{"charge":"ch_1","account":"acct_alice"}}"#;
+    let timestamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let signature = WebhookSecret::parse(secret)
+        .unwrap()
+        .sign(id, timestamp, body.as_bytes());
+    http::Request::post("/webhooks/gateway")
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", signature)
+        .body(axum::body::Body::from(body))
+        .unwrap()
+}
+
+/// A refund event delivered ten times, one of them forged: the forgery is `401`, the
+/// customer gets one refund notice, and every genuine delivery the same answer.
+async fn a_refund_event_delivered_ten_times_mails_one_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = payments_demo(dir.path(), Duration::ZERO).await;
+    let forged = "whsec_Zm9yZ2VkLWJ5LXNvbWVib2R5LWVsc2U=";
+    let first = send(&demo.app, refund_event("evt_1", DEMO_WEBHOOK_SECRET)).await;
+    assert_eq!(first.status, StatusCode::OK, "{:?}", first.json());
+    for delivery in 2..=10 {
+        let secret = if delivery == 5 {
+            forged
+        } else {
+            DEMO_WEBHOOK_SECRET
+        };
+        let answer = send(&demo.app, refund_event("evt_1", secret)).await;
+        if delivery == 5 {
+            assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+            assert_eq!(answer.json()["code"], "webhook_unverified");
+        } else {
+            assert_eq!(answer.status, StatusCode::OK);
+            assert_eq!(answer.headers["idempotent-replayed"], "true");
+            assert_eq!(answer.body, first.body);
+        }
+    }
+    assert_eq!(
+        demo.mailer.sent(),
+        1,
+        "one refund notice for ten deliveries"
+    );
 }

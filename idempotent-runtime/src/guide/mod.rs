@@ -29,6 +29,8 @@
 //!     what a retry does after each kind of failure;
 //! 18. [`client`]: calling other APIs safely — `idempotent-client`, one key per call
 //!     reused on every retry, and what it retries.
+//! 20. [`webhooks`]: incoming webhooks — Standard Webhooks signatures verified before
+//!     anything is stored, then one run per event id.
 //!
 //! Every Rust example here is compiled as a doc test. The examples after [`app`] paste
 //! into its program as it stands: what they need from it (the `Caller` extractor, the
@@ -87,3 +89,6 @@ pub mod steps {}
 
 #[doc = include_str!("18_client.md")]
 pub mod client {}
+
+#[doc = include_str!("20_webhooks.md")]
+pub mod webhooks {}

@@ -5,3 +5,4 @@
 mod engine;
 mod replay_cache;
 mod steps;
+mod webhooks;

@@ -19,7 +19,8 @@ use idempotent_runtime::Idempotency;
 use tower::ServiceExt;
 
 use idempotent_demo::mailer::Mailer;
-use idempotent_demo::payments::{AppState, Ledger, PauseAfterStep, router};
+use idempotent_demo::payments::{AppState, DEMO_WEBHOOK_SECRET, Ledger, PauseAfterStep, router};
+use idempotent_runtime::webhook::WebhookVerifier;
 
 /// The payments demo on an SQLite file in `dir`.
 pub(crate) async fn payments_app(dir: &std::path::Path, latency: Duration) -> (Router, Gateway) {
@@ -73,6 +74,7 @@ where
         mailer: mailer.clone(),
         ledger: ledger.clone(),
         pause: PauseAfterStep::default(),
+        webhooks: WebhookVerifier::new([DEMO_WEBHOOK_SECRET]).expect("the demo secret parses"),
     });
     PaymentsDemo {
         app,
