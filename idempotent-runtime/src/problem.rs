@@ -156,6 +156,10 @@ pub mod codes {
     /// run again), or its output could not be recorded (not serialisable, over the cap;
     /// this answer is recorded and replayed, so the step never runs again).
     pub const STEP_FAILED: &str = "step_failed";
+    /// An at-most-once step's earlier call has an unknown outcome, and its `verify`
+    /// could not tell (`500`): the step was not called again. The claim is given up
+    /// with its steps kept; a retry checks again; an operator resolves it.
+    pub const STEP_OUTCOME_UNKNOWN: &str = "step_outcome_unknown";
     /// A transactional handler runs on an engine whose store is of another database
     /// (`500`); nothing was run.
     pub const TRANSACTION_UNSUPPORTED: &str = "transaction_unsupported";

@@ -53,7 +53,9 @@ impl StepAnswer {
     /// the handler's `on_server_error` (the step's own failure, a misuse).
     fn of<E>(error: &StepError<E>) -> Option<Self> {
         match error {
-            StepError::LeaseLost { .. } | StepError::Store { .. } => Some(Self::Release),
+            StepError::LeaseLost { .. }
+            | StepError::Store { .. }
+            | StepError::OutcomeUnknown { .. } => Some(Self::Release),
             StepError::TooLarge { .. } | StepError::Unserialisable { .. } => Some(Self::Record),
             _ => None,
         }
@@ -150,6 +152,37 @@ pub enum StepError<E> {
         /// The database the step asked for.
         database: &'static str,
     },
+    /// An at-most-once step ([`step_at_most_once`](crate::IdempotencyKey::step_at_most_once))
+    /// was started by an earlier execution, which did not record its outcome, and its
+    /// `verify` could not tell whether the call took effect: the step is not called
+    /// again. Answered `500` (`step_outcome_unknown`); the claim is given up with its
+    /// steps kept, so every retry asks `verify` again until it can tell or an operator
+    /// resolves the step ([`Idempotency::resolve_step`](crate::Idempotency::resolve_step))
+    /// or forgets the key.
+    OutcomeUnknown {
+        /// The step.
+        step: String,
+    },
+}
+
+/// What an at-most-once step's `verify` found out about a call an earlier execution
+/// made without recording its outcome (see
+/// [`IdempotencyKey::step_at_most_once`](crate::IdempotencyKey::step_at_most_once)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verified<T> {
+    /// The call took effect, with this output: it is recorded, and the request resumes.
+    Happened(T),
+    /// The call never took effect: the step may call it now.
+    NotHappened,
+    /// No way to tell: the step fails closed ([`StepError::OutcomeUnknown`]).
+    Unknown,
+}
+
+/// A `verify` for an at-most-once step that has no way to look a call up: a call whose
+/// outcome was not recorded is never repeated, and needs an operator
+/// ([`StepError::OutcomeUnknown`]).
+pub async fn cannot_verify<T, E>() -> Result<Verified<T>, E> {
+    Ok(Verified::Unknown)
 }
 
 impl<E> StepError<E> {
@@ -166,7 +199,8 @@ impl<E> StepError<E> {
             | Self::TooLarge { step, .. }
             | Self::NotClaimed { step }
             | Self::InsideTransaction { step }
-            | Self::TransactionUnsupported { step, .. } => Some(step),
+            | Self::TransactionUnsupported { step, .. }
+            | Self::OutcomeUnknown { step } => Some(step),
         }
     }
 
@@ -186,6 +220,7 @@ impl<E> StepError<E> {
             Self::TransactionUnsupported { step, database } => {
                 StepError::TransactionUnsupported { step, database }
             }
+            Self::OutcomeUnknown { step } => StepError::OutcomeUnknown { step },
         }
     }
 }
@@ -223,6 +258,10 @@ impl<E> StepError<E> {
             Self::TransactionUnsupported { step, database } => {
                 format!("step {step:?}: the idempotency store keeps no records in {database}")
             }
+            Self::OutcomeUnknown { step } => format!(
+                "step {step:?} was called by an earlier execution without recording its \
+                 outcome, and its verify cannot tell whether it took effect"
+            ),
         })
     }
 }
@@ -276,6 +315,24 @@ impl<E: IntoResponse> IntoResponse for StepError<E> {
             )
             .with_retry_after(1)
             .into_response(),
+            Self::OutcomeUnknown { .. } => {
+                warn!(
+                    event = "step_outcome_unknown",
+                    step,
+                    "an at-most-once step's earlier call has an unknown outcome; not calling it again"
+                );
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    codes::STEP_OUTCOME_UNKNOWN,
+                    "Outcome unknown",
+                    format!(
+                        "Step {step:?} of this request may or may not have taken effect, and \
+                         it is not repeated blindly. The operation needs to be checked; \
+                         retrying with the same key repeats the check."
+                    ),
+                )
+                .into_response()
+            }
             ran @ (Self::TooLarge { .. } | Self::Unserialisable { .. }) => {
                 let reason = ran.reason().unwrap_or_default();
                 warn!(
@@ -374,6 +431,9 @@ pub(crate) struct StepContext {
 enum Start {
     /// Recorded by an earlier execution: this output, not run again.
     Resume(Bytes),
+    /// An at-most-once step an earlier execution called without recording its outcome
+    /// (its intent is recorded, its output is not): verify before anything else.
+    Verify,
     /// Not recorded yet: run it.
     Run,
 }
@@ -439,6 +499,107 @@ impl StepLog {
                 return Err(StepError::Failed(error));
             }
         };
+        self.record(scope, key, name, output).await
+    }
+
+    /// Runs at-most-once step `name` of `(scope, key)` (see
+    /// [`IdempotencyKey::step_at_most_once`](crate::IdempotencyKey::step_at_most_once)).
+    pub(crate) async fn run_at_most_once<T, E, Fut, VFut>(
+        &self,
+        scope: &str,
+        key: &str,
+        name: &str,
+        step: impl FnOnce() -> Fut,
+        verify: impl FnOnce() -> VFut,
+    ) -> Result<T, StepError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        Fut: Future<Output = Result<T, E>>,
+        VFut: Future<Output = Result<Verified<T>, E>>,
+    {
+        let ran = self
+            .run_at_most_once_unnoted(scope, key, name, step, verify)
+            .await;
+        self.noted(ran)
+    }
+
+    /// [`run_at_most_once`](Self::run_at_most_once), before its failure is noted.
+    async fn run_at_most_once_unnoted<T, E, Fut, VFut>(
+        &self,
+        scope: &str,
+        key: &str,
+        name: &str,
+        step: impl FnOnce() -> Fut,
+        verify: impl FnOnce() -> VFut,
+    ) -> Result<T, StepError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        Fut: Future<Output = Result<T, E>>,
+        VFut: Future<Output = Result<Verified<T>, E>>,
+    {
+        match self.start(name)? {
+            Start::Resume(output) => return self.resume(name, &output),
+            Start::Verify => match verify().await {
+                Ok(Verified::Happened(output)) => {
+                    info!(
+                        event = "step_verified",
+                        step = name,
+                        "an earlier call of the step took effect; recording its output"
+                    );
+                    return self.record(scope, key, name, output).await;
+                }
+                // The intent recorded before that call stays: it covers this one too.
+                Ok(Verified::NotHappened) => {}
+                Ok(Verified::Unknown) => {
+                    return Err(StepError::OutcomeUnknown {
+                        step: name.to_owned(),
+                    });
+                }
+                Err(error) => {
+                    self.give_back(name);
+                    return Err(StepError::Failed(error));
+                }
+            },
+            Start::Run => {
+                // The intent is recorded before the call, so that a retry that finds no
+                // output knows the call may have happened and asks instead of calling.
+                let intent = RecordedStep::intent(name, SystemTime::now());
+                let record = self.store.record_step(scope, key, self.token, &intent);
+                let stored = metrics::timed(
+                    StoreOperation::RecordStep,
+                    bounded(self.store_timeout, record),
+                )
+                .await;
+                if let Some(error) = self.not_recorded(name, stored) {
+                    return Err(error);
+                }
+            }
+        }
+        // The lease may have been lost while the intent or the verify was on its way: the
+        // call is the effect, and it never starts without the licence.
+        if self.lease.is_lost() {
+            return Err(StepError::LeaseLost {
+                step: name.to_owned(),
+            });
+        }
+        let output = match step().await {
+            Ok(output) => output,
+            Err(error) => {
+                self.give_back(name);
+                return Err(StepError::Failed(error));
+            }
+        };
+        self.record(scope, key, name, output).await
+    }
+
+    /// Records step `name`'s `output` under the claim; the output when it is recorded.
+    async fn record<T: Serialize, E>(
+        &self,
+        scope: &str,
+        key: &str,
+        name: &str,
+        output: T,
+    ) -> Result<T, StepError<E>> {
         let recorded = self.recorded(name, &output)?;
         let record = self.store.record_step(scope, key, self.token, &recorded);
         let stored = metrics::timed(
@@ -599,8 +760,17 @@ impl StepLog {
             });
         }
         progress.used.push(name.to_owned());
-        if let Some(step) = progress.recorded.iter().find(|step| step.name == name) {
-            return Ok(Start::Resume(step.output.clone()));
+        // An output recorded after an intent of the same name settles it.
+        let found = progress.recorded.iter().filter(|step| step.name == name);
+        let (intent, output) = found.fold((false, None), |(intent, output), step| {
+            if step.is_intent() {
+                (true, output)
+            } else {
+                (intent, Some(step.output.clone()))
+            }
+        });
+        if let Some(output) = output {
+            return Ok(Start::Resume(output));
         }
         drop(progress);
         // The lease is the only licence to run: a step never starts without it.
@@ -609,7 +779,7 @@ impl StepLog {
                 step: name.to_owned(),
             });
         }
-        Ok(Start::Run)
+        Ok(if intent { Start::Verify } else { Start::Run })
     }
 
     /// Gives step `name` back after its own failure: nothing was recorded, so the handler

@@ -32,6 +32,7 @@ mod sweeper;
 mod waiting;
 
 pub use builder::IdempotencyBuilder;
+pub use operator::ResolveOutcome;
 pub use policy::{
     DEFAULT_LEASE, DEFAULT_MAX_DURATION, DEFAULT_MAX_STORED_BODY, DEFAULT_TTL, NEVER_REPLAYED,
     NEVER_REPLAYED_BECAUSE, REPLAYED_HEADER,
@@ -284,6 +285,31 @@ impl Idempotency {
         force: bool,
     ) -> Result<ForgetOutcome, StoreError> {
         operator::forget(&self.inner, scope, key, force).await
+    }
+
+    /// Operator tool: records `output` (the step's output as JSON) for at-most-once step
+    /// `name` of the request under `(scope, key)`, whose earlier call has an unknown
+    /// outcome ([`StepError::OutcomeUnknown`](crate::StepError::OutcomeUnknown),
+    /// [`RecordInfo::unknown_outcomes`]): the operator checked what happened (at the
+    /// provider, say), and the request's next retry resumes with this output instead of
+    /// asking again. `output` must deserialise as the step's output type, or the retry
+    /// answers [`StepError::Undecodable`](crate::StepError::Undecodable).
+    ///
+    /// Refused ([`ResolveOutcome::Running`]) while a request runs under the record. If the
+    /// call never happened, [`forget`](Self::forget) the key instead: the retry then runs
+    /// the request as new. Logged (`event = "step_resolved"`).
+    ///
+    /// # Errors
+    ///
+    /// The store's error, or [`StoreError::Timeout`] after the engine's store timeout.
+    pub async fn resolve_step(
+        &self,
+        scope: &str,
+        key: &str,
+        name: &str,
+        output: &serde_json::Value,
+    ) -> Result<ResolveOutcome, StoreError> {
+        operator::resolve_step(&self.inner, scope, key, name, output).await
     }
 
     /// Purges expired records in batches of `batch` until fewer than a batch remain;

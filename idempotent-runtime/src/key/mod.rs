@@ -52,7 +52,7 @@ use serde::de::DeserializeOwned;
 
 use crate::fingerprint::Fingerprint;
 use crate::lease::LeaseSignal;
-use crate::steps::{StepError, StepLog};
+use crate::steps::{StepError, StepLog, Verified};
 #[cfg(feature = "sql")]
 use crate::transaction::{Tx, TxDatabase};
 
@@ -205,6 +205,90 @@ impl IdempotencyKey {
     {
         match &self.steps {
             Some(log) => log.run(self.scope(), self.as_str(), name, step).await,
+            None => Err(StepError::NotClaimed {
+                step: name.to_owned(),
+            }),
+        }
+    }
+
+    /// Runs step `name` of this request at most once: for an external call that must
+    /// never be repeated blindly, such as a charge at a provider that takes no
+    /// idempotency key.
+    ///
+    /// Before `step` is called, its *intent* is recorded with the key's record (fenced by
+    /// the claim, like an output); after it returns, its output. A later execution of the
+    /// same request that finds the output resumes with it, as after
+    /// [`step`](Self::step). One that finds the intent without an output — the process
+    /// died, or the store failed, between the call and its record — does not call again:
+    /// it calls `verify`, which looks the call up (at the provider, by
+    /// [`derive`](Self::derive)`(name)` say) and answers a [`Verified`]:
+    ///
+    /// - [`Verified::Happened`]`(output)`: the output is recorded and the request resumes;
+    /// - [`Verified::NotHappened`]: `step` is called now;
+    /// - [`Verified::Unknown`]: the step fails closed with
+    ///   [`StepError::OutcomeUnknown`] (`500` `step_outcome_unknown`); the claim is given
+    ///   up with its steps kept, so each retry asks `verify` again, until an operator
+    ///   resolves the step ([`Idempotency::resolve_step`](crate::Idempotency::resolve_step))
+    ///   or forgets the key;
+    /// - `Err(e)`: [`StepError::Failed`]`(e)`, and a retry asks again.
+    ///
+    /// Without a way to look calls up, pass [`cannot_verify`](crate::steps::cannot_verify):
+    /// an unrecorded call is then never repeated and waits for an operator. Nothing is
+    /// called if the intent cannot be recorded (the store is down, the lease lost). The
+    /// rest is as for [`step`](Self::step): `step`'s `Err` is not recorded and the step
+    /// may be called again.
+    ///
+    /// ```
+    /// use idempotent_runtime::steps::Verified;
+    /// use idempotent_runtime::{IdempotencyKey, StepError};
+    ///
+    /// # struct Gateway;
+    /// # impl Gateway {
+    /// #     async fn charge(&self, _reference: &str, _amount: i64) -> Result<String, String> {
+    /// #         Ok("ch_1".into())
+    /// #     }
+    /// #     async fn find_charge(&self, _reference: &str) -> Result<Option<String>, String> {
+    /// #         Ok(None)
+    /// #     }
+    /// # }
+    /// /// A gateway without idempotency keys: a charge is looked up by our reference.
+    /// async fn charge(
+    ///     key: &IdempotencyKey,
+    ///     gateway: &Gateway,
+    ///     amount: i64,
+    /// ) -> Result<String, StepError<String>> {
+    ///     let reference = key.derive("charge");
+    ///     key.step_at_most_once(
+    ///         "charge",
+    ///         || gateway.charge(&reference, amount),
+    ///         || async {
+    ///             Ok(match gateway.find_charge(&reference).await? {
+    ///                 Some(charge) => Verified::Happened(charge),
+    ///                 None => Verified::NotHappened,
+    ///             })
+    ///         },
+    ///     )
+    ///     .await
+    /// }
+    /// ```
+    pub async fn step_at_most_once<T, E, F, Fut, V, VFut>(
+        &self,
+        name: &str,
+        step: F,
+        verify: V,
+    ) -> Result<T, StepError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        V: FnOnce() -> VFut,
+        VFut: Future<Output = Result<Verified<T>, E>>,
+    {
+        match &self.steps {
+            Some(log) => {
+                log.run_at_most_once(self.scope(), self.as_str(), name, step, verify)
+                    .await
+            }
             None => Err(StepError::NotClaimed {
                 step: name.to_owned(),
             }),

@@ -80,6 +80,7 @@ pub use sqlite::SqliteStore;
 pub use sqlite::{GroupCommitStats, WriteKind};
 pub use steps::{
     MAX_STEP_NAME, RecordedStep, decode_steps, encode_step, release_keeps_record, steps_survive,
+    unsettled_intents,
 };
 pub use takeover::Takeover;
 pub use tx_support::TxSupport;
@@ -255,8 +256,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Appends `step` to the steps of the in-progress claim the token owns (see
     /// [`encode_step`]), in one atomic operation. `Ok(false)`: the token no longer owns
-    /// the record, nothing was written. The engine never records a name twice under one
-    /// record lifetime; a store need not check it.
+    /// the record, nothing was written. The engine records a name at most once under one
+    /// record lifetime, or twice for an at-most-once step (its intent, then its output:
+    /// see [`RecordedStep`]); a store need not check it, and keeps every entry.
     async fn record_step(
         &self,
         scope: &str,

@@ -58,6 +58,15 @@ impl RecordInfo {
         self
     }
 
+    /// The at-most-once steps of this record whose call was made and whose outcome was not
+    /// recorded: a record stuck on an unknown outcome
+    /// ([`StepError::OutcomeUnknown`](crate::StepError::OutcomeUnknown)) names them here.
+    /// Resolve one with [`Idempotency::resolve_step`](crate::Idempotency::resolve_step),
+    /// or forget the key.
+    pub fn unknown_outcomes(&self) -> Vec<&str> {
+        super::unsettled_intents(&self.steps)
+    }
+
     /// Whether a request is still running under this record: in progress with a lease
     /// that has not run out.
     pub fn holder_alive(&self) -> bool {

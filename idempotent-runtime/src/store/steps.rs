@@ -28,16 +28,51 @@ use bytes::Bytes;
 
 use super::{StoreError, Takeover};
 
-/// One step a handler completed under a record: its name (unique within the record) and
-/// its output, as the engine serialised it (JSON).
+/// One step a handler completed under a record: its name and its output, as the engine
+/// serialised it (JSON) — or, for an at-most-once step about to be called, its *intent*:
+/// the same name with an empty output (no JSON text is empty), recorded before the call
+/// and followed by the output once the call returned. A name is recorded once, or twice
+/// for an at-most-once step (intent, then output).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordedStep {
     /// The step's name, as the handler called it.
     pub name: String,
-    /// The step's output, serialised.
+    /// The step's output, serialised; empty for an intent.
     pub output: Bytes,
     /// When the engine recorded it (the engine's wall clock, to the millisecond).
     pub recorded_at: SystemTime,
+}
+
+impl RecordedStep {
+    /// The intent of at-most-once step `name`, recorded at `at`: the call may happen from
+    /// now on, and its outcome is unknown until the output is recorded.
+    pub fn intent(name: &str, at: SystemTime) -> Self {
+        Self {
+            name: name.to_owned(),
+            output: Bytes::new(),
+            recorded_at: at,
+        }
+    }
+
+    /// Whether this is an at-most-once step's intent rather than an output.
+    pub fn is_intent(&self) -> bool {
+        self.output.is_empty()
+    }
+}
+
+/// The at-most-once steps among `steps` whose intent is recorded and whose output is not:
+/// calls made whose outcome nobody recorded.
+pub fn unsettled_intents(steps: &[RecordedStep]) -> Vec<&str> {
+    steps
+        .iter()
+        .filter(|step| step.is_intent())
+        .map(|step| step.name.as_str())
+        .filter(|name| {
+            !steps
+                .iter()
+                .any(|step| step.name == *name && !step.is_intent())
+        })
+        .collect()
 }
 
 /// The longest step name, in bytes.

@@ -96,6 +96,7 @@ use crate::store::{
     StoredResponse, Takeover,
 };
 pub use faults::{
+    check_fault_an_unrecorded_at_most_once_call_is_verified_not_repeated,
     check_fault_backward_wall_step_keeps_no_lease_alive,
     check_fault_claim_answered_late_does_not_run, check_fault_claim_applied_but_failed_runs_once,
     check_fault_completion_applied_but_failed_is_kept,
@@ -109,10 +110,11 @@ pub use operator::{
     check_forget_refuses_a_live_claim, check_inspect_reports_each_state,
 };
 pub use steps::{
-    check_steps_are_fenced_by_the_token, check_steps_end_with_completion_and_expiry,
-    check_steps_inspect_and_forget, check_steps_outputs_round_trip_as_bytes,
-    check_steps_race_a_takeover, check_steps_recorded_come_back_to_a_takeover,
-    check_steps_release_keeps_the_recovery_point, check_steps_survive_a_crash_after_the_ttl,
+    check_steps_an_intent_and_its_output_both_come_back, check_steps_are_fenced_by_the_token,
+    check_steps_end_with_completion_and_expiry, check_steps_inspect_and_forget,
+    check_steps_outputs_round_trip_as_bytes, check_steps_race_a_takeover,
+    check_steps_recorded_come_back_to_a_takeover, check_steps_release_keeps_the_recovery_point,
+    check_steps_survive_a_crash_after_the_ttl,
 };
 
 /// A backend under test.
@@ -209,6 +211,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_fault_forward_wall_step_keeps_a_live_lease,
         check_fault_backward_wall_step_keeps_no_lease_alive,
         check_fault_crash_after_the_ttl_resumes_the_steps,
+        check_fault_an_unrecorded_at_most_once_call_is_verified_not_repeated,
         check_steps_recorded_come_back_to_a_takeover,
         check_steps_outputs_round_trip_as_bytes,
         check_steps_are_fenced_by_the_token,
@@ -217,6 +220,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_steps_inspect_and_forget,
         check_steps_race_a_takeover,
         check_steps_survive_a_crash_after_the_ttl,
+        check_steps_an_intent_and_its_output_both_come_back,
     ];
     let trials = checks
         .into_iter()

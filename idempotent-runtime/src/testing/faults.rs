@@ -27,7 +27,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::store::{
-    ClaimAnswer, ClaimRequest, FencingToken, Forward, Store, StoreError, StoredResponse,
+    ClaimAnswer, ClaimRequest, FencingToken, Forward, RecordedStep, Store, StoreError,
+    StoredResponse,
 };
 
 /// The store operation a [`Fault`] applies to.
@@ -42,6 +43,8 @@ pub enum Operation {
     Complete,
     /// `release`.
     Release,
+    /// `record_step`.
+    RecordStep,
 }
 
 /// What happens to an operation.
@@ -191,5 +194,16 @@ impl Forward for Faulty {
     ) -> Result<bool, StoreError> {
         self.faulted(Operation::Release, self.inner.release(scope, key, token))
             .await
+    }
+
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        let call = self.inner.record_step(scope, key, token, step);
+        self.faulted(Operation::RecordStep, call).await
     }
 }

@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http_body_util::BodyExt;
+use idempotent_runtime::engine::ResolveOutcome;
+use idempotent_runtime::steps::Verified;
 use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
 use idempotent_runtime::{
     Fingerprint, HandlerConfig, Idempotency, IdempotencyKey, RecordState, StepError,
 };
@@ -663,4 +666,224 @@ async fn a_failed_step_can_be_retried_inline_by_the_same_name() {
     );
     let info = engine.inspect(SCOPE, "inline").await.expect("inspect");
     assert!(info.is_some(), "completed");
+}
+
+/// What an at-most-once `authorise` did: calls made, lookups made.
+#[derive(Default)]
+struct Calls {
+    made: AtomicUsize,
+    verified: AtomicUsize,
+}
+
+/// A handler whose `authorise` is at most once: `call` says what the call does on each
+/// execution (by the count of calls made before it), `verify` what the lookup answers.
+async fn authorise_at_most_once(
+    key: IdempotencyKey,
+    calls: Arc<Calls>,
+    call: impl FnOnce(usize) -> Result<String, StatusCode>,
+    verify: impl FnOnce(usize) -> Verified<String>,
+) -> Response {
+    let authorised = key
+        .step_at_most_once(
+            "authorise",
+            || async {
+                let made = calls.made.fetch_add(1, Ordering::SeqCst);
+                call(made)
+            },
+            || async {
+                calls.verified.fetch_add(1, Ordering::SeqCst);
+                Ok(verify(calls.made.load(Ordering::SeqCst)))
+            },
+        )
+        .await;
+    match authorised {
+        Ok(authorisation) => (StatusCode::CREATED, authorisation).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// The call answered, its output could not be recorded (the store failed), and the retry
+/// finds the intent: it asks `verify`, which finds the call, and resumes with its output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_at_most_once_call_whose_output_was_lost_is_verified_not_repeated() {
+    let faulty = Arc::new(Faulty::new(Arc::new(MemoryStore::new())));
+    let engine = Idempotency::builder_shared(faulty.clone()).build();
+    let calls = Arc::new(Calls::default());
+    let run = |fail_record: bool| {
+        let (faulty, calls) = (faulty.clone(), calls.clone());
+        engine.run(&CONFIG, SCOPE, "amo-1", fingerprint(1), move |key| {
+            authorise_at_most_once(
+                key,
+                calls,
+                move |made| {
+                    if fail_record {
+                        faulty.inject(Operation::RecordStep, Fault::Fail);
+                    }
+                    Ok(format!("auth_{}", made + 1))
+                },
+                |made| Verified::Happened(format!("auth_{made}")),
+            )
+        })
+    };
+    let (status, body) = text(run(true).await).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (status, body) = text(run(false).await).await;
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, "auth_1"));
+    assert_eq!(calls.made.load(Ordering::SeqCst), 1);
+    assert_eq!(calls.verified.load(Ordering::SeqCst), 1);
+    // Settled: a replay, nothing called or asked.
+    let (status, body) = text(run(false).await).await;
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, "auth_1"));
+    assert_eq!(calls.verified.load(Ordering::SeqCst), 1);
+}
+
+/// The call failed (a timeout, say: its effect unknown), so the handler answered `502`;
+/// the retry asks `verify`, which says it never happened, and calls again.
+#[tokio::test]
+async fn a_call_verify_says_never_happened_is_made_again() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let calls = Arc::new(Calls::default());
+    let run = || {
+        let calls = calls.clone();
+        engine.run(&CONFIG, SCOPE, "amo-2", fingerprint(1), move |key| {
+            authorise_at_most_once(
+                key,
+                calls,
+                |made| match made {
+                    0 => Err(StatusCode::BAD_GATEWAY),
+                    n => Ok(format!("auth_{}", n + 1)),
+                },
+                |_| Verified::NotHappened,
+            )
+        })
+    };
+    assert_eq!(text(run().await).await.0, StatusCode::BAD_GATEWAY);
+    let (status, body) = text(run().await).await;
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, "auth_2"));
+    assert_eq!(calls.made.load(Ordering::SeqCst), 2);
+    assert_eq!(calls.verified.load(Ordering::SeqCst), 1);
+}
+
+/// `verify` cannot tell: the step fails closed (`500` `step_outcome_unknown`), is never
+/// called again, and the record names it; once an operator resolves it, the retry
+/// resumes with the operator's output.
+#[tokio::test]
+async fn an_unknown_outcome_fails_closed_until_an_operator_resolves_it() {
+    let faulty = Arc::new(Faulty::new(Arc::new(MemoryStore::new())));
+    let engine = Idempotency::builder_shared(faulty.clone()).build();
+    let calls = Arc::new(Calls::default());
+    let run = || {
+        let (faulty, calls) = (faulty.clone(), calls.clone());
+        engine.run(&CONFIG, SCOPE, "amo-3", fingerprint(1), move |key| {
+            authorise_at_most_once(
+                key,
+                calls,
+                move |made| {
+                    faulty.inject(Operation::RecordStep, Fault::Fail);
+                    Ok(format!("auth_{}", made + 1))
+                },
+                |_| Verified::Unknown,
+            )
+        })
+    };
+    assert_eq!(text(run().await).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    for _ in 0..2 {
+        let (status, body) = text(run().await).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(problem_code(&body), "step_outcome_unknown");
+    }
+    assert_eq!(
+        calls.made.load(Ordering::SeqCst),
+        1,
+        "never called blindly again"
+    );
+    let info = engine.inspect(SCOPE, "amo-3").await.unwrap().unwrap();
+    assert_eq!(info.unknown_outcomes(), vec!["authorise"]);
+
+    let resolved = engine
+        .resolve_step(
+            SCOPE,
+            "amo-3",
+            "authorise",
+            &serde_json::json!("auth_checked"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resolved, ResolveOutcome::Resolved);
+    let again = engine
+        .resolve_step(SCOPE, "amo-3", "authorise", &serde_json::json!("other"))
+        .await
+        .unwrap();
+    assert_eq!(again, ResolveOutcome::NothingToResolve);
+    let (status, body) = text(run().await).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::CREATED, "auth_checked")
+    );
+    assert_eq!(calls.made.load(Ordering::SeqCst), 1);
+    assert_eq!(calls.verified.load(Ordering::SeqCst), 2);
+}
+
+/// No intent, no call: when the intent cannot be recorded the step is not called, and
+/// the retry (which finds no intent) calls it without asking.
+#[tokio::test]
+async fn no_call_is_made_without_its_intent_recorded() {
+    let faulty = Arc::new(Faulty::new(Arc::new(MemoryStore::new())));
+    let engine = Idempotency::builder_shared(faulty.clone()).build();
+    let calls = Arc::new(Calls::default());
+    let run = || {
+        let calls = calls.clone();
+        engine.run(&CONFIG, SCOPE, "amo-4", fingerprint(1), move |key| {
+            authorise_at_most_once(
+                key,
+                calls,
+                |made| Ok(format!("auth_{}", made + 1)),
+                |_| Verified::Unknown,
+            )
+        })
+    };
+    faulty.inject(Operation::RecordStep, Fault::Fail);
+    assert_eq!(text(run().await).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(calls.made.load(Ordering::SeqCst), 0);
+    let (status, body) = text(run().await).await;
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, "auth_1"));
+    assert_eq!(calls.verified.load(Ordering::SeqCst), 0);
+}
+
+/// Without the intent record (what `key.step` does), the same lost output makes the
+/// retry call again: the check above is what makes the difference.
+#[tokio::test]
+async fn an_at_least_once_step_whose_output_was_lost_is_called_again() {
+    let faulty = Arc::new(Faulty::new(Arc::new(MemoryStore::new())));
+    let engine = Idempotency::builder_shared(faulty.clone()).build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let run = |fail_record: bool| {
+        let (faulty, calls) = (faulty.clone(), calls.clone());
+        engine.run(
+            &CONFIG,
+            SCOPE,
+            "alo-1",
+            fingerprint(1),
+            move |key| async move {
+                let authorised = key
+                    .step("authorise", || async {
+                        if fail_record {
+                            faulty.inject(Operation::RecordStep, Fault::Fail);
+                        }
+                        Ok::<_, StatusCode>(calls.fetch_add(1, Ordering::SeqCst) + 1)
+                    })
+                    .await;
+                match authorised {
+                    Ok(n) => (StatusCode::CREATED, format!("auth_{n}")).into_response(),
+                    Err(error) => error.into_response(),
+                }
+            },
+        )
+    };
+    assert_eq!(
+        text(run(true).await).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(text(run(false).await).await.1, "auth_2");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

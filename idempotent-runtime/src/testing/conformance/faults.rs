@@ -267,3 +267,54 @@ pub async fn check_fault_backward_wall_step_keeps_no_lease_alive<H: Harness>() {
     h.advance(super::LEASE).await;
     must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
 }
+
+/// An at-most-once step called its provider, and then the store became unreachable: its
+/// output was not recorded and its claim not released. Once the lease has run out, the
+/// retry finds the intent without an output and asks `verify` instead of calling again:
+/// one call, and the request completes with the verified output.
+pub async fn check_fault_an_unrecorded_at_most_once_call_is_verified_not_repeated<H: Harness>() {
+    let (harness, store) = setup::<H>().await;
+    let faulty = Arc::new(Faulty::new(store));
+    let engine = engine(faulty.clone());
+    let (calls, verifies) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let charge = || {
+        let (faulty, calls, verifies) = (faulty.clone(), calls.clone(), verifies.clone());
+        engine.run(&CONFIG, SCOPE, KEY, fp(1), move |key| async move {
+            let authorised = key
+                .step_at_most_once(
+                    "authorise",
+                    || async {
+                        let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                        // The store goes away between the provider's answer and its record.
+                        faulty.inject_always(Operation::RecordStep, Fault::Fail);
+                        faulty.inject_always(Operation::Release, Fault::Fail);
+                        Ok::<_, StatusCode>(format!("auth_{n}"))
+                    },
+                    || async {
+                        verifies.fetch_add(1, Ordering::SeqCst);
+                        let made = calls.load(Ordering::SeqCst);
+                        Ok(crate::steps::Verified::Happened(format!("auth_{made}")))
+                    },
+                )
+                .await;
+            match authorised {
+                Ok(authorisation) => (StatusCode::CREATED, authorisation).into_response(),
+                Err(error) => error.into_response(),
+            }
+        })
+    };
+    let first = charge().await;
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+    faulty.heal();
+    harness.advance(LEASE.saturating_mul(2)).await;
+    let retry = charge().await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(
+        (
+            calls.load(Ordering::SeqCst),
+            verifies.load(Ordering::SeqCst)
+        ),
+        (1, 1),
+        "the retry verified the call instead of making it again"
+    );
+}

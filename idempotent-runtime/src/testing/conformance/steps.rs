@@ -432,3 +432,26 @@ pub async fn check_steps_race_a_takeover<H: Harness>() {
         drop(h);
     }
 }
+
+/// An at-most-once step records its intent (an empty output) before its call and its
+/// output after, under one name: a store keeps both entries, in order, and `inspect`
+/// names the steps whose intent has no output yet.
+pub async fn check_steps_an_intent_and_its_output_both_come_back<H: Harness>() {
+    let (h, store) = setup::<H>().await;
+    let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
+    let at = UNIX_EPOCH + Duration::from_millis(1_764_000_000_000);
+    let charge_intent = RecordedStep::intent("charge", at);
+    let charge = step("charge", r#""ch_1""#);
+    let refund_intent = RecordedStep::intent("refund", at);
+    assert!(record(&*store, first, &charge_intent).await);
+    assert!(record(&*store, first, &charge).await);
+    assert!(record(&*store, first, &refund_intent).await);
+    let info = store
+        .inspect(SCOPE, KEY)
+        .await
+        .expect("inspect")
+        .expect("a live record");
+    assert_eq!(info.unknown_outcomes(), vec!["refund"]);
+    h.advance(LEASE).await;
+    must_resume(&*store, &[charge_intent, charge, refund_intent]).await;
+}
