@@ -8,6 +8,9 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use idempotent_runtime::duration;
 
+use crate::gateway::KeyHandling;
+use crate::payments::Authorise;
+
 /// Flags of the demo APIs.
 #[derive(Debug, Clone, Parser)]
 #[command(about = "An idempotent demo API", version)]
@@ -80,15 +83,30 @@ pub struct DemoArgs {
     pub webhook_secret: String,
 
     /// Test hook of the payments demo, off by default: after `POST /payments` has recorded
-    /// the named step (`authorise`, `ledger` or `receipt`), print `paused after step NAME`
-    /// to stderr and wait forever, so a test can `kill -9` the process at a known point.
+    /// the named step (`authorise`, `ledger` or `receipt`) — or, for `authorise-call`,
+    /// after the gateway answered and before that answer is recorded — print `paused after
+    /// step NAME` to stderr and wait forever, so a test can `kill -9` the process at a
+    /// known point.
     #[arg(
         long,
         env = "PAYMENTS_DEMO_PAUSE_AFTER_STEP",
         value_name = "STEP",
-        value_parser = ["authorise", "ledger", "receipt"]
+        value_parser = ["authorise-call", "authorise", "ledger", "receipt"]
     )]
     pub pause_after_step: Option<String>,
+
+    /// Payments demo: whether the fake gateway deduplicates charges by their idempotency
+    /// key (`honour`, like most providers) or charges on every call (`ignore`, like a
+    /// provider without keys, where only the demo's at-most-once `authorise` step keeps a
+    /// payment from being charged twice).
+    #[arg(long, env = "GATEWAY_KEYS", value_enum, default_value_t = KeyHandling::Honour)]
+    pub gateway_keys: KeyHandling,
+
+    /// Payments demo: how `POST /payments` guards its gateway call — `at-most-once`
+    /// (looks a call with a lost answer up before calling again) or `at-least-once` (calls
+    /// again; for comparison with `--gateway-keys ignore`).
+    #[arg(long, env = "PAYMENTS_DEMO_AUTHORISE", value_enum, default_value_t = Authorise::AtMostOnce)]
+    pub authorise: Authorise,
 }
 
 /// Where the database URL came from.

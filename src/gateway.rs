@@ -7,7 +7,10 @@
 //! - anything else succeeds.
 //!
 //! A second call with the same downstream key returns the first charge, as a real
-//! provider does, so a retry after a crash is deduplicated downstream too.
+//! provider does, so a retry after a crash is deduplicated downstream too — unless the
+//! gateway is told to ignore keys ([`KeyHandling::Ignore`], `--gateway-keys ignore`),
+//! like a provider that takes none: then every call charges anew, and the key is only a
+//! reference that charges can be looked up by ([`Gateway::find_by_reference`]).
 //!
 //! Every call that authorises or declines a charge, deduplicated or not, is also a line in
 //! the [`EffectsLog`] when the demo has one (`--effects-log`), so that a test can count
@@ -126,12 +129,25 @@ pub enum GatewayError {
     Protocol(String),
 }
 
+/// Whether the gateway deduplicates calls by their key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyHandling {
+    /// A call with a key the gateway has seen answers that key's charge (a provider with
+    /// idempotency keys).
+    #[default]
+    Honour,
+    /// Every call charges anew; the key is kept as the charge's reference (a provider
+    /// without idempotency keys).
+    Ignore,
+}
+
 /// The fake gateway.
 #[derive(Debug, Clone)]
 pub struct Gateway {
     db: Database,
     latency: Duration,
     effects: EffectsLog,
+    keys: KeyHandling,
 }
 
 /// An append-only file of the fake providers' external effects, one line each
@@ -183,7 +199,14 @@ impl Gateway {
             db,
             latency,
             effects: EffectsLog::default(),
+            keys: KeyHandling::default(),
         })
+    }
+
+    /// This gateway, deduplicating calls by their key or not.
+    pub fn with_keys(mut self, keys: KeyHandling) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// This gateway, appending a line to `effects` for every call that authorises or
@@ -212,6 +235,11 @@ impl Gateway {
             "succeeded"
         };
         let id = format!("pay_{:016x}", rand::rng().random::<u64>());
+        // Ignoring keys, each call is a charge of its own, found by the key as a prefix.
+        let stored_key = match self.keys {
+            KeyHandling::Honour => downstream_key.to_owned(),
+            KeyHandling::Ignore => format!("{downstream_key}{REFERENCE_SEPARATOR}{id}"),
+        };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
@@ -240,13 +268,13 @@ impl Gateway {
             .bind(amount)
             .bind(currency)
             .bind(status)
-            .bind(downstream_key)
+            .bind(&stored_key)
             .bind(now)
             .execute(pool)
             .await
             .map(|done| done.rows_affected()))?;
         let charge = self
-            .find("downstream_key = $1", downstream_key)
+            .find("downstream_key = $1", &stored_key)
             .await?
             .into_iter()
             .next()
@@ -273,6 +301,30 @@ impl Gateway {
             return Err(GatewayError::Declined(charge));
         }
         Ok((charge, inserted == 1))
+    }
+
+    /// The charges made under `reference` (the key the calls carried), oldest first: one
+    /// when the gateway honours keys, one per call when it ignores them.
+    pub async fn find_by_reference(&self, reference: &str) -> Result<Vec<Charge>, sqlx::Error> {
+        // `~` is the separator, and `\x7f` the next character: the range is the prefix.
+        let sql = self.db.dialect(
+            "SELECT id, account, amount, currency, status, downstream_key FROM demo_charges \
+             WHERE downstream_key = $1 OR (downstream_key > $2 AND downstream_key < $3) \
+             ORDER BY created_at, id",
+        );
+        let (low, high) = (
+            format!("{reference}{REFERENCE_SEPARATOR}"),
+            format!("{reference}\u{7f}"),
+        );
+        on_pool!(&self.db, |pool| {
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+                .bind(reference)
+                .bind(&low)
+                .bind(&high)
+                .fetch_all(pool)
+                .await?;
+            rows.iter().map(charge_of).collect()
+        })
     }
 
     /// The account's charges, oldest first.
@@ -313,18 +365,27 @@ impl Gateway {
                 .bind(value)
                 .fetch_all(pool)
                 .await?;
-            rows.iter()
-                .map(|row| {
-                    Ok(Charge {
-                        id: row.try_get("id")?,
-                        account: row.try_get("account")?,
-                        amount: row.try_get("amount")?,
-                        currency: row.try_get("currency")?,
-                        status: row.try_get("status")?,
-                        downstream_key: row.try_get("downstream_key")?,
-                    })
-                })
-                .collect()
+            rows.iter().map(charge_of).collect()
         })
     }
+}
+
+/// Between a key and the charge id in the stored key of a gateway that ignores keys.
+const REFERENCE_SEPARATOR: char = '~';
+
+/// The charge a `demo_charges` row holds.
+fn charge_of<R: Row>(row: &R) -> Result<Charge, sqlx::Error>
+where
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(Charge {
+        id: row.try_get("id")?,
+        account: row.try_get("account")?,
+        amount: row.try_get("amount")?,
+        currency: row.try_get("currency")?,
+        status: row.try_get("status")?,
+        downstream_key: row.try_get("downstream_key")?,
+    })
 }

@@ -19,7 +19,10 @@
 //!
 //! 1. `authorise`: the gateway charges the card (an external effect, deduplicated by the
 //!    gateway too through `key.derive("authorise")`). The call goes over HTTP through
-//!    `idempotent-client`, which sends that key on every retry of a lost answer;
+//!    `idempotent-client`, which sends that key on every retry of a lost answer. The step
+//!    is at most once: a call whose answer was never recorded is looked up at the gateway
+//!    by that key instead of being made again, so even a gateway that ignores keys
+//!    (`--gateway-keys ignore`) charges once;
 //! 2. `ledger`: one row in `demo_payment_ledger`. With an SQL store the row is written in
 //!    the store's own database and commits together with the step's record (exactly
 //!    once); with Redis it goes to the gateway's database as a plain step;
@@ -39,6 +42,7 @@ use axum::{Json, Router};
 use http::{HeaderValue, StatusCode, header};
 use idempotent_runtime::openapi::PublishedPolicy;
 use idempotent_runtime::rejection::AsProblem;
+use idempotent_runtime::steps::Verified;
 use idempotent_runtime::transaction::TxDatabase;
 use idempotent_runtime::webhook::WebhookVerifier;
 use idempotent_runtime::{
@@ -73,6 +77,20 @@ pub struct AppState {
     pub pause: PauseAfterStep,
     /// Verifies the events the gateway posts to `POST /webhooks/gateway`.
     pub webhooks: WebhookVerifier,
+    /// How the `authorise` step guards the gateway call (`--authorise`).
+    pub authorise: Authorise,
+}
+
+/// How `POST /payments` runs its `authorise` step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Authorise {
+    /// At most once (`key.step_at_most_once`): a call whose answer was not recorded is
+    /// looked up at the gateway by its derived key instead of being made again.
+    #[default]
+    AtMostOnce,
+    /// At least once (`key.step`): such a call is made again, and only a gateway that
+    /// honours idempotency keys keeps it from charging twice. For comparison.
+    AtLeastOnce,
 }
 
 /// The demo's published webhook secret: what `--webhook-secret` defaults to, and what the
@@ -226,20 +244,39 @@ async fn create_payment(
     let (amount, currency) = request.validate()?;
     let account = caller.account();
 
-    // A resumed request gets the recorded charge back and does not call the gateway again;
-    // the derived key would have the gateway deduplicate such a call anyway.
-    let charge: Charge = key
-        .step("authorise", || async {
-            let downstream_key = key.derive("authorise");
-            Ok::<_, ApiError>(
-                state
-                    .gateway_client
-                    .charge(account, amount, &currency, &downstream_key)
-                    .await?,
-            )
-        })
-        .await?;
+    // A resumed request gets the recorded charge back and does not call the gateway again.
+    // A call whose answer was never recorded (a crash, the store away) is not repeated
+    // blindly: the gateway is asked for a charge under the derived key first, which is
+    // all a provider without idempotency keys offers.
+    let downstream_key = key.derive("authorise");
+    let call = || async {
+        let charged = state
+            .gateway_client
+            .charge(account, amount, &currency, &downstream_key)
+            .await;
+        state.pause.after("authorise-call").await;
+        match charged {
+            // A declined card is the call's outcome too: recorded like a charge.
+            Ok(charge) | Err(GatewayError::Declined(charge)) => Ok::<_, ApiError>(charge),
+            Err(error) => Err(error.into()),
+        }
+    };
+    let charge: Charge = match state.authorise {
+        Authorise::AtMostOnce => {
+            let verify = || async {
+                Ok(match state.gateway_client.find(&downstream_key).await? {
+                    Some(charge) => Verified::Happened(charge),
+                    None => Verified::NotHappened,
+                })
+            };
+            key.step_at_most_once("authorise", call, verify).await?
+        }
+        Authorise::AtLeastOnce => key.step("authorise", call).await?,
+    };
     state.pause.after("authorise").await;
+    if charge.status == "declined" {
+        return Err(ApiError::Declined(charge.into()));
+    }
 
     // The row's id is recorded as the step's output; a resumed request writes no row.
     let entry = LedgerEntry::new(account, &charge);
@@ -729,6 +766,7 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
     let _sweeper = idempotency.spawn_sweeper(Duration::from_secs(60));
     let gateway = Gateway::new(db.clone(), args.gateway_latency())
         .await?
+        .with_keys(args.gateway_keys)
         .with_effects_log(effects.clone());
     // The fake provider listens on loopback; the handler calls it like a real one.
     let gateway_addr =
@@ -746,6 +784,7 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
         ledger,
         pause: PauseAfterStep::new(args.pause_after_step.as_deref()),
         webhooks: WebhookVerifier::new([&args.webhook_secret])?,
+        authorise: args.authorise,
     });
     let banner = Banner {
         name: "payments",

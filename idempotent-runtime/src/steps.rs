@@ -570,8 +570,11 @@ impl StepLog {
                     bounded(self.store_timeout, record),
                 )
                 .await;
-                if let Some(error) = self.not_recorded(name, stored) {
-                    return Err(error);
+                // Not counted as a recorded step: the output, once there, is.
+                if !matches!(stored, Ok(true)) {
+                    return Err(self
+                        .not_recorded(name, stored)
+                        .expect("an answer other than recorded"));
                 }
             }
         }

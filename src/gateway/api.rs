@@ -10,13 +10,16 @@
 //! - `503`: unavailable, nothing recorded;
 //! - `400` without a valid key; `500` when the gateway's ledger fails.
 //!
+//! `GET /v1/charges?reference=KEY` answers `200` and the charges made under that key (a
+//! JSON array): how a caller finds out whether a call whose answer it lost took effect.
+//!
 //! The client retries a call whose answer is lost, or that met a `503`, with the same key,
 //! so the gateway charges each payment once however many attempts reach it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -38,11 +41,33 @@ struct ChargeRequest {
     currency: String,
 }
 
-/// The gateway's API: `POST /v1/charges`.
+/// The query of `GET /v1/charges`.
+#[derive(Debug, Serialize, Deserialize)]
+struct ChargesQuery {
+    reference: String,
+}
+
+/// The gateway's API: `POST /v1/charges`, `GET /v1/charges?reference=…`.
 pub fn router(gateway: Gateway) -> Router {
     Router::new()
-        .route("/v1/charges", post(create_charge))
+        .route("/v1/charges", post(create_charge).get(find_charges))
         .with_state(gateway)
+}
+
+async fn find_charges(
+    State(gateway): State<Gateway>,
+    Query(query): Query<ChargesQuery>,
+) -> Response {
+    match gateway.find_by_reference(&query.reference).await {
+        Ok(charges) => (StatusCode::OK, Json(charges)).into_response(),
+        Err(error) if crate::database::is_transient(&error) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(http::header::RETRY_AFTER, "1")],
+            error.to_string(),
+        )
+            .into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+    }
 }
 
 /// Serves [`router`] on `addr` (port 0: a free one) in a task of the current runtime, and
@@ -174,6 +199,33 @@ impl GatewayClient {
                 } else {
                     Err(GatewayError::Declined(charge))
                 }
+            }
+            StatusCode::SERVICE_UNAVAILABLE => Err(GatewayError::Unavailable),
+            other => {
+                let body = response.text().await.unwrap_or_default();
+                Err(GatewayError::Protocol(format!("{other}: {body}")))
+            }
+        }
+    }
+
+    /// The first charge made under `reference` (a downstream key), if any: whether a
+    /// charge whose answer was lost took effect. A `GET`, retried as the policy says.
+    pub async fn find(&self, reference: &str) -> Result<Option<Charge>, GatewayError> {
+        let url = reqwest::Url::parse_with_params(&self.charges_url, [("reference", reference)])
+            .map_err(|error| GatewayError::Protocol(format!("reference: {error}")))?;
+        let response = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|error| GatewayError::Unreachable(error.to_string()))?;
+        match response.status() {
+            StatusCode::OK => {
+                let charges: Vec<Charge> = response
+                    .json()
+                    .await
+                    .map_err(|error| GatewayError::Unreachable(error.to_string()))?;
+                Ok(charges.into_iter().next())
             }
             StatusCode::SERVICE_UNAVAILABLE => Err(GatewayError::Unavailable),
             other => {

@@ -51,6 +51,17 @@ pub(crate) fn trials() -> Vec<Trial> {
                 move || test(server, step),
             ));
         }
+        for authorise in ["at-most-once", "at-least-once"] {
+            let test: Test = |server, authorise| {
+                Box::pin(kill_9_between_the_gateway_call_and_its_record(
+                    server, authorise,
+                ))
+            };
+            on_server.push(async_trial(
+                format!("{name}::kill_9_between_the_gateway_call_and_its_record_{authorise}"),
+                move || test(server, authorise),
+            ));
+        }
         trials.extend(ignored_if(server.and_then(Server::unavailable), on_server));
     }
     trials
@@ -94,6 +105,16 @@ impl Place {
     /// The demo, with `pause_after` as its pause hook and `rust_log` as its log filter;
     /// its stderr collected.
     async fn start(&self, pause_after: Option<&str>, rust_log: &str) -> (Instance, Output) {
+        self.start_with(pause_after, rust_log, &[]).await
+    }
+
+    /// [`start`](Self::start), with `extra` flags.
+    async fn start_with(
+        &self,
+        pause_after: Option<&str>,
+        rust_log: &str,
+        extra: &[&str],
+    ) -> (Instance, Output) {
         let mut command = Command::new(DEMO);
         command.env("RUST_LOG", rust_log);
         command.env_remove("PAYMENTS_DEMO_PAUSE_AFTER_STEP");
@@ -110,6 +131,7 @@ impl Place {
             "--effects-log",
             effects.to_str().expect("a UTF-8 temp path"),
         ]);
+        flags.extend(extra);
         Instance::start_captured(command, &self.url, &flags).await
     }
 
@@ -359,4 +381,67 @@ async fn kill_9_after_a_step_resumes(server: Option<Server>, paused_after: &'sta
     let calm_id = calm_body["id"].as_str().expect("an id");
     assert!(calm_id.starts_with("pay_") && calm_id != payment);
     assert_eq!(calm.location, Some(format!("/payments/{calm_id}")));
+}
+
+/// A gateway without idempotency keys (`--gateway-keys ignore`) charged the card, and the
+/// demo was killed before the charge was recorded. The restarted demo's retry of the
+/// payment: with `--authorise at-most-once` it finds the intent, asks the gateway for a
+/// charge under the derived key, and resumes with it — one charge; with `at-least-once`
+/// (no intent recorded, what the dedupe rests on turned off) it charges again — two.
+async fn kill_9_between_the_gateway_call_and_its_record(
+    server: Option<Server>,
+    authorise: &'static str,
+) {
+    let place = Place::create(server).await;
+    let client = reqwest::Client::new();
+    let flags = ["--gateway-keys", "ignore", "--authorise", authorise];
+    let (mut first, first_output) = place
+        .start_with(Some("authorise-call"), "warn", &flags)
+        .await;
+    let in_flight = process::charge_in_flight(&client, first.url("/payments"), "lost-1", CHARGE);
+    let pause_line = format!("{PAUSE_LINE} authorise-call ");
+    process::wait_until("the first demo pauses after the gateway call", || {
+        let output = first_output.clone();
+        let pause_line = pause_line.clone();
+        async move { output.has_line_with(&[&pause_line]) }
+    })
+    .await;
+    first.kill();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the client lost its connection"
+    );
+    assert_eq!(payments_with(&place.effects(), "authorised").len(), 1);
+
+    let (second, _) = place.start_with(None, "warn", &flags).await;
+    let mut answer = post(&client, &second, "lost-1").await;
+    for _ in 0..60 {
+        if answer.status != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        answer = post(&client, &second, "lost-1").await;
+    }
+    assert_eq!(
+        answer.status,
+        StatusCode::CREATED,
+        "{:?}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let authorised = payments_with(&place.effects(), "authorised");
+    match authorise {
+        "at-most-once" => {
+            assert_eq!(authorised.len(), 1, "charged once: {authorised:?}");
+            assert_eq!(
+                answer.json()["id"],
+                authorised[0].as_str(),
+                "the verified charge"
+            );
+        }
+        _ => assert_eq!(
+            authorised.len(),
+            2,
+            "without the intent the lost call is made again: {authorised:?}"
+        ),
+    }
 }

@@ -19,7 +19,9 @@ use idempotent_runtime::Idempotency;
 use tower::ServiceExt;
 
 use idempotent_demo::mailer::Mailer;
-use idempotent_demo::payments::{AppState, DEMO_WEBHOOK_SECRET, Ledger, PauseAfterStep, router};
+use idempotent_demo::payments::{
+    AppState, Authorise, DEMO_WEBHOOK_SECRET, Ledger, PauseAfterStep, router,
+};
 use idempotent_runtime::webhook::WebhookVerifier;
 
 /// The payments demo on an SQLite file in `dir`.
@@ -75,6 +77,7 @@ where
         ledger: ledger.clone(),
         pause: PauseAfterStep::default(),
         webhooks: WebhookVerifier::new([DEMO_WEBHOOK_SECRET]).expect("the demo secret parses"),
+        authorise: Authorise::default(),
     });
     PaymentsDemo {
         app,
