@@ -31,6 +31,13 @@
 //! handler may also return a 5xx between two steps, which the engine releases, so that
 //! the release that keeps a record is explored.
 //!
+//! At-most-once steps ([`Protocol::at_most_once`]): before the side effect the engine
+//! records the step's intent (`record_step` of an empty output, fenced like any step),
+//! and does the effect only once the store said it holds it. An execution that finds the
+//! intent without the output does not repeat the effect: it asks `verify`, which here
+//! knows whether the effect happened in the record's lifetime (the provider's view),
+//! and records the output it found, or, when nothing happened, goes on to the effect.
+//!
 //! The invariants ([`Protocol::properties`]; a violation of a history-dependent one is
 //! noted in [`History::violations`] at the step that breaks it):
 //!
@@ -55,6 +62,9 @@
 //! 8. a record holding steps lives at least a TTL past its owner's last claim or renewal
 //!    (a renewal keeps the record a TTL past it), so a handler that outlived its TTL and
 //!    crashed is resumed by the retry of its request, not run again from the start.
+//! 9. an at-most-once step's side effect happens at most once per record lifetime,
+//!    through crashes, lost calls and takeovers between its intent, its effect and its
+//!    output.
 //!
 //! [`Rules`] turns each fix of the protocol review, and each rule of recovery points, off
 //! to show that the checker finds the interleaving it closed (`tests/check.rs`). Larger
@@ -138,6 +148,9 @@ pub struct Rules {
     /// renewed lease, so a handler that outlived its TTL and crashed leaves a record that
     /// expires with its lease, steps and all (issue 44, item 1).
     pub renewal_keeps_a_ttl: bool,
+    /// An at-most-once step records its intent before its side effect; off, it goes
+    /// straight to the effect, as an at-least-once step does.
+    pub intent_before_call: bool,
 }
 
 impl Rules {
@@ -150,6 +163,7 @@ impl Rules {
         steps_survive_lease_loss: true,
         record_step_fenced: true,
         renewal_keeps_a_ttl: true,
+        intent_before_call: true,
     };
 }
 
@@ -186,6 +200,8 @@ pub struct Protocol {
     /// A handler may return a 5xx between two of its steps (the engine releases it),
     /// besides when it sees `lease_lost()`.
     pub fail_between_steps: bool,
+    /// The steps that are at most once (a set of step bits): intent, effect, output.
+    pub at_most_once: u8,
     /// The fixes in force.
     pub rules: Rules,
 }
@@ -213,6 +229,7 @@ impl Protocol {
             },
             steps: STEPS,
             fail_between_steps: true,
+            at_most_once: 0,
             rules: Rules::FIXED,
         }
     }
@@ -258,6 +275,9 @@ pub struct Record {
     pub ttl_left: Tick,
     /// The steps recorded under it (a set of step bits), in progress only.
     pub steps: u8,
+    /// The at-most-once steps whose intent is recorded under it (a set), in progress
+    /// only.
+    pub intents: u8,
 }
 
 /// The instant the model's records are seen at by the engine's rules: zero on both of the
@@ -309,7 +329,7 @@ impl Record {
                 }),
                 None => RecordBody::InProgress {
                     lease_expires_at: millis(self.lease_left),
-                    steps: if self.steps == 0 {
+                    steps: if self.steps == 0 && self.intents == 0 {
                         Bytes::new()
                     } else {
                         Bytes::from_static(b"recorded")
@@ -352,6 +372,13 @@ pub enum Op {
         /// The step that ran.
         step: u8,
     },
+    /// `record_step` of an at-most-once step's intent, before its side effect.
+    RecordIntent {
+        /// The claim's token.
+        token: u8,
+        /// The step about to run.
+        step: u8,
+    },
 }
 
 /// What the store answered.
@@ -361,6 +388,8 @@ pub enum Answer {
     Claimed {
         /// The steps returned with the claim.
         steps: u8,
+        /// The intents returned with the claim.
+        intents: u8,
     },
     /// A completed record: its response, and how long it lives on (store's wall clock).
     Replay {
@@ -411,6 +440,11 @@ pub struct Held {
     pub fresh: bool,
     /// The steps the claim's answer returned: the handler skips them.
     pub loaded: u8,
+    /// The intents the claim's answer returned: the handler verifies those steps.
+    pub loaded_intents: u8,
+    /// The intent of the step the handler runs next is recorded (or verified as not
+    /// acted on): its effect may happen.
+    pub intent_ok: bool,
     /// The step the handler runs next (or whose record it awaits); `steps` once it
     /// returned.
     pub next: u8,
@@ -471,6 +505,11 @@ pub struct History {
     pub effects_under_lease: u8,
     /// The steps whose output the store appended in this record lifetime (a set).
     pub lifetime_steps: u8,
+    /// The steps whose side effect happened in this record lifetime (a set): what an
+    /// at-most-once step's `verify` finds out.
+    pub lifetime_effects: u8,
+    /// An at-most-once step's `verify` found an effect and its output was recorded.
+    pub verified: bool,
     /// A response was recorded in this lifetime.
     pub recorded: bool,
     /// Ticks since the operator forgot the key, while within the replay cache's maximum
@@ -488,7 +527,7 @@ pub struct History {
     /// a retry of a crashed owner's request resumes its steps (zero without a record).
     pub life_left: Tick,
     /// The invariants broken, by the step that broke them (a set of [`Violation`]s).
-    pub violations: u8,
+    pub violations: u16,
 }
 
 /// An invariant broken by a step.
@@ -514,10 +553,12 @@ pub enum Violation {
     /// A record holding steps expired within a TTL of its owner's last claim or renewal:
     /// the retry of the crashed request would run its recorded steps again.
     StepsExpiredEarly,
+    /// An at-most-once step's side effect happened a second time in one record lifetime.
+    AtMostOnceRepeated,
 }
 
 impl Violation {
-    fn bit(self) -> u8 {
+    fn bit(self) -> u16 {
         1 << self as u8
     }
 }
@@ -677,7 +718,7 @@ impl Protocol {
             return Self::settle(s, e);
         };
         if let Some(Call {
-            op: Op::RecordStep { .. },
+            op: Op::RecordStep { .. } | Op::RecordIntent { .. },
             ..
         }) = call
         {
@@ -754,11 +795,15 @@ impl Protocol {
                     lease_left: self.lease,
                     ttl_left: self.ttl,
                     steps: 0,
+                    intents: 0,
                 };
                 let Some(found) = s.record else {
                     s.record = Some(fresh);
                     s.history.life_left = self.ttl;
-                    return Answer::Claimed { steps: 0 };
+                    return Answer::Claimed {
+                        steps: 0,
+                        intents: 0,
+                    };
                 };
                 let decision =
                     rules::claim(&found.seam(), SEAM_NOW, &seam_fingerprint(fingerprint));
@@ -772,24 +817,34 @@ impl Protocol {
                         if from_live_holder {
                             Self::violate(s, Violation::TakenFromLiveHolder);
                         }
-                        let holds_steps = found.response.is_none() && found.steps != 0;
+                        let holds_steps =
+                            found.response.is_none() && (found.steps | found.intents) != 0;
                         if reason == Takeover::Expired && holds_steps && s.history.life_left > 0 {
                             Self::violate(s, Violation::StepsExpiredEarly);
                         }
                         s.history.life_left = self.ttl;
                         let keep = self.rules.steps_survive_lease_loss && steps_survive(reason);
-                        let steps = if keep { found.steps } else { 0 };
-                        s.record = Some(Record { steps, ..fresh });
+                        let (steps, intents) = if keep {
+                            (found.steps, found.intents)
+                        } else {
+                            (0, 0)
+                        };
+                        s.record = Some(Record {
+                            steps,
+                            intents,
+                            ..fresh
+                        });
                         s.history.effects_under_lease = 0;
                         if reason == Takeover::Expired {
                             s.history.recorded = false;
                             s.history.lifetime_steps = 0;
+                            s.history.lifetime_effects = 0;
                         } else {
                             s.history.lease_taken_over = true;
                             s.history.resumed_after_release |=
                                 found.token == RELEASED && steps != 0;
                         }
-                        Answer::Claimed { steps }
+                        Answer::Claimed { steps, intents }
                     }
                     Decision::Mismatch => Answer::Mismatch,
                     Decision::Replay => Answer::Replay {
@@ -823,6 +878,7 @@ impl Protocol {
                 if let (true, Some(r)) = (held, s.record.as_mut()) {
                     r.response = Some(token);
                     r.steps = 0;
+                    r.intents = 0;
                     s.history.recorded = true;
                 }
                 Answer::Done(held)
@@ -843,8 +899,16 @@ impl Protocol {
                         s.history.life_left = 0;
                         s.history.effects_under_lease = 0;
                         s.history.lifetime_steps = 0;
+                        s.history.lifetime_effects = 0;
                     }
                     _ => {}
+                }
+                Answer::Done(held)
+            }
+            Op::RecordIntent { token, step } => {
+                let held = owned(&s.record, token);
+                if let (true, Some(r)) = (held, s.record.as_mut()) {
+                    r.intents |= bit(step);
                 }
                 Answer::Done(held)
             }
@@ -878,10 +942,31 @@ impl Protocol {
         }
         // The steps skipped are of no more use: forgetting them merges equal states.
         held.loaded &= u8::MAX.checked_shl(u32::from(held.next)).unwrap_or(0);
+        held.loaded_intents &= u8::MAX.checked_shl(u32::from(held.next)).unwrap_or(0);
         if held.next == self.effects() {
             held.finished_age = Some(0);
             let token = held.token;
             Self::send(s, e, Op::Complete { token });
+        }
+    }
+
+    /// What an at-most-once step does before its side effect: with its intent found in
+    /// the claim's answer, `verify` (the effect happened in this lifetime: its output is
+    /// recorded, no effect; it did not: on to the effect); otherwise `record_step` of
+    /// the intent, the effect waiting for the store's yes.
+    fn before_the_call(&self, s: &mut State, e: usize, held: Held) {
+        let step = bit(held.next);
+        if held.loaded_intents & step == 0 {
+            let (token, step) = (held.token, held.next);
+            return Self::send(s, e, Op::RecordIntent { token, step });
+        }
+        if s.history.lifetime_effects & step != 0 {
+            s.history.verified = true;
+            let (token, step) = (held.token, held.next);
+            return Self::send(s, e, Op::RecordStep { token, step });
+        }
+        if let Work::Holding(h) = &mut s.engines[e].work {
+            h.intent_ok = true;
         }
     }
 
@@ -953,7 +1038,7 @@ impl Protocol {
             (
                 Work::Claiming { fingerprint, .. },
                 Op::Claim { token, .. },
-                Answer::Claimed { steps },
+                Answer::Claimed { steps, intents },
             ) => {
                 if self.rules.late_claim_check && !self.licence_holds(call.age) {
                     s.engines[e].work = Work::Releasing;
@@ -969,6 +1054,8 @@ impl Protocol {
                     heartbeat_ended: false,
                     fresh: true,
                     loaded: steps,
+                    loaded_intents: intents,
+                    intent_ok: false,
                     next: 0,
                     finished_age: None,
                 });
@@ -977,8 +1064,14 @@ impl Protocol {
             (Work::Holding(_), Op::RecordStep { .. }, Answer::Done(true)) => {
                 if let Work::Holding(held) = &mut s.engines[e].work {
                     held.next += 1;
+                    held.intent_ok = false;
                 }
                 self.advance(s, e);
+            }
+            (Work::Holding(_), Op::RecordIntent { .. }, Answer::Done(true)) => {
+                if let Work::Holding(held) = &mut s.engines[e].work {
+                    held.intent_ok = true;
+                }
             }
             (
                 Work::Claiming {
@@ -1164,6 +1257,7 @@ impl Model for Protocol {
                 s.history.forgotten = Some(0);
                 s.history.effects_under_lease = 0;
                 s.history.lifetime_steps = 0;
+                s.history.lifetime_effects = 0;
                 s.history.recorded = false;
             }
             Action::ApplyOrphan(i) => {
@@ -1196,6 +1290,15 @@ impl Model for Protocol {
             Action::Effect(e) => {
                 let held = Self::held(&s, e)?;
                 let step = bit(held.next);
+                let at_most_once = self.steps > 0 && self.at_most_once & step != 0;
+                if at_most_once && self.rules.intent_before_call && !held.intent_ok {
+                    self.before_the_call(&mut s, e, held);
+                    return Some(s);
+                }
+                if at_most_once && s.history.lifetime_effects & step != 0 {
+                    Self::violate(&mut s, Violation::AtMostOnceRepeated);
+                }
+                s.history.lifetime_effects |= step;
                 let under_lease = matches!(
                     s.record,
                     Some(r) if r.token == held.token && r.response.is_none() && r.lease_left > 0
@@ -1304,20 +1407,35 @@ impl Model for Protocol {
             Property::always("steps outlive their owner by a TTL", |_, s: &State| {
                 !s.history.broke(Violation::StepsExpiredEarly)
             }),
+            // (9) An at-most-once step's side effect happens at most once per record
+            // lifetime.
+            Property::always(
+                "at-most-once steps act once per record lifetime",
+                |_, s: &State| !s.history.broke(Violation::AtMostOnceRepeated),
+            ),
             // Coverage: the bounds reach what the invariants are about.
             Property::sometimes("a side effect happens", |_, s: &State| {
                 s.history.effects > 0
             }),
-            Property::sometimes(
-                "a lost lease is taken over and run again",
-                |m: &Protocol, s: &State| {
-                    s.history.lease_taken_over && s.history.effects > m.effects()
-                },
-            ),
             Property::sometimes("a replay is kept in a replay cache", |_, s: &State| {
                 s.engines.iter().any(|e| e.cache.is_some())
             }),
         ];
+        // An at-most-once handler's retry verifies instead of acting again.
+        if self.at_most_once == 0 {
+            properties.push(Property::sometimes(
+                "a lost lease is taken over and run again",
+                |m: &Protocol, s: &State| {
+                    s.history.lease_taken_over && s.history.effects > m.effects()
+                },
+            ));
+        }
+        if self.steps > 0 && self.at_most_once != 0 && self.rules.intent_before_call {
+            properties.push(Property::sometimes(
+                "an unrecorded at-most-once effect is verified, not repeated",
+                |_, s: &State| s.history.verified,
+            ));
+        }
         if self.steps > 0 && self.fail_between_steps {
             properties.push(Property::sometimes(
                 "a record a release kept is resumed after its steps",
@@ -1345,7 +1463,7 @@ pub fn trace(path: stateright::Path<State, Action>) -> String {
         let record = match after.record {
             None => "none".to_owned(),
             Some(r) => format!(
-                "fingerprint {} token {} {} lease left {} ttl left {} steps {:#b}",
+                "fingerprint {} token {} {} lease left {} ttl left {} steps {:#b} intents {:#b}",
                 r.fingerprint,
                 r.token,
                 match r.response {
@@ -1354,7 +1472,8 @@ pub fn trace(path: stateright::Path<State, Action>) -> String {
                 },
                 r.lease_left,
                 r.ttl_left,
-                r.steps
+                r.steps,
+                r.intents
             ),
         };
         let _ = writeln!(out, "t={now:<2} {action:?}");
@@ -1373,6 +1492,7 @@ pub fn trace(path: stateright::Path<State, Action>) -> String {
             Violation::StepRecordedTwice,
             Violation::RecordedStepRerun,
             Violation::StepsExpiredEarly,
+            Violation::AtMostOnceRepeated,
         ]
         .into_iter()
         .filter(|&v| last.history.broke(v))

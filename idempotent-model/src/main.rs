@@ -2,16 +2,18 @@
 //!
 //! ```text
 //! cargo run -p idempotent-model --release -- [--store server|in-process]
-//!     [--requests N] [--crashes N] [--forgets N] [--steps N] [--threads N] [--revert FIX]
+//!     [--requests N] [--crashes N] [--forgets N] [--steps N] [--at-most-once N]
+//!     [--threads N] [--revert FIX]
 //! ```
 //!
 //! `--revert` turns one fix of the protocol review off (`late-claim-check`,
 //! `leases-on-monotonic`, `record-while-held`, `cache-age-from-read`), or one rule of
-//! recovery points (`steps-survive-lease-loss`, `record-step-fenced`), to see the checker
-//! find what it closed.
+//! recovery points (`steps-survive-lease-loss`, `record-step-fenced`,
+//! `renewal-keeps-a-ttl`, `intent-before-call`), to see the checker find what it closed.
 //!
 //! `--requests N` gives the second engine N retries of the first engine's request;
-//! `--steps N` gives each handler N steps (0: one side effect that is not a step).
+//! `--steps N` gives each handler N steps (0: one side effect that is not a step);
+//! `--at-most-once N` makes the first N of them at most once (intent, effect, output).
 
 use std::time::Instant;
 
@@ -24,6 +26,7 @@ fn main() {
     let mut crashes = None;
     let mut forgets = None;
     let mut steps = None;
+    let mut at_most_once = 0;
     let mut threads = 2;
     let mut rules = Rules::FIXED;
     let mut args = std::env::args().skip(1);
@@ -48,6 +51,7 @@ fn main() {
             "--crashes" => crashes = Some(number()),
             "--forgets" => forgets = Some(number()),
             "--steps" => steps = Some(number()),
+            "--at-most-once" => at_most_once = number(),
             "--threads" => threads = number(),
             "--revert" => match value.as_str() {
                 "late-claim-check" => rules.late_claim_check = false,
@@ -56,9 +60,12 @@ fn main() {
                 "cache-age-from-read" => rules.cache_age_from_read = false,
                 "steps-survive-lease-loss" => rules.steps_survive_lease_loss = false,
                 "record-step-fenced" => rules.record_step_fenced = false,
+                "renewal-keeps-a-ttl" => rules.renewal_keeps_a_ttl = false,
+                "intent-before-call" => rules.intent_before_call = false,
                 _ => usage(
                     "--revert takes late-claim-check, leases-on-monotonic, record-while-held, \
-                     cache-age-from-read, steps-survive-lease-loss or record-step-fenced",
+                     cache-age-from-read, steps-survive-lease-loss, record-step-fenced, \
+                     renewal-keeps-a-ttl or intent-before-call",
                 ),
             },
             _ => usage(&format!("unknown flag {flag}")),
@@ -66,6 +73,8 @@ fn main() {
     }
     let mut model = Protocol::ci(store);
     model.rules = rules;
+    model.at_most_once = u8::try_from((1u32 << at_most_once.min(8)) - 1)
+        .unwrap_or_else(|_| usage("--at-most-once is at most 8"));
     if let Some(n) = requests {
         let retries: &'static [u8] = Vec::leak(vec![0; n]);
         model.requests = [&[0], retries];

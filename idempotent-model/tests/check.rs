@@ -236,3 +236,39 @@ fn without_renewals_keeping_a_ttl_a_crash_after_the_ttl_loses_the_recorded_steps
         "steps outlive their owner by a TTL",
     );
 }
+
+/// Issue 48: a handler of one at-most-once step, a retry and a crash, on a database
+/// store: the step's side effect happens at most once per record lifetime through
+/// crashes and lost calls between its intent, its effect and its output, and an effect
+/// whose output was lost is verified rather than repeated.
+#[test]
+fn the_protocol_holds_for_an_at_most_once_step_through_a_crash() {
+    holds(Protocol {
+        crashes: 1,
+        steps: 1,
+        at_most_once: 1,
+        ..request_and_retry(StoreKind::Server, Rules::FIXED)
+    });
+}
+
+/// Issue 48: without the intent recorded before the call, an at-most-once step is an
+/// at-least-once one: a crash between its effect and its record makes the retry act
+/// again.
+#[test]
+fn without_the_intent_an_at_most_once_step_acts_twice() {
+    finds(
+        Protocol {
+            crashes: 1,
+            steps: 1,
+            at_most_once: 1,
+            ..request_and_retry(
+                StoreKind::Server,
+                Rules {
+                    intent_before_call: false,
+                    ..Rules::FIXED
+                },
+            )
+        },
+        "at-most-once steps act once per record lifetime",
+    );
+}

@@ -416,9 +416,12 @@ where
         );
         return scope_missing();
     };
-    #[cfg(feature = "webhooks")]
-    if let KeySource::Webhook(verifier) = &shared.keys {
-        return protect_webhook(shared, verifier, inner, scope, parts, body).await;
+    match &shared.keys {
+        KeySource::Header => {}
+        #[cfg(feature = "webhooks")]
+        KeySource::Webhook(verifier) => {
+            return protect_webhook(shared, verifier, inner, scope, parts, body).await;
+        }
     }
     let (config, label) = (&shared.config, KeyLabel::Handler(shared.config.name));
     let key = match request::read_key(&parts, &shared.engine, config.key_optional, label) {
