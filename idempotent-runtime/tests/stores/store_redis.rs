@@ -1,8 +1,9 @@
 //! The conformance suite on [`RedisStore`], plus what only Redis has: the key layout and
 //! record encoding, redacted connection errors, Redis's own expiry (PTTL), several
-//! connection managers (instances) racing for one key, script reloading, round trips,
-//! steps in the record's hash (records written before steps existed, a takeover racing
-//! the old owner's steps).
+//! connection managers (instances) racing for one key, script reloading, round trips per
+//! operation, steps in the record's hash (a takeover racing the old owner's steps), and
+//! the record register itself (`upgrade`: each change as the seam defines it, records of
+//! the previous release without a version).
 //!
 //! Needs `IDEMPOTENT_TEST_REDIS_URL` (e.g. `redis://127.0.0.1:6379/`); without it every
 //! server test is reported as ignored, with the reason printed once. Each test works under a
