@@ -645,6 +645,99 @@ async fn scripts_are_loaded_again_after_the_server_forgets_them() {
     assert_eq!(store.purge_expired(10).await.unwrap(), 1);
 }
 
+/// A TCP proxy in front of the server that, for the first `flushes` replies to a
+/// `SCRIPT LOAD`, flushes the server's scripts before passing the reply on: the client's
+/// `EVALSHA` right after its load finds the script gone, as after a `SCRIPT FLUSH` or a
+/// failover between the two. Returns its port.
+async fn flushing_proxy(target: String, flushes: usize) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let left = Arc::new(AtomicU64::new(flushes as u64));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = tokio::net::TcpStream::connect(target.as_str())
+                .await
+                .unwrap();
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            let loading = Arc::new(AtomicBool::new(false));
+            let seen = Arc::clone(&loading);
+            tokio::spawn(async move {
+                let mut buf = vec![0; 64 * 1024];
+                while let Ok(n @ 1..) = client_read.read(&mut buf).await {
+                    if buf[..n].windows(4).any(|w| w == b"LOAD") {
+                        seen.store(true, Ordering::SeqCst);
+                    }
+                    if server_write.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let (target, left) = (target.clone(), Arc::clone(&left));
+            tokio::spawn(async move {
+                let mut buf = vec![0; 64 * 1024];
+                while let Ok(n @ 1..) = server_read.read(&mut buf).await {
+                    let take_one = |n: u64| n.checked_sub(1);
+                    if loading.swap(false, Ordering::SeqCst)
+                        && left
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, take_one)
+                            .is_ok()
+                    {
+                        let mut flusher = redis::Client::open(format!("redis://{target}/"))
+                            .unwrap()
+                            .get_multiplexed_async_connection()
+                            .await
+                            .unwrap();
+                        redis::cmd("SCRIPT")
+                            .arg("FLUSH")
+                            .exec_async(&mut flusher)
+                            .await
+                            .unwrap();
+                    }
+                    if client_write.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+async fn a_script_forgotten_right_after_its_load_is_loaded_again() {
+    let url = redis_url();
+    let parsed = url::Url::parse(&url).unwrap();
+    let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+        eprintln!("skipped: the proxy needs a TCP URL");
+        return;
+    };
+    let prefix = TestPrefix::new(&url);
+    let proxy = flushing_proxy(format!("{host}:{port}"), 2).await;
+    let mut proxied = parsed.clone();
+    proxied.set_host(Some("127.0.0.1")).unwrap();
+    proxied.set_port(Some(proxy)).unwrap();
+    let store = RedisStore::builder()
+        .key_prefix(&prefix.prefix)
+        .connect(proxied.as_str())
+        .await
+        .unwrap();
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec_async(&mut store.connection().clone())
+        .await
+        .unwrap();
+    // The insert script is loaded three times: forgotten after the first two loads.
+    let token = FencingToken::random();
+    must_claim(&store, &claim_request("k", token)).await;
+    assert!(
+        store
+            .complete("acct_alice", "k", token, &stored(b"{}"))
+            .await
+            .unwrap()
+    );
+}
+
 async fn purge_leaves_other_prefixes_alone() {
     let url = redis_url();
     let mine = TestPrefix::new(&url);
@@ -1164,6 +1257,10 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "scripts_are_loaded_again_after_the_server_forgets_them",
             scripts_are_loaded_again_after_the_server_forgets_them,
+        ),
+        async_trial(
+            "a_script_forgotten_right_after_its_load_is_loaded_again",
+            a_script_forgotten_right_after_its_load_is_loaded_again,
         ),
         async_trial(
             "purge_leaves_other_prefixes_alone",

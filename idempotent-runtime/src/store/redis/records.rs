@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use redis::aio::ConnectionLike;
-use redis::{RedisError, RedisResult, ScriptInvocation, Value};
+use redis::{ErrorKind, RedisError, RedisResult, ScriptInvocation, ServerErrorKind, Value};
 
 use super::connection::{self, RedisConnection};
 use super::keys::KeyLayout;
@@ -22,6 +22,9 @@ use crate::store::{
 /// TTLs and leases are clamped to 1000 years, far inside the range in which the scripts'
 /// Lua numbers (doubles) hold milliseconds exactly.
 const MAX_DURATION_MS: i64 = 1000 * 366 * 24 * 60 * 60 * 1000;
+
+/// How many times a script is loaded again when the server forgot it right after a load.
+const RELOADS: usize = 3;
 
 /// How many keys one `SCAN` step of `past_expiry` asks for.
 const SCAN_COUNT: u32 = 1000;
@@ -53,10 +56,15 @@ impl RedisRecords {
     }
 
     async fn run(&self, script: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
-        script
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(store_error)
+        let mut reloads = 0;
+        loop {
+            match script.invoke_async(&mut self.conn.clone()).await {
+                // A `SCRIPT FLUSH` or a failover between the client's load and its second
+                // `EVALSHA` answers NOSCRIPT again: load again.
+                Err(err) if no_script(&err) && reloads < RELOADS => reloads += 1,
+                answer => return answer.map_err(store_error),
+            }
+        }
     }
 
     /// Candidates on one server: `conn` is a standalone server's connection, or a
@@ -87,11 +95,21 @@ impl RedisRecords {
             for key in &candidates {
                 pipe.invoke_script(&scripts::READ.key(key));
             }
-            let replies: Vec<RedisResult<Value>> = pipe
-                .ignore_errors()
-                .query_async(conn)
-                .await
-                .map_err(store_error)?;
+            let mut reloads = 0;
+            let replies = loop {
+                let replies: Vec<RedisResult<Value>> = pipe
+                    .clone()
+                    .ignore_errors()
+                    .query_async(conn)
+                    .await
+                    .map_err(store_error)?;
+                // The script flushed between the pipeline's load and its reads: again.
+                let flushed = replies.iter().any(|r| r.as_ref().is_err_and(no_script));
+                if !flushed || reloads == RELOADS {
+                    break replies;
+                }
+                reloads += 1;
+            };
             for (key, reply) in candidates.iter().zip(replies) {
                 let key = String::from_utf8_lossy(key);
                 let read = reply
@@ -366,6 +384,11 @@ fn bulk(value: Value) -> Option<Vec<u8>> {
 /// A number kept as a decimal string.
 fn number<T: std::str::FromStr>(value: Value) -> Option<T> {
     std::str::from_utf8(&bulk(value)?).ok()?.parse().ok()
+}
+
+/// Whether the server did not know a script.
+fn no_script(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// Everything the server refuses is Redis failing.
