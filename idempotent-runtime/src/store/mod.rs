@@ -72,7 +72,7 @@ pub use record::{decode_headers, encode_headers};
 #[cfg(any(feature = "sql", feature = "redis"))]
 pub use redact::redacted_url;
 #[cfg(feature = "redis")]
-pub use redis::{RedisConnection, RedisStore, RedisStoreBuilder};
+pub use redis::{RedisConnection, RedisRecords, RedisStore, RedisStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 #[cfg(feature = "sqlite")]

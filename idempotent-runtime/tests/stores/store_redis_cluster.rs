@@ -18,7 +18,7 @@ use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, Takeover};
 
 use crate::fixtures::{TTL, claim_request, stored};
-use crate::store_redis::{must_claim, step};
+use crate::store_redis::{must_claim, shift_back, step};
 
 mod failover;
 
@@ -112,8 +112,8 @@ impl Drop for TestPrefix {
     }
 }
 
-/// A fresh [`RedisStore`] on the cluster under its own prefix; time moves through the
-/// store's test clock offset, as on one server.
+/// A fresh [`RedisStore`] on the cluster under its own prefix; time moves by
+/// [`shift_back`], as on one server.
 struct RedisClusterHarness {
     store: Arc<RedisStore>,
     _prefix: TestPrefix,
@@ -138,7 +138,7 @@ impl Harness for RedisClusterHarness {
     }
 
     async fn advance(&self, d: Duration) {
-        self.store.shift_clock_for_tests(d);
+        shift_back(self.store.connection(), &self._prefix.prefix, d).await;
     }
 }
 
@@ -274,7 +274,7 @@ async fn records_spread_over_every_primary_and_purge_reaches_them_all() {
 
     // Nothing is expired yet: a purge deletes nothing, anywhere.
     assert_eq!(store.purge_expired(1000).await.unwrap(), 0);
-    store.shift_clock_for_tests(Duration::from_secs(61));
+    shift_back(store.connection(), &prefix.prefix, Duration::from_secs(61)).await;
     // The limit holds across primaries, and the rest is found on a later call.
     assert_eq!(store.purge_expired(25).await.unwrap(), 25);
     assert_eq!(
@@ -428,7 +428,7 @@ async fn scripts_are_loaded_again_after_every_node_forgets_them() {
         ClaimOutcome::Replay(stored(b"{}"))
     );
     flush_everywhere().await;
-    store.shift_clock_for_tests(TTL);
+    shift_back(store.connection(), &prefix.prefix, TTL).await;
     assert_eq!(store.purge_expired(10).await.unwrap(), 1);
 }
 

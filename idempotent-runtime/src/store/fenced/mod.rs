@@ -347,9 +347,13 @@ impl<R: RecordStore> Store for Fenced<R> {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
+        // One compare-and-set on the version the owner last wrote. Its completed version
+        // is never remembered (`owner_writes`), so a renewal racing it compares stale.
+        let done = self
+            .owner_writes(scope, key, token, &Change::Complete(response))
+            .await;
         self.forget_version(token);
-        self.owner_writes(scope, key, token, &Change::Complete(response))
-            .await
+        done
     }
 
     async fn record_step(

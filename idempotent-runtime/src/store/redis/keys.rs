@@ -54,6 +54,21 @@ impl KeyLayout {
         out
     }
 
+    /// The `(scope, key)` whose record lives at `record_key`; `None` for a key this
+    /// layout does not make (the sweeper finds records by `SCAN`, which answers keys).
+    pub(super) fn parse(&self, record_key: &str) -> Option<(String, String)> {
+        let inner = record_key
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":{")?
+            .strip_suffix('}')?;
+        let (len, rest) = inner.split_once(':')?;
+        let len: usize = len.parse().ok()?;
+        let scope = unescape(rest.get(..len)?)?;
+        let key = unescape(rest.get(len..)?.strip_prefix(':')?)?;
+        // Only the exact spelling `record` gives counts as this layout's.
+        (self.record(&scope, &key) == record_key).then_some((scope, key))
+    }
+
     /// A `SCAN … MATCH` pattern for every record key under this prefix (glob characters
     /// in the prefix are escaped).
     pub(super) fn scan_pattern(&self) -> String {
@@ -84,6 +99,24 @@ fn escape(s: &str) -> Cow<'_, str> {
         }
     }
     Cow::Owned(out)
+}
+
+/// Undoes [`escape`]; `None` for a `%` that escape does not write.
+fn unescape(s: &str) -> Option<String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        out.push(match rest.get(at + 1..at + 3)? {
+            "25" => '%',
+            "7B" => '{',
+            "7D" => '}',
+            _ => return None,
+        });
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
 }
 
 #[cfg(test)]
@@ -130,6 +163,37 @@ mod tests {
         assert_eq!(hash_tag(&key), "12:t%7Den%7Bant:k%7D%7B%257D");
         // Escaping is one-to-one: the literal text of an escape is itself escaped.
         assert_ne!(layout.record("s", "}"), layout.record("s", "%7D"));
+    }
+
+    #[test]
+    fn record_keys_parse_back_to_scope_and_key() {
+        let layout = KeyLayout::new("p:q").unwrap();
+        for (scope, key) in [
+            ("acct_alice", "k1"),
+            ("a:b", "c"),
+            ("a", "b:c"),
+            ("", ""),
+            ("t}en{ant", "k}{%7D"),
+            ("é", "ü:%"),
+        ] {
+            let record = layout.record(scope, key);
+            assert_eq!(
+                layout.parse(&record),
+                Some((scope.to_owned(), key.to_owned())),
+                "{record}"
+            );
+        }
+        for foreign in [
+            "p:q:{1:s:k",
+            "p:{1:s:k}",
+            "p:q:{2:s:k}",
+            "p:q:{+1:s:k}",
+            "p:q:{1:s:k%7b}",
+            "p:q:{1:s:k%}",
+            "p:qx:{1:s:k}",
+        ] {
+            assert_eq!(layout.parse(foreign), None, "{foreign}");
+        }
     }
 
     #[test]

@@ -7,23 +7,16 @@
 //! [Durability](#durability-what-a-crash-or-a-failover-loses) before choosing it for
 //! payments.
 //!
-//! # One record, one key, one script per operation
+//! # One record, one hash, four scripts
 //!
 //! A record is one Redis hash with the fields `state` (`in_progress` / `completed`),
 //! `fp` (the 32-byte fingerprint digest), `fpv` (its version), `token`,
-//! `lease_expires_at`, `expires_at` and `created_at` (milliseconds since the Unix epoch;
-//! `created_at` is only read by [`Store::inspect`] and [`Store::forget`]), `steps` while
+//! `lease_expires_at`, `expires_at` and `created_at` (milliseconds since the Unix epoch
+//! on the server's clock), `version` (a decimal `u64` every write changes), `steps` while
 //! in progress and once a step is recorded (the concatenation of [`encode_step`] in
 //! recording order, see [`RecordedStep`]; absent means none), and once completed `status`,
 //! `headers` (encoded with [`encode_headers`]) and `body` (absent when the body was over
 //! the engine's cap; present and empty for an empty body).
-//!
-//! Records written before the store kept steps simply lack the `steps` field, which
-//! reads as "no steps": an upgrade needs no migration. While instances of the previous
-//! version still run against the same Redis, a step recorded through a new instance may
-//! be dropped by an old one (its `claim` rewrites a taken-over record without it, its
-//! `release` deletes the record), which only means the step runs again, as it did before
-//! steps existed.
 //!
 //! Its key is `<prefix>:{<scope length>:<scope>:<key>}` (prefix `idempotent` unless
 //! [`RedisStoreBuilder::key_prefix`] says otherwise). The braces are a Redis Cluster hash
@@ -31,29 +24,28 @@
 //! key: on a cluster each operation runs whole on the primary owning that slot. See
 //! [`RedisStore::record_key`].
 //!
-//! Every operation is one Lua script, run atomically by the server and sent as `EVALSHA`
-//! (the source only when the server does not know the script yet: two more round trips,
-//! once per script and server):
+//! The store is the engine's protocol ([`Fenced`]) over [`RedisRecords`], a fenced record
+//! register: its scripts insert a record unless the key has one (answering the one it
+//! has), read one, apply a change if the record is still at the version the engine read
+//! (bumping it; else answering the record as it is now), and delete one at a version.
+//! Each answers with the server's `TIME`. Which record a claim takes over, which steps
+//! survive, whether a release keeps a record and what operators see are decided by the
+//! engine, once for every store. Scripts are sent as `EVALSHA` (the source only when the
+//! server does not know the script yet: two more round trips, once per script and
+//! server).
 //!
-//! - `claim` creates the record, or takes over an expired one or an in-progress one
-//!   whose lease ran out with the same fingerprint (digest *and* version), or answers
-//!   replay (with the stored response, in the same reply), in progress (with the lease
-//!   time left) or mismatch. **One round trip** for each outcome; a replay, a `409` and a
-//!   `422` write nothing.
-//!   A takeover because the lease ran out carries the record's `steps` over and returns
-//!   them in the same reply (read inside the script, so exactly the steps recorded before
-//!   the takeover); a takeover of an expired record drops them. A claim of a new key
-//!   reads nothing more than before.
-//! - `renew`, `complete`, `release` and `record_step` act only while their token owns the
-//!   in-progress record (fencing), one round trip each. `record_step` appends to `steps`;
-//!   `complete` deletes `steps` (the response replaces them); `release` deletes a record
-//!   without steps and keeps one with steps, in progress with `lease_expires_at` set to
-//!   the script's now and `token` set to [`FencingToken::RELEASED`] (its Redis expiry
-//!   back at `expires_at`), so that the released owner is fenced off and the same
-//!   request's next claim takes it over and resumes. The store has no change notifications, so
-//!   waiting duplicates poll either way.
-//! - `inspect` and `forget` (operators) read, or decide and delete, in one script each;
-//!   an in-progress record's description includes its decoded steps.
+//! Round trips: a fresh key, a duplicate (replay, `409`, `422`), a renewal, a step and a
+//! completion are one each; a takeover and a release are two (read, then write). The
+//! store has no change notifications, so waiting duplicates poll.
+//!
+//! # Upgrading from records without a `version`
+//!
+//! Records written before the store kept a `version` are read as they are: their version
+//! is derived, by the scripts, from the fields the previous release's scripts change
+//! (state, token, times and the length of the steps), so the first write through this
+//! release adds the field and a write by an instance of the previous release still
+//! running during a rolling upgrade changes the version the engine compares. No
+//! migration is needed.
 //!
 //! # One clock: the Redis server's
 //!
@@ -64,17 +56,16 @@
 //!
 //! # Expiry and `purge_expired`
 //!
-//! Each record carries a Redis expiry (`PEXPIREAT`) at the moment it stops being live: its
-//! `expires_at`, or the end of a live lease if that is later (a renewal moves
-//! `expires_at` to at least a TTL from the renewal, exactly like the SQL stores). Redis deletes
-//! expired records on its own, so **no sweeper is needed**. [`Store::purge_expired`] still
-//! works: it walks the prefix with `SCAN` and deletes records that are expired by the
-//! scripts' clock but not yet by Redis's, and returns how many *it* deleted — records
-//! Redis expired by itself are not counted, so on a healthy server it returns 0. On a
-//! cluster it walks every primary in turn (listed with `CLUSTER SLOTS`), each `SCAN` and
-//! its purge scripts pinned to that node; a primary that is down fails the call. Each
-//! call walks the whole keyspace (`SCAN` filters by pattern on the server), so do not run
-//! `Idempotency::spawn_sweeper` against a large Redis.
+//! Each record carries a Redis expiry (`PEXPIREAT`) at the later of its `expires_at` and
+//! its lease's end, set when a claim or a renewal moves them, so Redis never drops a
+//! record the engine could still need, and deletes expired records on its own: **no
+//! sweeper is needed**. [`Store::purge_expired`] still works: it walks the prefix with
+//! `SCAN`, reads each record, and deletes those the engine finds expired but Redis has
+//! not yet dropped; it returns how many *it* deleted, so on a healthy server it returns
+//! 0. On a cluster it walks every primary in turn (listed with `CLUSTER SLOTS`); a
+//! primary that is down fails the call. Each call walks the whole keyspace (`SCAN`
+//! filters by pattern on the server), so do not run `Idempotency::spawn_sweeper` against
+//! a large Redis.
 //!
 //! # Durability: what a crash or a failover loses
 //!
@@ -154,29 +145,24 @@
 //!   the latest write. Cluster mode has one database, so a URL's `/db` must be `0`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
+use redis::RedisResult;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, RedisResult, Value};
 
-use super::{
-    ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordedStep,
-    Store, StoreError, StoredResponse, Takeover, decode_headers, decode_steps, encode_headers,
-    encode_step, retry_after_from_millis,
-};
-use crate::clock::millis;
+use super::{Fenced, Forward, Store, StoreError};
+#[cfg(doc)]
+use super::{RecordedStep, encode_headers, encode_step};
 
 mod connection;
 mod keys;
-mod operator;
+mod records;
 mod scripts;
 
 pub use connection::RedisConnection;
+pub use records::RedisRecords;
 
 use keys::{DEFAULT_PREFIX, KeyLayout};
 
@@ -192,10 +178,6 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// URL fails `connect` within a second or so. (While the store runs, every operation that
 /// finds the connection broken starts a new round of attempts.)
 const CONNECT_RETRIES: usize = 3;
-
-/// TTLs and leases are clamped to 1000 years, far inside the range in which the scripts'
-/// Lua numbers (doubles) hold milliseconds exactly.
-const MAX_DURATION_MS: i64 = 1000 * 366 * 24 * 60 * 60 * 1000;
 
 /// The location `Debug` and errors name for a store on an app's own connection manager.
 const APP_CONNECTION: &str = "redis (an app's connection manager)";
@@ -215,9 +197,6 @@ const CLUSTER_SCHEME: &str = "redis+cluster";
 const CLUSTER_RETRIES: u32 = 6;
 const CLUSTER_RETRY_MIN_WAIT_MS: u64 = 100;
 const CLUSTER_RETRY_MAX_WAIT_MS: u64 = 1000;
-
-/// How many keys one `SCAN` step of `purge_expired` asks for.
-const SCAN_COUNT: u32 = 1000;
 
 /// A [`Store`] on Redis or Valkey, for many instances sharing one server or one Redis
 /// Cluster (see the module docs for the guarantees and what a crash or failover loses).
@@ -243,12 +222,11 @@ const SCAN_COUNT: u32 = 1000;
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: RedisConnection,
-    keys: KeyLayout,
+    /// The protocol over the records; shared by clones, so that an owner's next write
+    /// knows the version of its last one whichever clone makes it.
+    fenced: Arc<Fenced<RedisRecords>>,
     /// Where the store connects (password redacted), for `Debug`.
     location: Arc<str>,
-    /// Milliseconds added to the server's clock; only tests move it.
-    clock_offset: Arc<AtomicI64>,
 }
 
 /// Configures a [`RedisStore`]: [`RedisStore::builder`].
@@ -427,16 +405,14 @@ impl RedisStore {
 
     fn with_parts(conn: RedisConnection, keys: KeyLayout, location: String) -> Self {
         Self {
-            conn,
-            keys,
+            fenced: Arc::new(Fenced::new(RedisRecords::new(conn, keys))),
             location: location.into(),
-            clock_offset: Arc::default(),
         }
     }
 
     /// The prefix every key of this store starts with.
     pub fn key_prefix(&self) -> &str {
-        self.keys.prefix()
+        self.records().keys().prefix()
     }
 
     /// The Redis key holding the record of `(scope, key)`:
@@ -452,33 +428,27 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub fn record_key(&self, scope: &str, key: &str) -> String {
-        self.keys.record(scope, key)
+        self.records().keys().record(scope, key)
     }
 
     /// The connection the store uses, one server's or a cluster's (a clone shares it).
     pub fn connection(&self) -> &RedisConnection {
-        &self.conn
+        self.records().connection()
+    }
+
+    /// The record register under the store: what the protocol reads and writes, one
+    /// script per operation (see the module docs).
+    pub fn records(&self) -> &RedisRecords {
+        self.fenced.records()
     }
 
     /// The connection manager of a store on one server (a clone shares it); `None` on a
     /// cluster (see [`connection`](Self::connection)).
     pub fn connection_manager(&self) -> Option<&ConnectionManager> {
-        match &self.conn {
+        match self.connection() {
             RedisConnection::Node(conn) => Some(conn),
             RedisConnection::Cluster(_) => None,
         }
-    }
-
-    /// Test support: moves the store's notion of "now" forward by `by` (an offset added to
-    /// the server's clock in every script). Redis's own key expiry keeps real time, so a
-    /// record expired this way stays in Redis until `purge_expired` or its real expiry.
-    #[doc(hidden)]
-    pub fn shift_clock_for_tests(&self, by: Duration) {
-        self.clock_offset.fetch_add(millis(by), Ordering::SeqCst);
-    }
-
-    fn offset(&self) -> i64 {
-        self.clock_offset.load(Ordering::SeqCst)
     }
 }
 
@@ -486,319 +456,18 @@ impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("location", &self.location)
-            .field("key_prefix", &self.keys.prefix())
+            .field("key_prefix", &self.key_prefix())
             .finish_non_exhaustive()
     }
 }
 
-#[async_trait]
-impl Store for RedisStore {
-    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
-        let reply: Value = scripts::CLAIM
-            .key(self.keys.record(claim.scope, claim.key))
-            .arg(self.offset())
-            .arg(&claim.fingerprint.digest[..])
-            .arg(claim.fingerprint.version)
-            .arg(claim.token.0)
-            .arg(clamped_millis(claim.ttl))
-            .arg(clamped_millis(claim.lease))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(store_error)?;
-        let (outcome, replay_lives_for) = claim_outcome(reply, claim.token)?;
-        Ok(ClaimAnswer {
-            outcome,
-            replay_lives_for,
-        })
+/// Every operation is the protocol's over the records: forwarding (rather than
+/// implementing [`Store`] method by method) keeps every operation the protocol has, those
+/// added later included.
+impl Forward for RedisStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.fenced
     }
-
-    async fn renew(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let renewed: i64 = scripts::RENEW
-            .key(self.keys.record(scope, key))
-            .arg(self.offset())
-            .arg(token.0)
-            .arg(clamped_millis(lease))
-            .arg(clamped_millis(ttl))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(store_error)?;
-        Ok(renewed == 1)
-    }
-
-    async fn complete(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        let (has_body, body): (&str, &[u8]) = match &response.body {
-            Some(body) => ("1", body),
-            None => ("0", b""),
-        };
-        let completed: i64 = scripts::COMPLETE
-            .key(self.keys.record(scope, key))
-            .arg(self.offset())
-            .arg(token.0)
-            .arg(response.status)
-            .arg(encode_headers(&response.headers))
-            .arg(has_body)
-            .arg(body)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(store_error)?;
-        Ok(completed == 1)
-    }
-
-    async fn release(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        let released: i64 = scripts::RELEASE
-            .key(self.keys.record(scope, key))
-            .arg(self.offset())
-            .arg(token.0)
-            .arg(FencingToken::RELEASED.0)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(store_error)?;
-        Ok(released == 1)
-    }
-
-    async fn record_step(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        step: &RecordedStep,
-    ) -> Result<bool, StoreError> {
-        let recorded: i64 = scripts::RECORD_STEP
-            .key(self.keys.record(scope, key))
-            .arg(self.offset())
-            .arg(token.0)
-            .arg(encode_step(step))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(store_error)?;
-        Ok(recorded == 1)
-    }
-
-    /// Walks the prefix with `SCAN` (on a cluster, on every primary in turn) and deletes
-    /// up to `limit` records that are expired by the scripts' clock; returns how many it
-    /// deleted. Records Redis already expired by itself are not counted (module docs).
-    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        let limit = u64::from(limit);
-        match &self.conn {
-            RedisConnection::Node(conn) => self.purge_on(&mut conn.clone(), limit).await,
-            RedisConnection::Cluster(conn) => {
-                let mut deleted = 0;
-                for mut primary in connection::primaries(conn).await.map_err(store_error)? {
-                    if deleted >= limit {
-                        break;
-                    }
-                    deleted += self.purge_on(&mut primary, limit - deleted).await?;
-                }
-                Ok(deleted)
-            }
-        }
-    }
-
-    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        self.inspect_record(scope, key).await
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        force: bool,
-    ) -> Result<ForgetOutcome, StoreError> {
-        self.forget_record(scope, key, force).await
-    }
-}
-
-impl RedisStore {
-    /// `purge_expired` on one server: `conn` is a standalone server's connection, or a
-    /// cluster connection pinned to one primary (whose `SCAN` returns only its own keys,
-    /// which the pipeline of purge scripts then goes back to).
-    async fn purge_on(
-        &self,
-        conn: &mut (impl ConnectionLike + Send),
-        limit: u64,
-    ) -> Result<u64, StoreError> {
-        let pattern = self.keys.scan_pattern();
-        let mut deleted = 0;
-        let mut cursor = 0_u64;
-        while deleted < limit {
-            let (next, candidates): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(conn)
-                .await
-                .map_err(store_error)?;
-            let mut rest = &candidates[..];
-            while !rest.is_empty() && deleted < limit {
-                // Never more candidates than deletions still allowed: each may be expired.
-                let room = usize::try_from(limit - deleted).unwrap_or(usize::MAX);
-                let (chunk, tail) = rest.split_at(rest.len().min(room));
-                rest = tail;
-                deleted += self.purge_candidates(conn, chunk).await?;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        Ok(deleted)
-    }
-
-    /// Runs the purge script on each candidate, in one pipeline (one script per key, so
-    /// each stays within its own Cluster slot); returns how many it deleted.
-    async fn purge_candidates(
-        &self,
-        conn: &mut (impl ConnectionLike + Send),
-        candidates: &[Vec<u8>],
-    ) -> Result<u64, StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.load_script(&scripts::PURGE).ignore();
-        for key in candidates {
-            pipe.invoke_script(scripts::PURGE.key(key).arg(self.offset()));
-        }
-        let results: Vec<RedisResult<i64>> = pipe
-            .ignore_errors()
-            .query_async(conn)
-            .await
-            .map_err(store_error)?;
-        let mut deleted = 0;
-        for (key, result) in candidates.iter().zip(results) {
-            match result {
-                Ok(n) => deleted += u64::from(n == 1),
-                // One unreadable record must not stop the sweep of all the others.
-                Err(err) => tracing::warn!(
-                    key = %String::from_utf8_lossy(key),
-                    error = %err,
-                    "cannot purge idempotency record"
-                ),
-            }
-        }
-        Ok(deleted)
-    }
-}
-
-/// The claim script's reply (see `scripts/claim.lua`) as an outcome, with a replayed
-/// record's remaining life.
-fn claim_outcome(
-    reply: Value,
-    token: FencingToken,
-) -> Result<(ClaimOutcome, Option<Duration>), StoreError> {
-    let corrupt = |what: &str| StoreError::Corrupt(format!("unexpected claim reply: {what}"));
-    let Value::Array(items) = reply else {
-        return Err(corrupt("not an array"));
-    };
-    let mut items = items.into_iter();
-    let tag = items
-        .next()
-        .and_then(bulk)
-        .ok_or_else(|| corrupt("no outcome"))?;
-    match tag.as_slice() {
-        b"claimed" => {
-            let takeover = match items.next().and_then(bulk).as_deref() {
-                None | Some(b"") => None,
-                Some(b"expired") => Some(Takeover::Expired),
-                Some(b"lease_lost") => Some(Takeover::LeaseLost),
-                Some(other) => return Err(corrupt(&String::from_utf8_lossy(other))),
-            };
-            // Only a takeover that kept steps sends them; a new key's reply has none.
-            let steps = match items.next() {
-                None => Vec::new(),
-                Some(value) => decode_steps(
-                    &bulk(value).ok_or_else(|| corrupt("steps that are not a string"))?,
-                )?,
-            };
-            Ok((
-                ClaimOutcome::Claimed {
-                    token,
-                    takeover,
-                    steps,
-                },
-                None,
-            ))
-        }
-        b"mismatch" => Ok((ClaimOutcome::Mismatch, None)),
-        b"in_progress" => match items.next() {
-            Some(Value::Int(left)) => Ok((
-                ClaimOutcome::InProgress {
-                    retry_after: retry_after_from_millis(left),
-                },
-                None,
-            )),
-            _ => Err(corrupt("in progress without the lease time left")),
-        },
-        b"replay" => {
-            let status = items
-                .next()
-                .and_then(bulk)
-                .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
-                .ok_or_else(|| {
-                    StoreError::Corrupt("completed record without a valid status".into())
-                })?;
-            let headers = items
-                .next()
-                .and_then(bulk)
-                .ok_or_else(|| StoreError::Corrupt("completed record without headers".into()))?;
-            let body = match items.next() {
-                Some(Value::Nil) | None => None,
-                Some(other) => Some(Bytes::from(
-                    bulk(other).ok_or_else(|| corrupt("a body that is not a string"))?,
-                )),
-            };
-            // Milliseconds the record lives on, from the script's clock reading.
-            let life = match items.next() {
-                Some(Value::Int(ms)) => u64::try_from(ms).ok().map(Duration::from_millis),
-                _ => None,
-            };
-            let response = StoredResponse {
-                status,
-                headers: decode_headers(&headers)?,
-                body,
-            };
-            Ok((ClaimOutcome::Replay(response), life))
-        }
-        other => Err(corrupt(&String::from_utf8_lossy(other))),
-    }
-}
-
-/// The bytes of a string reply.
-fn bulk(value: Value) -> Option<Vec<u8>> {
-    match value {
-        Value::BulkString(bytes) => Some(bytes),
-        Value::SimpleString(s) => Some(s.into_bytes()),
-        _ => None,
-    }
-}
-
-/// A script's `CORRUPT` error is a corrupt record; everything else is Redis failing.
-fn store_error(err: RedisError) -> StoreError {
-    if err.code() == Some("CORRUPT") {
-        return StoreError::Corrupt(err.detail().unwrap_or("unreadable record").to_owned());
-    }
-    StoreError::Redis(err)
-}
-
-fn clamped_millis(d: Duration) -> i64 {
-    millis(d).min(MAX_DURATION_MS)
 }
 
 /// Warns when a server may evict records under memory pressure (module docs); on a
@@ -970,127 +639,5 @@ mod tests {
             Some("volatile-ttl")
         );
         assert_eq!(evicting_policy(&[]), None, "CONFIG renamed or refused");
-    }
-
-    #[test]
-    fn decodes_every_claim_reply() {
-        let token = FencingToken(7);
-        let s = |b: &[u8]| Value::BulkString(b.to_vec());
-        assert_eq!(
-            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"")]), token)
-                .unwrap()
-                .0,
-            ClaimOutcome::Claimed {
-                token,
-                takeover: None,
-                steps: Vec::new(),
-            }
-        );
-        assert_eq!(
-            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"expired")]), token)
-                .unwrap()
-                .0,
-            ClaimOutcome::Claimed {
-                token,
-                takeover: Some(Takeover::Expired),
-                steps: Vec::new(),
-            }
-        );
-        assert_eq!(
-            claim_outcome(Value::Array(vec![s(b"claimed"), s(b"lease_lost")]), token)
-                .unwrap()
-                .0,
-            ClaimOutcome::Claimed {
-                token,
-                takeover: Some(Takeover::LeaseLost),
-                steps: Vec::new(),
-            }
-        );
-        let step = RecordedStep {
-            name: "charge".to_owned(),
-            output: Bytes::from_static(b"{}"),
-            recorded_at: std::time::UNIX_EPOCH + Duration::from_millis(99),
-        };
-        let steps = [encode_step(&step), encode_step(&step)].concat();
-        assert_eq!(
-            claim_outcome(
-                Value::Array(vec![s(b"claimed"), s(b"lease_lost"), s(&steps)]),
-                token
-            )
-            .unwrap()
-            .0,
-            ClaimOutcome::Claimed {
-                token,
-                takeover: Some(Takeover::LeaseLost),
-                steps: vec![step.clone(), step],
-            }
-        );
-        assert!(matches!(
-            claim_outcome(
-                Value::Array(vec![s(b"claimed"), s(b"lease_lost"), s(&steps[..3])]),
-                token
-            ),
-            Err(StoreError::Corrupt(_))
-        ));
-        assert!(claim_outcome(Value::Array(vec![s(b"claimed"), s(b"later")]), token).is_err());
-        assert_eq!(
-            claim_outcome(Value::Array(vec![s(b"mismatch")]), token)
-                .unwrap()
-                .0,
-            ClaimOutcome::Mismatch
-        );
-        assert_eq!(
-            claim_outcome(
-                Value::Array(vec![s(b"in_progress"), Value::Int(1001)]),
-                token
-            )
-            .unwrap()
-            .0,
-            ClaimOutcome::InProgress {
-                retry_after: Duration::from_secs(2)
-            }
-        );
-        let headers = encode_headers(&[("a".to_owned(), b"b".to_vec())]);
-        let (_, life) = claim_outcome(
-            Value::Array(vec![
-                s(b"replay"),
-                s(b"201"),
-                s(&headers),
-                s(b"{}"),
-                Value::Int(1500),
-            ]),
-            token,
-        )
-        .unwrap();
-        assert_eq!(life, Some(Duration::from_millis(1500)));
-        assert_eq!(
-            claim_outcome(
-                Value::Array(vec![s(b"replay"), s(b"201"), s(&headers), Value::Nil]),
-                token
-            )
-            .unwrap()
-            .0,
-            ClaimOutcome::Replay(StoredResponse {
-                status: 201,
-                headers: vec![("a".to_owned(), b"b".to_vec())],
-                body: None,
-            })
-        );
-        for bad in [
-            Value::Nil,
-            Value::Array(vec![]),
-            Value::Array(vec![s(b"other")]),
-            Value::Array(vec![s(b"in_progress")]),
-            Value::Array(vec![s(b"replay"), s(b"x"), s(&headers)]),
-            Value::Array(vec![s(b"replay"), s(b"200")]),
-        ] {
-            assert!(
-                matches!(
-                    claim_outcome(bad.clone(), token),
-                    Err(StoreError::Corrupt(_))
-                ),
-                "{bad:?}"
-            );
-        }
     }
 }

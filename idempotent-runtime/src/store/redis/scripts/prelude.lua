@@ -1,12 +1,13 @@
--- Prepended to every script of the Redis store (see scripts.rs).
+-- Prepended to every script of the Redis store (see scripts.rs). The scripts store a
+-- record, compare its version and answer it with the server's clock; every decision about
+-- a record is the engine's (store::fenced::rules).
 --
--- One clock: the Redis server's. TIME inside a script is allowed because scripts are
--- replicated by their effects (the default since Redis 5, the only mode since 7): replicas
--- and the AOF receive the HSET/PEXPIREAT the script made, never the script itself.
--- ARGV[1] is the store's clock offset in milliseconds (0 except in tests).
+-- One clock: the Redis server's. TIME inside a script that writes is allowed because
+-- scripts are replicated by their effects (the default since Redis 5, the only mode
+-- since 7): replicas and the AOF receive the HSET/PEXPIREAT a script made, never the script.
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 -- Milliseconds as an integer string: Lua numbers are doubles, and Redis would format a
@@ -15,57 +16,49 @@ local function ms(n)
   return string.format('%.0f', n)
 end
 
--- The record at `key`, or nil when there is none; a second result is the error to
--- return (`return redis.error_reply(err)`) when the record cannot be read.
-local function load(key)
-  local r = redis.call('HMGET', key, 'state', 'fp', 'fpv', 'token', 'lease_expires_at', 'expires_at')
-  if not r[1] then
+-- The record at `key` as its fields in this order (what records.rs decodes; a missing
+-- field is `false`, so the array stays whole), or nil when there is none. The last one is
+-- the version.
+local FIELDS = { 'state', 'fp', 'fpv', 'token', 'lease_expires_at', 'expires_at',
+  'created_at', 'steps', 'status', 'headers', 'body', 'version' }
+local function dump(key)
+  if redis.call('EXISTS', key) == 0 then
     return nil
   end
-  local record = {
-    state = r[1], fp = r[2], fpv = r[3], token = r[4],
-    lease_expires_at = tonumber(r[5]), expires_at = tonumber(r[6]),
-  }
-  if (record.state ~= 'in_progress' and record.state ~= 'completed')
-      or not record.lease_expires_at or not record.expires_at then
-    return nil, 'CORRUPT idempotency record ' .. key .. ' has no valid state or times'
+  local r = redis.call('HMGET', key, unpack(FIELDS))
+  if not r[12] then
+    -- Written by a release that kept no version: one derived from every field its
+    -- scripts change, so that their writes still move it during a rolling upgrade. Its
+    -- first 13 hex digits (52 bits) are exact in a Lua number.
+    local basis = table.concat({ r[1] or '', r[4] or '', r[5] or '', r[6] or '',
+      r[7] or '', #(r[8] or '') }, ':')
+    r[12] = ms(tonumber(string.sub(redis.sha1hex(basis), 1, 13), 16))
   end
-  return record, nil
+  return r
 end
 
--- Live: within its TTL, or an in-progress claim whose lease is still held. A record that
--- is not live is gone, whatever Redis's own expiry has done with it yet.
-local function is_live(record, now)
-  return record.expires_at > now
-    or (record.state == 'in_progress' and record.lease_expires_at > now)
+-- The answer of every script: an outcome, the server's now, and the record's fields
+-- when there is one to answer.
+local function answer(outcome, now, record)
+  if record then
+    return { outcome, now, unpack(record) }
+  end
+  return { outcome, now }
 end
 
--- The in-progress record `token` owns, or nil (fencing for renew, complete, release and
--- record_step); a second result as for load.
-local function owned(key, token, now)
-  local record, err = load(key)
-  if record and record.state == 'in_progress' and record.token == token
-      and is_live(record, now) then
-    return record, nil
+-- A new claim (Change::Claim): in progress under this fingerprint and token, created now,
+-- at `version`; steps kept only when `keep_steps`, a response never. ARGV from `at`:
+-- fingerprint digest, fingerprint version, token, ttl ms, lease ms.
+local function claim(key, now, version, at, keep_steps)
+  local expires_at = now + tonumber(ARGV[at + 3])
+  local lease_expires_at = now + tonumber(ARGV[at + 4])
+  redis.call('HDEL', key, 'status', 'headers', 'body')
+  if not keep_steps then
+    redis.call('HDEL', key, 'steps')
   end
-  return nil, err
-end
-
--- What an operator sees of a live record (inspect, forget): {state, fingerprint digest,
--- fingerprint version, created_at, expires_at, lease_expires_at, lease held (1/0),
--- status, steps}. A field the record lacks is nil (Lua `false`, so the array stays
--- whole); steps are an in-progress record's only (a completed one's response replaced
--- them).
-local function describe(key, record, now)
-  local r = redis.call('HMGET', key, 'created_at', 'status', 'steps')
-  local held = 0
-  local steps = false
-  if record.state == 'in_progress' then
-    steps = r[3] or false
-    if record.lease_expires_at > now then
-      held = 1
-    end
-  end
-  return { record.state, record.fp, record.fpv, r[1] or false, ms(record.expires_at),
-    ms(record.lease_expires_at), held, r[2] or false, steps }
+  redis.call('HSET', key, 'state', 'in_progress', 'fp', ARGV[at], 'fpv', ARGV[at + 1],
+    'token', ARGV[at + 2], 'lease_expires_at', ms(lease_expires_at),
+    'expires_at', ms(expires_at), 'created_at', ms(now), 'version', version)
+  -- Redis drops the record once neither of its times holds it.
+  redis.call('PEXPIREAT', key, ms(math.max(expires_at, lease_expires_at)))
 end
