@@ -144,7 +144,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 ///   sqlx's advisory lock, recorded in `_idempotent_migrations` (not `_sqlx_migrations`,
 ///   so the store can share a database with an app's own sqlx migrations).
 ///
-/// Cheap to clone (the pool is reference counted).
+/// Cheap to clone (the pool is reference counted); clones share the owners' versions.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), idempotent_runtime::StoreError> {
@@ -158,7 +158,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// let store = PostgresStore::from_pool(store.pool().clone()).await?;
 /// # Ok(()) }
 /// ```
-///
 #[derive(Clone)]
 pub struct PostgresStore {
     /// The protocol over the table: a cheap clone shares the owners' versions.
