@@ -7,7 +7,7 @@
 //! without it every database test is reported *ignored* (the reason printed once). Each
 //! test works in a fresh schema with a random name, dropped again when the test ends, so
 //! tests run in parallel and leave nothing behind.
-mod races;
+mod group_commit;
 mod steps;
 mod versions;
 
@@ -294,7 +294,7 @@ pub(crate) fn trials() -> Vec<Trial> {
             ),
         ]
         .into_iter()
-        .chain(races::trials())
+        .chain(group_commit::trials())
         .collect(),
     ));
     trials

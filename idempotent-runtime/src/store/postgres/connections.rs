@@ -14,11 +14,23 @@
 //! (so the pool's own setup applies: its current connect options, `after_connect` and
 //! `before_acquire` hooks, a `search_path` set there) and detached from it, so the pool
 //! may open a replacement: the store holds up to the pool's `max_connections` of these
-//! on top of the pool's own (as many as operations ran at once). Waiting for a connection, opening included, is bounded by the pool's
+//! on top of the pool's own (one per batching task, plus the renewals, steps and reads
+//! running at once). Waiting for a connection, opening included, is bounded by the pool's
 //! acquire timeout (then [`sqlx::Error::PoolTimedOut`], as from the pool). An idle
 //! connection past the pool's idle timeout, or any past its maximum lifetime, is closed
 //! when next looked at. A connection that died while idle (a server restart) fails the
 //! operation that finds it, and is then replaced.
+//!
+//! **Plans.** The group commit statements join arrays of a batch's elements against the
+//! table. Postgres plans a prepared statement for its parameters five times, then may
+//! switch to one generic plan for good; a generic plan chosen while the table was small
+//! (a new deployment, or an empty store) scans the whole table with a hash join, and
+//! keeps doing so as it grows. So each connection, once taken, sets
+//! `plan_cache_mode = force_custom_plan` for its session (PostgreSQL 12 or later): each
+//! execution is planned for its own arrays and the table's size at the time (index
+//! lookups), while statements are still parsed once per connection. A server that
+//! refuses the setting (older than 12) gets a warning, and the connection is used as it
+//! is.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -100,9 +112,23 @@ impl StatementConnections {
         })
     }
 
-    /// A connection of the pool's, detached from it.
+    /// A connection of the pool's, detached from it and set up for custom plans.
     async fn take_from_pool(&self) -> Result<PgConnection, sqlx::Error> {
-        Ok(self.pool.acquire().await?.detach())
+        let mut connection = self.pool.acquire().await?.detach();
+        let custom_plans = sqlx::query("SET plan_cache_mode = force_custom_plan")
+            .execute(&mut connection)
+            .await;
+        match custom_plans {
+            Ok(_) => {}
+            // The server answered, the connection is sound: use it as it is.
+            Err(error) if error.as_database_error().is_some() => tracing::warn!(
+                %error,
+                "plan_cache_mode not set (PostgreSQL 12 or later has it): the group \
+                 commit statements may be planned for a table smaller than it has become"
+            ),
+            Err(error) => return Err(error),
+        }
+        Ok(connection)
     }
 
     /// The most recently used idle connection, after closing those too old to keep.

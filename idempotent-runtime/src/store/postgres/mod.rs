@@ -19,6 +19,11 @@
 //! release two (a read, then a delete or a compare-and-set). A concurrent change between
 //! a statement's snapshot and its write adds a read (see `records.rs`).
 //!
+//! **Group commit** (`group.rs`): concurrent inserts share one statement, and so do
+//! concurrent completions (the `Complete` compare-and-set), so under load one round
+//! trip, one transaction and one WAL flush serve a whole batch; alone, an operation is a
+//! batch of one.
+//!
 //! # One clock: the database's
 //!
 //! Instances' clocks drift. Every expiry and lease, and every timestamp written, is on the
@@ -80,6 +85,7 @@ use records::PgRecords;
 use schema::Schema;
 
 mod connections;
+mod group;
 mod notify;
 mod records;
 mod schema;
@@ -130,11 +136,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// - **The database's clock.** Every expiry and lease decision and every timestamp uses
 ///   the server's `now()`; TTL and lease are sent as intervals. Instances' clocks may
 ///   drift without effect.
-/// - **One statement, one round trip per operation.** A fresh request costs two round
-///   trips (claim, complete), a replay, an in-progress duplicate or a mismatch one (the
-///   claim); a long handler adds one per heartbeat (`renew`) and one per recorded step
-///   (`record_step`); a takeover costs two. Every write is a compare-and-set on the
-///   record's version; the protocol's decisions are the engine's.
+/// - **One statement, one round trip per operation, shared under load.** A fresh request
+///   costs two round trips (claim, complete), a replay, an in-progress duplicate or a
+///   mismatch one (the claim); a long handler adds one per heartbeat (`renew`) and one
+///   per recorded step (`record_step`); a takeover costs two. Every write is a
+///   compare-and-set on the record's version; the protocol's decisions are the engine's.
+///   Concurrent claims share one statement, and so do concurrent completions (group
+///   commit).
 /// - **Connections.** The pool (yours with [`from_pool`](Self::from_pool)) serves
 ///   migrations, the transactional unit of work and purges. Record operations run on
 ///   connections the store takes from the pool and keeps (detached, so the pool may open

@@ -2,7 +2,8 @@
 //! register ([`RecordStore`]): insert-unless-present, read, compare-and-set on the
 //! `version` column, delete-if-version, the sweeper's candidates. Each is one statement
 //! (`sql/`), one round trip, and answers with the database's clock; the protocol's
-//! decisions are [`Fenced`](crate::store::Fenced)'s.
+//! decisions are [`Fenced`](crate::store::Fenced)'s. Inserts and completions outside a
+//! transaction share their statements with concurrent ones (`group.rs`).
 //!
 //! **READ COMMITTED.** A statement reads the table as of its snapshot, taken when it
 //! starts, while its `INSERT … ON CONFLICT` and `UPDATE … WHERE version` act on the newest
@@ -23,17 +24,18 @@ use async_trait::async_trait;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgArguments, PgConnection, PgPool, PgRow};
 use sqlx::query::Query;
-use sqlx::{Postgres, Row};
+use sqlx::{Postgres, Row, SqlStr};
 
 use super::NotifiedWatch;
 use super::connections::StatementConnections;
+use super::group::{self, Batch, Batcher, element_of};
 use super::notify::Notifier;
 use super::schema::{Schema, Statements};
 use crate::fingerprint::Fingerprint;
 use crate::store::sql::{CompletionColumns, decode_completed};
 use crate::store::{
-    Capabilities, Change, Inserted, KeyedRecord, Record, RecordBody, RecordStore, StoreError,
-    StoreNow, TxRecords, Updated,
+    Capabilities, Change, FencingToken, Inserted, KeyedRecord, Record, RecordBody, RecordStore,
+    StoreError, StoreNow, TxRecords, Updated,
 };
 
 /// TTLs and leases are clamped to this (1000 years) so `now() + interval` stays inside
@@ -46,7 +48,6 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 const INSERT_ATTEMPTS: usize = 8;
 
 /// The records of one table (see the module docs).
-#[derive(Debug)]
 pub(super) struct PgRecords {
     pub(super) pool: PgPool,
     pub(super) schema: Option<Schema>,
@@ -55,6 +56,19 @@ pub(super) struct PgRecords {
     connections: Arc<StatementConnections>,
     /// Wakes duplicates waiting for a claim to end (`LISTEN/NOTIFY`).
     notifier: Arc<Notifier>,
+    /// Inserts, batched into shared statements (`group.rs`).
+    inserts: Batcher<QueuedInsert>,
+    /// Completions outside a transaction, batched likewise.
+    completions: Batcher<QueuedCompletion>,
+}
+
+impl std::fmt::Debug for PgRecords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgRecords")
+            .field("schema", &self.schema)
+            .field("connections", &self.connections)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PgRecords {
@@ -62,12 +76,16 @@ impl PgRecords {
         let sql = Statements::new(schema.as_ref());
         let notifier = Arc::new(Notifier::new((*pool.connect_options()).clone()));
         let connections = Arc::new(StatementConnections::like(&pool));
+        let inserts = group::start(sql.insert.clone(), connections.clone());
+        let completions = group::start(sql.complete_batch.clone(), connections.clone());
         Self {
             pool,
             schema,
             sql,
             connections,
             notifier,
+            inserts,
+            completions,
         }
     }
 
@@ -152,9 +170,7 @@ impl PgRecords {
                     .bind(columns.headers)
                     .bind(columns.body)
             }
-            Change::EndLease => {
-                cas(&self.sql.end_lease).bind(crate::store::FencingToken::RELEASED.0)
-            }
+            Change::EndLease => cas(&self.sql.end_lease).bind(FencingToken::RELEASED.0),
         })
     }
 }
@@ -177,31 +193,21 @@ impl RecordStore for PgRecords {
         else {
             return Err(StoreError::backend("an insert takes a claim"));
         };
-        let mut lent = self.connections.acquire().await?;
+        let queued = || QueuedInsert {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            fingerprint: *fingerprint,
+            token: token.0,
+            ttl: interval(ttl),
+            lease: interval(lease),
+        };
         for _ in 0..INSERT_ATTEMPTS {
-            let row = sqlx::query(self.sql.insert.clone())
-                .bind(scope)
-                .bind(key)
-                .bind(&fingerprint.digest[..])
-                .bind(fingerprint.version)
-                .bind(token.0)
-                .bind(to_column(Record::first_version(token)))
-                .bind(interval(ttl))
-                .bind(interval(lease))
-                .fetch_one(lent.connection())
-                .await?;
-            if row.try_get::<bool, _>("inserted")? {
-                lent.release();
-                return Ok(Inserted::Inserted);
-            }
-            if let Some(record) = record_of(&row)? {
-                lent.release();
-                return Ok(Inserted::Exists(record, now_of(&row)?));
+            if let Some(inserted) = self.inserts.ask(queued()).await? {
+                return Ok(inserted);
             }
             // Committed after the snapshot (see the module docs): read it.
             tracing::debug!(event = "store_reread", "record inserted under an insert");
-            if let (Some(record), now) = self.read_on(lent.connection(), scope, key).await? {
-                lent.release();
+            if let (Some(record), now) = self.read(scope, key).await? {
                 return Ok(Inserted::Exists(record, now));
             }
         }
@@ -224,6 +230,14 @@ impl RecordStore for PgRecords {
         version: u64,
         change: &Change<'_>,
     ) -> Result<Updated, StoreError> {
+        if let Change::Complete(response) = *change {
+            let completion = QueuedCompletion::new(scope, key, version, response)?;
+            if let Some(now_at) = self.completions.ask(completion).await? {
+                return Ok(Updated::Updated(now_at));
+            }
+            let (record, now) = self.read(scope, key).await?;
+            return Ok(Updated::Stale(record, now));
+        }
         let mut lent = self.connections.acquire().await?;
         let updated = self
             .update_on(lent.connection(), scope, key, version, change)
@@ -302,6 +316,145 @@ impl TxRecords<Postgres> for PgRecords {
     }
 }
 
+/// One claim's insert, owned so it can wait for its batch.
+struct QueuedInsert {
+    scope: String,
+    key: String,
+    fingerprint: Fingerprint,
+    token: i64,
+    ttl: PgInterval,
+    lease: PgInterval,
+}
+
+impl Batch for QueuedInsert {
+    /// `None`: stopped by a record the snapshot does not show (see the module docs).
+    type Reply = Option<Inserted>;
+
+    fn record(&self) -> (&str, &str) {
+        (&self.scope, &self.key)
+    }
+
+    async fn run<'c>(
+        statement: &'c SqlStr,
+        db: &'c mut PgConnection,
+        batch: &'c [&'c Self],
+    ) -> Result<Vec<Result<Self::Reply, StoreError>>, sqlx::Error> {
+        let rows = sqlx::query(statement.clone())
+            .bind(batch.iter().map(|c| c.scope.as_str()).collect::<Vec<_>>())
+            .bind(batch.iter().map(|c| c.key.as_str()).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|c| &c.fingerprint.digest[..])
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|c| c.fingerprint.version)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|c| c.token).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|c| to_column(Record::first_version(FencingToken(c.token))))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|c| c.ttl).collect::<Vec<_>>())
+            .bind(batch.iter().map(|c| c.lease).collect::<Vec<_>>())
+            .fetch_all(db)
+            .await?;
+        let mut replies: Vec<Option<Result<Self::Reply, StoreError>>> =
+            (0..batch.len()).map(|_| None).collect();
+        for row in rows {
+            let reply = if row.try_get::<bool, _>("inserted")? {
+                Ok(Some(Inserted::Inserted))
+            } else {
+                record_of(&row).and_then(|record| match record {
+                    Some(record) => Ok(Some(Inserted::Exists(record, now_of(&row)?))),
+                    None => Ok(None),
+                })
+            };
+            replies[element_of(&row, batch.len())?] = Some(reply);
+        }
+        replies
+            .into_iter()
+            .map(|reply| reply.ok_or_else(|| sqlx::Error::Protocol("an insert got no row".into())))
+            .collect()
+    }
+}
+
+/// One completion's compare-and-set, owned so it can wait for its batch.
+struct QueuedCompletion {
+    scope: String,
+    key: String,
+    version: i64,
+    status: i16,
+    headers: Vec<u8>,
+    /// `None`: over the stored-response cap (`NULL`).
+    body: Option<bytes::Bytes>,
+}
+
+impl QueuedCompletion {
+    fn new(
+        scope: &str,
+        key: &str,
+        version: u64,
+        response: &crate::store::StoredResponse,
+    ) -> Result<Self, StoreError> {
+        let columns = CompletionColumns::of(response)?;
+        Ok(Self {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            version: to_column(version),
+            status: columns.status,
+            headers: columns.headers,
+            // Shared, not copied.
+            body: response.body.clone(),
+        })
+    }
+}
+
+impl Batch for QueuedCompletion {
+    /// The record's version once completed; `None`: it was not at the version given.
+    type Reply = Option<u64>;
+
+    fn record(&self) -> (&str, &str) {
+        (&self.scope, &self.key)
+    }
+
+    fn bytes(&self) -> usize {
+        self.headers.len() + self.body.as_ref().map_or(0, |body| body.len())
+    }
+
+    async fn run<'c>(
+        statement: &'c SqlStr,
+        db: &'c mut PgConnection,
+        batch: &'c [&'c Self],
+    ) -> Result<Vec<Result<Self::Reply, StoreError>>, sqlx::Error> {
+        let rows = sqlx::query(statement.clone())
+            .bind(batch.iter().map(|c| c.scope.as_str()).collect::<Vec<_>>())
+            .bind(batch.iter().map(|c| c.key.as_str()).collect::<Vec<_>>())
+            .bind(batch.iter().map(|c| c.version).collect::<Vec<_>>())
+            .bind(batch.iter().map(|c| c.status).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|c| c.headers.as_slice())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|c| c.body.as_deref()).collect::<Vec<_>>())
+            .fetch_all(db)
+            .await?;
+        let mut applied = vec![None; batch.len()];
+        for row in rows {
+            applied[element_of(&row, batch.len())?] = Some(from_column(row.try_get("version")?));
+        }
+        Ok(applied.into_iter().map(Ok).collect())
+    }
+}
+
 /// The record a statement's row shows (`{record}` in `sql/`); `None`: none.
 fn record_of(row: &PgRow) -> Result<Option<Record>, StoreError> {
     let Some(state) = row.try_get::<Option<String>, _>("state")? else {
@@ -335,7 +488,7 @@ fn record_of(row: &PgRow) -> Result<Option<Record>, StoreError> {
     };
     Ok(Some(Record {
         fingerprint,
-        token: crate::store::FencingToken(row.try_get("token")?),
+        token: FencingToken(row.try_get("token")?),
         version: from_column(row.try_get("version")?),
         created_at: row.try_get("created_at_ms")?,
         expires_at: row.try_get("expires_at_ms")?,

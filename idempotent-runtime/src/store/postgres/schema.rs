@@ -62,6 +62,9 @@ const RENEW: &str = "\
                       ELSE expires_at END";
 const APPEND_STEP: &str = "\
     steps = CASE WHEN state = 'in_progress' THEN coalesce(steps, ''::bytea) || $4 ELSE steps END";
+/// A completion alone, inside a handler's transaction, on the app's pool whose
+/// connections may hold a generic plan (see `connections.rs`): the batched completions of
+/// `sql/complete.sql` set the same.
 const COMPLETE: &str = "state = 'completed', status = $4, headers = $5, body = $6, steps = NULL";
 const END_LEASE: &str = "\
     lease_expires_at = CASE WHEN state = 'in_progress' THEN now() ELSE lease_expires_at END, \
@@ -77,6 +80,7 @@ pub(super) struct Statements {
     pub(super) renew: SqlStr,
     pub(super) append_step: SqlStr,
     pub(super) complete: SqlStr,
+    pub(super) complete_batch: SqlStr,
     pub(super) end_lease: SqlStr,
     pub(super) delete: SqlStr,
     pub(super) past_expiry: SqlStr,
@@ -104,6 +108,7 @@ impl Statements {
             renew: update(RENEW),
             append_step: update(APPEND_STEP),
             complete: update(COMPLETE),
+            complete_batch: sql(include_str!("sql/complete.sql")),
             end_lease: update(END_LEASE),
             delete: sql(include_str!("sql/delete.sql")),
             past_expiry: sql(include_str!("sql/past_expiry.sql")),
@@ -112,7 +117,7 @@ impl Statements {
     }
 
     #[cfg(test)]
-    fn all(&self) -> [&SqlStr; 10] {
+    fn all(&self) -> [&SqlStr; 11] {
         [
             &self.insert,
             &self.read,
@@ -120,6 +125,7 @@ impl Statements {
             &self.renew,
             &self.append_step,
             &self.complete,
+            &self.complete_batch,
             &self.end_lease,
             &self.delete,
             &self.past_expiry,

@@ -19,7 +19,7 @@ use super::{
     retry_after_from_millis,
 };
 
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod batcher;
 mod completion;
 mod migrations;
