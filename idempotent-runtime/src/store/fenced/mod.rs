@@ -211,7 +211,7 @@ pub struct Fenced<R> {
 /// Only a hint: a wrong version costs a stale compare-and-set and one more, never a
 /// wrong write.
 #[derive(Debug, Default)]
-pub(crate) struct Owned(Mutex<HashMap<FencingToken, u64>>);
+struct Owned(Mutex<HashMap<FencingToken, u64>>);
 
 impl Owned {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<FencingToken, u64>> {
@@ -239,7 +239,7 @@ impl Owned {
 
 /// The two operations an owner's write needs, on the records directly or inside a
 /// handler's transaction ([`tx`]).
-pub(crate) trait Access: Send {
+trait Access: Send {
     /// [`RecordStore::read`].
     fn read<'a>(
         &'a mut self,
@@ -283,7 +283,7 @@ impl<R: RecordStore> Access for Direct<'_, R> {
 /// Applies the owner's `change` to the record `token` holds: one compare-and-set on the
 /// version of its last write, again on the version the store answers while the token
 /// still owns the record. `Ok(false)`: it owns nothing.
-pub(crate) async fn owner_writes<A: Access>(
+async fn owner_writes<A: Access>(
     owned: &Owned,
     access: &mut A,
     (scope, key): (&str, &str),
