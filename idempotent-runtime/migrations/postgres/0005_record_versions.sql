@@ -4,7 +4,10 @@
 --
 -- Existing records start at version 0. Adding a NOT NULL column with a constant default
 -- only changes the catalog: rows are neither rewritten nor locked for longer than the
--- ALTER itself.
+-- ALTER itself. The default then becomes a random version (for later rows only, so
+-- nothing is rewritten), as the store's own inserts have: a record an earlier release
+-- inserts after one was deleted never repeats a version an owner of the deleted one
+-- could still compare against.
 --
 -- While instances of an earlier release still run beside upgraded ones, their writes
 -- (fenced by token, not version) must still move the version, or an upgraded owner's
@@ -15,6 +18,8 @@
 -- Idempotent on purpose, like v1 to v4.
 
 ALTER TABLE idempotency_records ADD COLUMN IF NOT EXISTS version bigint NOT NULL DEFAULT 0;
+ALTER TABLE idempotency_records ALTER COLUMN version
+    SET DEFAULT ('x' || substr(md5(random()::text || clock_timestamp()::text), 1, 16))::bit(64)::bigint;
 
 CREATE OR REPLACE FUNCTION idempotency_record_bump_version() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -126,6 +126,29 @@ async fn upgrades_a_version_4_database_with_live_records_in_place() {
     .await
     .unwrap();
     assert_eq!(versions, vec![0; 4], "every record kept, at version 0");
+    // A record an instance of the earlier release inserts from now on (naming no
+    // version) gets a random one, never a version an earlier record of its key had.
+    for key in ["old-insert-1", "old-insert-2"] {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} (scope, key, fingerprint, fingerprint_version, state, token,
+                                  lease_expires_at, created_at, expires_at)
+             VALUES ('acct_alice', $1, $2, $3, 'in_progress', 7, now(), now(), now())"
+        )))
+        .bind(key)
+        .bind(&FINGERPRINT.digest[..])
+        .bind(FINGERPRINT.version)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    let (first, second) = (
+        version_of(&mut conn, &table, "old-insert-1").await,
+        version_of(&mut conn, &table, "old-insert-2").await,
+    );
+    assert!(
+        first != 0 && second != 0 && first != second,
+        "{first}, {second}"
+    );
 
     // The completed record replays.
     let replay = store
