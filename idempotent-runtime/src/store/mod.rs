@@ -56,6 +56,8 @@ pub(crate) mod takeover;
 mod tx_support;
 
 pub use capabilities::{Capabilities, ClaimWatch, WatchClaims};
+#[cfg(feature = "sql")]
+pub use fenced::TxRecords;
 pub use fenced::{
     Change, Fenced, Inserted, KeyedRecord, Record, RecordBody, RecordStore, StoreNow, Updated,
 };

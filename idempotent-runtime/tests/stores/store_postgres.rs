@@ -9,6 +9,7 @@
 //! tests run in parallel and leave nothing behind.
 mod group_commit;
 mod steps;
+mod versions;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -279,12 +280,20 @@ pub(crate) fn trials() -> Vec<Trial> {
     ];
     trials.extend(ignored_if(unavailable(), with_database));
     trials.extend(ignored_if(unavailable(), steps::trials()));
+    trials.extend(ignored_if(unavailable(), versions::trials()));
     trials.extend(ignored_if(
         round_trips_unavailable(),
-        std::iter::once(async_trial(
-            "a_fresh_request_costs_two_round_trips_and_a_replay_one",
-            a_fresh_request_costs_two_round_trips_and_a_replay_one,
-        ))
+        [
+            async_trial(
+                "a_fresh_request_costs_two_round_trips_and_a_replay_one",
+                a_fresh_request_costs_two_round_trips_and_a_replay_one,
+            ),
+            async_trial(
+                "each_operation_costs_its_round_trips",
+                each_operation_costs_its_round_trips,
+            ),
+        ]
+        .into_iter()
         .chain(group_commit::trials())
         .collect(),
     ));
@@ -410,7 +419,7 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
     .expect("migrations table");
     assert_eq!(
         applied,
-        vec![1, 2, 3, 4],
+        vec![1, 2, 3, 4, 5],
         "each migration applied exactly once"
     );
 
@@ -930,4 +939,128 @@ async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
         0,
         "no ping on the wire"
     );
+}
+
+/// The round trips of each operation of the protocol, counted as statements executed at
+/// the proxy, each after a warm-up of the same operation (statements are prepared once
+/// per connection): a fresh claim, a replay, a renewal, a step and a completion one each;
+/// a takeover (rare) at most two.
+async fn each_operation_costs_its_round_trips() {
+    let schema = TestSchema::new(&database_url()).await;
+    let (store, counter) = store_behind_counting_proxy(&schema).await;
+    let executions = || counter.executions.load(Ordering::SeqCst);
+    let step = idempotent_runtime::store::RecordedStep {
+        name: "charge".to_owned(),
+        output: bytes::Bytes::from_static(b"ch_1"),
+        recorded_at: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+    };
+    let stored = crate::fixtures::stored(b"{}");
+    let mut counted = Vec::new();
+    for round in ["warm-up", "counted"] {
+        let key = |name: &str| format!("{round}-{name}");
+        let mut costs = Vec::new();
+        let mut cost = |name: &'static str, before: u64| costs.push((name, executions() - before));
+
+        let token = FencingToken::random();
+        let before = executions();
+        let outcome = store.claim(&claim_request(&key("a"), token)).await.unwrap();
+        cost("fresh claim", before);
+        assert!(matches!(
+            outcome.outcome,
+            ClaimOutcome::Claimed { takeover: None, .. }
+        ));
+
+        let before = executions();
+        assert!(
+            store
+                .renew("acct_alice", &key("a"), token, LEASE, TTL)
+                .await
+                .unwrap()
+        );
+        cost("renew", before);
+
+        let before = executions();
+        assert!(
+            store
+                .record_step("acct_alice", &key("a"), token, &step)
+                .await
+                .unwrap()
+        );
+        cost("step", before);
+
+        let before = executions();
+        assert!(
+            store
+                .complete("acct_alice", &key("a"), token, &stored)
+                .await
+                .unwrap()
+        );
+        cost("complete", before);
+
+        let before = executions();
+        let outcome = store
+            .claim(&claim_request(&key("a"), FencingToken::random()))
+            .await
+            .unwrap();
+        cost("replay", before);
+        assert!(
+            matches!(outcome.outcome, ClaimOutcome::Replay(_)),
+            "{outcome:?}"
+        );
+
+        // A claim whose holder recorded a step and stopped renewing.
+        let holder = FencingToken::random();
+        store
+            .claim(&claim_request(&key("b"), holder))
+            .await
+            .unwrap();
+        assert!(
+            store
+                .record_step("acct_alice", &key("b"), holder, &step)
+                .await
+                .unwrap()
+        );
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET lease_expires_at = now() - interval '1 second' WHERE key = $1",
+            schema.table()
+        )))
+        .bind(key("b"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let taker = FencingToken::random();
+        let before = executions();
+        let outcome = store.claim(&claim_request(&key("b"), taker)).await.unwrap();
+        cost("takeover", before);
+        assert_eq!(
+            outcome.outcome,
+            ClaimOutcome::Claimed {
+                token: taker,
+                takeover: Some(idempotent_runtime::Takeover::LeaseLost),
+                steps: vec![step.clone()],
+            }
+        );
+
+        let before = executions();
+        assert!(store.release("acct_alice", &key("b"), taker).await.unwrap());
+        cost("release (keeping steps)", before);
+        counted = costs;
+    }
+    eprintln!("round trips per operation: {counted:?}");
+    for (operation, most) in [
+        ("fresh claim", 1),
+        ("renew", 1),
+        ("step", 1),
+        ("complete", 1),
+        ("replay", 1),
+        ("takeover", 2),
+        ("release (keeping steps)", 2),
+    ] {
+        let (_, cost) = counted.iter().find(|(name, _)| *name == operation).unwrap();
+        assert!(
+            *cost <= most,
+            "{operation}: {cost} round trips, at most {most}"
+        );
+        assert!(*cost >= 1, "{operation}: counted nothing");
+    }
 }

@@ -15,7 +15,8 @@
 //! [`Fenced`] remembers; a second when it did not know it).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -32,6 +33,11 @@ use crate::fingerprint::Fingerprint;
 
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub mod rules;
+#[cfg(feature = "sql")]
+mod tx;
+
+#[cfg(feature = "sql")]
+pub use tx::TxRecords;
 
 /// How many times a decision is taken again when the record changed under it before a
 /// store error is reported: each retry means another writer won, so this only runs out
@@ -193,19 +199,134 @@ pub struct KeyedRecord {
 /// engine's pure functions (see the module docs).
 #[derive(Debug)]
 pub struct Fenced<R> {
-    records: R,
-    /// The version of each in-progress record after its owner's last write through this
-    /// value, by the owner's token (unique to its claim), so that the owner's next write
-    /// is one compare-and-set.
-    owned: Mutex<HashMap<FencingToken, u64>>,
+    /// Shared with the transactional side ([`Fenced::transactions`]).
+    records: Arc<R>,
+    /// Shared with the transactional side, whose writes inside a handler's transaction
+    /// are the same owner's.
+    owned: Arc<Owned>,
+}
+
+/// The version of each in-progress record after its owner's last write, by the owner's
+/// token (unique to its claim), so that the owner's next write is one compare-and-set.
+/// Only a hint: a wrong version costs a stale compare-and-set and one more, never a
+/// wrong write.
+#[derive(Debug, Default)]
+struct Owned(Mutex<HashMap<FencingToken, u64>>);
+
+impl Owned {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<FencingToken, u64>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remember(&self, token: FencingToken, version: u64) {
+        self.map().insert(token, version);
+    }
+
+    fn forget(&self, token: FencingToken) {
+        self.map().remove(&token);
+    }
+
+    /// The owner's last version; a completion takes it out, since it ends what the token
+    /// owns and no later write may find its version.
+    fn known(&self, token: FencingToken, last: bool) -> Option<u64> {
+        if last {
+            self.map().remove(&token)
+        } else {
+            self.map().get(&token).copied()
+        }
+    }
+}
+
+/// The two operations an owner's write needs, on the records directly or inside a
+/// handler's transaction ([`tx`]).
+trait Access: Send {
+    /// [`RecordStore::read`].
+    fn read<'a>(
+        &'a mut self,
+        scope: &'a str,
+        key: &'a str,
+    ) -> impl Future<Output = Result<(Option<Record>, StoreNow), StoreError>> + Send + 'a;
+
+    /// [`RecordStore::update`].
+    fn update<'a>(
+        &'a mut self,
+        scope: &'a str,
+        key: &'a str,
+        version: u64,
+        change: &'a Change<'a>,
+    ) -> impl Future<Output = Result<Updated, StoreError>> + Send + 'a;
+}
+
+/// The records themselves.
+struct Direct<'r, R>(&'r R);
+
+impl<R: RecordStore> Access for Direct<'_, R> {
+    fn read<'a>(
+        &'a mut self,
+        scope: &'a str,
+        key: &'a str,
+    ) -> impl Future<Output = Result<(Option<Record>, StoreNow), StoreError>> + Send + 'a {
+        self.0.read(scope, key)
+    }
+
+    fn update<'a>(
+        &'a mut self,
+        scope: &'a str,
+        key: &'a str,
+        version: u64,
+        change: &'a Change<'a>,
+    ) -> impl Future<Output = Result<Updated, StoreError>> + Send + 'a {
+        self.0.update(scope, key, version, change)
+    }
+}
+
+/// Applies the owner's `change` to the record `token` holds: one compare-and-set on the
+/// version of its last write, again on the version the store answers while the token
+/// still owns the record. `Ok(false)`: it owns nothing.
+async fn owner_writes<A: Access>(
+    owned: &Owned,
+    access: &mut A,
+    (scope, key): (&str, &str),
+    token: FencingToken,
+    change: &Change<'_>,
+) -> Result<bool, StoreError> {
+    let last = matches!(change, Change::Complete(_));
+    let mut version = match owned.known(token, last) {
+        Some(version) => version,
+        None => match access.read(scope, key).await? {
+            (Some(record), _) if rules::owned_by(&record, token) => record.version,
+            _ => return Ok(false),
+        },
+    };
+    for _ in 0..ATTEMPTS {
+        match access.update(scope, key, version, change).await? {
+            Updated::Updated(now_at) => {
+                if last {
+                    // A renewal that raced the completion may have remembered a version.
+                    owned.forget(token);
+                } else {
+                    owned.remember(token, now_at);
+                }
+                return Ok(true);
+            }
+            Updated::Stale(Some(record), _) if rules::owned_by(&record, token) => {
+                version = record.version;
+            }
+            Updated::Stale(..) => {
+                owned.forget(token);
+                return Ok(false);
+            }
+        }
+    }
+    Err(contention(scope, key))
 }
 
 impl<R: RecordStore> Fenced<R> {
     /// The protocol over `records`.
     pub fn new(records: R) -> Self {
         Self {
-            records,
-            owned: Mutex::new(HashMap::new()),
+            records: Arc::new(records),
+            owned: Arc::default(),
         }
     }
 
@@ -214,21 +335,15 @@ impl<R: RecordStore> Fenced<R> {
         &self.records
     }
 
-    fn owned(&self) -> std::sync::MutexGuard<'_, HashMap<FencingToken, u64>> {
-        self.owned.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn remember(&self, token: FencingToken, version: u64) {
-        self.owned().insert(token, version);
+        self.owned.remember(token, version);
     }
 
     fn forget_version(&self, token: FencingToken) {
-        self.owned().remove(&token);
+        self.owned.forget(token);
     }
 
-    /// Applies the owner's `change` to the record `token` holds: one compare-and-set on
-    /// the version of its last write, again on the version the store answers while the
-    /// token still owns the record. `Ok(false)`: it owns nothing.
+    /// Applies the owner's `change` ([`owner_writes`]) through the records.
     async fn owner_writes(
         &self,
         scope: &str,
@@ -236,34 +351,14 @@ impl<R: RecordStore> Fenced<R> {
         token: FencingToken,
         change: &Change<'_>,
     ) -> Result<bool, StoreError> {
-        // A completion ends what the token owns: no later write may find its version.
-        let last = matches!(change, Change::Complete(_));
-        let known = self.owned().get(&token).copied();
-        let mut version = match known {
-            Some(version) => version,
-            None => match self.records.read(scope, key).await? {
-                (Some(record), _) if rules::owned_by(&record, token) => record.version,
-                _ => return Ok(false),
-            },
-        };
-        for _ in 0..ATTEMPTS {
-            match self.records.update(scope, key, version, change).await? {
-                Updated::Updated(now_at) => {
-                    if !last {
-                        self.remember(token, now_at);
-                    }
-                    return Ok(true);
-                }
-                Updated::Stale(Some(record), _) if rules::owned_by(&record, token) => {
-                    version = record.version;
-                }
-                Updated::Stale(..) => {
-                    self.forget_version(token);
-                    return Ok(false);
-                }
-            }
-        }
-        Err(contention(scope, key))
+        owner_writes(
+            &self.owned,
+            &mut Direct(&*self.records),
+            (scope, key),
+            token,
+            change,
+        )
+        .await
     }
 }
 
@@ -347,13 +442,9 @@ impl<R: RecordStore> Store for Fenced<R> {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        // One compare-and-set on the version the owner last wrote. Its completed version
-        // is never remembered (`owner_writes`), so a renewal racing it compares stale.
-        let done = self
-            .owner_writes(scope, key, token, &Change::Complete(response))
-            .await;
-        self.forget_version(token);
-        done
+        // The version is taken out of the cache as the completion is sent (`Owned::known`).
+        self.owner_writes(scope, key, token, &Change::Complete(response))
+            .await
     }
 
     async fn record_step(

@@ -1,11 +1,11 @@
 //! [`StatementConnections`]: the connections the store's single-statement operations
-//! (claim, renew, complete, release, the waiting mark) run on — the store's own, beside
+//! (every record operation and the waiting mark) run on — the store's own, beside
 //! its pool.
 //!
 //! Why not the pool: sqlx 0.9's pool pings every connection handed back to it, in a task
 //! it spawns, before another caller may have it. That is a round trip on the wire, a task
 //! and a wake-up on both ends per operation: two for every fresh key, whose statements
-//! are two. Here a connection whose statement finished goes straight back to the idle
+//! are two (insert, complete). Here a connection whose statement finished goes straight back to the idle
 //! list. One whose operation failed, or was cancelled mid-statement (its caller's future
 //! dropped, which can leave a half-read reply on the socket), is closed instead: a
 //! connection is only reused in the state a cleanly finished statement left it in.
@@ -14,19 +14,18 @@
 //! (so the pool's own setup applies: its current connect options, `after_connect` and
 //! `before_acquire` hooks, a `search_path` set there) and detached from it, so the pool
 //! may open a replacement: the store holds up to the pool's `max_connections` of these
-//! on top of the pool's own (in practice about two: one per batcher, plus renewals and
-//! releases). Waiting for a connection, opening included, is bounded by the pool's
+//! on top of the pool's own (one per batching task, plus the renewals, steps and reads
+//! running at once). Waiting for a connection, opening included, is bounded by the pool's
 //! acquire timeout (then [`sqlx::Error::PoolTimedOut`], as from the pool). An idle
 //! connection past the pool's idle timeout, or any past its maximum lifetime, is closed
 //! when next looked at. A connection that died while idle (a server restart) fails the
-//! batch that finds it, and is then replaced.
+//! operation that finds it, and is then replaced.
 //!
-//! **Plans.** The group commit statements join arrays of a batch's claims against the
+//! **Plans.** The group commit statements join arrays of a batch's elements against the
 //! table. Postgres plans a prepared statement for its parameters five times, then may
 //! switch to one generic plan for good; a generic plan chosen while the table was small
 //! (a new deployment, or an empty store) scans the whole table with a hash join, and
-//! keeps doing so as it grows, spending the claim backend's CPU in heap scans. So each
-//! connection, once taken, sets
+//! keeps doing so as it grows. So each connection, once taken, sets
 //! `plan_cache_mode = force_custom_plan` for its session (PostgreSQL 12 or later): each
 //! execution is planned for its own arrays and the table's size at the time (index
 //! lookups), while statements are still parsed once per connection. A server that

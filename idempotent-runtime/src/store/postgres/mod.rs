@@ -4,72 +4,44 @@
 //! same `idempotency_records` table, so a retry that lands on another instance still finds
 //! the first attempt's claim or recorded response.
 //!
+//! # A fenced record register
+//!
+//! The store keeps records and decides nothing: `records.rs` implements
+//! [`RecordStore`](crate::store::RecordStore) (insert unless present, read,
+//! compare-and-set on the `version` column, delete by version, the sweeper's candidates),
+//! one statement each (`sql/`), and [`Fenced`] runs the protocol over it. The takeover
+//! rule, which steps survive, whether a release keeps a record and what operators see are
+//! the engine's (`store/fenced/rules.rs`), as for every store on the seam.
+//!
+//! Round trips: a fresh key one (the insert) and its completion one; a replay, an
+//! in-progress duplicate or a mismatch one (the insert answers the record it found); a
+//! renewal and a step one each; a takeover two (the insert, then a compare-and-set); a
+//! release two (a read, then a delete or a compare-and-set). A concurrent change between
+//! a statement's snapshot and its write adds a read (see `records.rs`).
+//!
+//! **Group commit** (`group.rs`): concurrent inserts share one statement, and so do
+//! concurrent completions (the `Complete` compare-and-set), so under load one round
+//! trip, one transaction and one WAL flush serve a whole batch; alone, an operation is a
+//! batch of one.
+//!
 //! # One clock: the database's
 //!
-//! Instances' clocks drift. Every expiry and lease decision, and every timestamp written,
-//! therefore uses the database's clock, never the app's: TTL and lease travel to the
-//! server as `interval` parameters and the server computes `now() + interval`.
+//! Instances' clocks drift. Every expiry and lease, and every timestamp written, is on the
+//! database's clock, never the app's: TTL and lease travel to the server as `interval`
+//! parameters and the server computes `now() + interval`; every answer carries the
+//! database's clock, which the engine judges the record on.
 //!
-//! Which database clock: `now()` is the start of the statement's transaction. Each
-//! operation is one autocommit statement (concurrent claims share one, see group commit
-//! below), so that is the current time, and it is the *same* value everywhere inside the
-//! statement: the claim's take-over decision, the
-//! timestamps it writes and the classification of the record it found all agree. The one
-//! exception is the `Retry-After` of an in-progress duplicate, computed from
-//! `clock_timestamp()` (the real time when the row is read): a claim whose statement began
-//! a moment before the holder's (and then found the holder's committed row) would
-//! otherwise see more than a full lease left.
+//! # Connections
 //!
-//! # One statement per operation, shared by concurrent requests
+//! Record operations run on connections taken from the pool and kept by the store
+//! (`connections.rs`): sqlx 0.9's pool pings every connection given back to it, a round
+//! trip per operation.
 //!
-//! - `claim` is a single statement: an `INSERT … ON CONFLICT (scope, key) DO UPDATE
-//!   … WHERE <expired, or lease ran out with the same fingerprint>` inside a CTE, plus a
-//!   `SELECT` of the existing record when the insert-or-take-over did not happen. A fresh
-//!   key, a replay, an in-progress duplicate and a mismatch each cost **one round trip**
-//!   (a second one only if the record changed concurrently between the statement's
-//!   snapshot and the conflict check; see [`PostgresStore`]). A fresh request therefore
-//!   costs two (claim, complete) and a retry one. A replay, a `409` and a `422` write
-//!   nothing to their own row (no row lock).
-//! - **Group commit** (`group_commit.rs`): concurrent claims share that statement — it
-//!   takes arrays, one element per claim, and answers each — and so do concurrent
-//!   completions (`sql/complete_batch.sql`). Under load a round trip, a transaction and
-//!   a WAL flush serve a whole batch instead of one request; alone, a claim is a batch of
-//!   one and costs what it did.
-//!   One batch runs at a time per statement, bounded in time; duplicates of a key wait
-//!   for the next batch unless their answer follows from the first's.
-//! - Claims, completions, `renew` and `release` run on connections taken from the pool
-//!   and kept by the store (`connections.rs`): sqlx 0.9's pool pings every connection
-//!   given back to it, a round trip per operation, and a cached generic plan for the
-//!   batch statements can go bad as the table grows.
-//! - `renew`, `complete`, `release` and `record_step` are fenced by `token = $token AND
-//!   state = 'in_progress'`.
+//! # Transactional handlers
 //!
-//! # Recovery points: the `steps` column
-//!
-//! A record keeps the steps its handler completed in one nullable `bytea` column
-//! (migration 4), the concatenation of [`encode_step`] in recording order; NULL is none.
-//!
-//! - `record_step` (and `record_step_in`, on a transactional handler's connection) is one
-//!   fenced `UPDATE` appending one encoded step (`sql/record_step.sql`).
-//! - The claim statement keeps the steps when it takes a record over for a lost lease and
-//!   clears them for an expired one, and answers with the steps of the row it wrote (its
-//!   `RETURNING`), never the snapshot's: Postgres runs READ COMMITTED, and the takeover's
-//!   `DO UPDATE` acts on the newest committed version of the row, so a step the old owner
-//!   committed while the claim waited for the row lock is in the answer, and one it tries
-//!   after the takeover finds another token and is refused. A key without steps reads a
-//!   NULL column, nothing more.
-//! - Completion sets the column to NULL (the response replaces the steps).
-//! - `release` is one statement (`sql/release.sql`): a record without steps is deleted as
-//!   before; one with steps is kept in progress with its lease ended at `now()`, its token
-//!   set to [`FencingToken::RELEASED`] and `waited` cleared, which notifies its waiters
-//!   like the delete (see below).
-//! - `inspect` and `forget` report an in-progress record's steps; `forget` deletes them
-//!   with the row; `purge_expired` is unchanged (the TTL covers them).
-//! - `purge_expired` deletes one batch, the oldest expired records by a range scan of the
-//!   expiry index, by row address, skipping rows another session holds locked, so
-//!   sweepers on many instances never block each other or a claim.
-//! - `inspect` (operators) is one read at `now()`; `forget` is that read, then a `DELETE`
-//!   fenced by the token and state it read (run again if the record changed between).
+//! A `Tx<Postgres>` handler's completion and atomic steps are the owner's compare-and-set
+//! on its transaction's connection ([`Fenced::transactions`]): they commit or roll back
+//! with the handler's writes, and a takeover that committed first makes them stale.
 //!
 //! # Waiting duplicates: `LISTEN/NOTIFY`
 //!
@@ -77,15 +49,15 @@
 //! woken by a notification: before it waits, it marks the in-progress record
 //! (`waited`, `sql/mark_waited.sql`), and the triggers of migrations 2 to 4 `pg_notify`
 //! the channel `idempotent_claim_ended` when a *marked* claim completes or is released
-//! (deleted, or kept for its steps: the release clears `waited`, and migration 4's trigger
-//! fires on that), with a hash of scope and key as payload. A record whose lease already
-//! ended (its holder crashed, or released it keeping its steps) is not marked: the
-//! duplicate claims again at once and takes it over or is refused. Only marked records
-//! notify: `NOTIFY` serialises the commits of notifying transactions, so notifying on
-//! every completion would serialise every fresh key's completion. Each store keeps one listener
-//! connection for it, on a one-connection pool of its own (never one of the request
-//! pool's), started on the first wait and reconnected when lost; waiters poll while it is
-//! down (see `notify.rs`).
+//! (deleted, or kept for its steps: ending the lease clears `waited`, and migration 4's
+//! trigger fires on that), with a hash of scope and key as payload. A record whose lease
+//! already ended (its holder crashed, or released it keeping its steps) is not marked:
+//! the duplicate claims again at once and takes it over or is refused. Only marked
+//! records notify: `NOTIFY` serialises the commits of notifying transactions, so
+//! notifying on every completion would serialise every fresh key's completion. Each store
+//! keeps one listener connection for it, on a one-connection pool of its own (never one
+//! of the request pool's), started on the first wait and reconnected when lost; waiters
+//! poll while it is down (see `notify.rs`).
 //!
 //! # Migrations
 //!
@@ -103,32 +75,20 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use sqlx::postgres::types::PgInterval;
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::query::Query;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row, SqlStr};
 
-use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
-use super::{
-    Capabilities, ClaimAnswer, ClaimRequest, ClaimWatch, FencingToken, ForgetOutcome, RecordInfo,
-    RecordedStep, Store, StoreError, StoredResponse, TxSupport, WatchClaims, encode_step,
-};
-use claim::QueuedClaim;
-use completion::QueuedCompletion;
+use super::{Capabilities, ClaimWatch, Fenced, Forward, Store, StoreError, TxSupport, WatchClaims};
 use connections::StatementConnections;
-use group_commit::Batcher;
-use schema::{Schema, Statements};
+use records::PgRecords;
+use schema::Schema;
 
-mod claim;
-mod completion;
 mod connections;
-mod group_commit;
+mod group;
 mod notify;
-mod operator;
+mod records;
 mod schema;
-mod transaction;
 
 /// The embedded migrations, in version order; the files live in `migrations/postgres/`.
 const MIGRATIONS: &[EmbeddedMigration] = &[
@@ -152,6 +112,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "recorded steps",
         sql: include_str!("../../../migrations/postgres/0004_recorded_steps.sql"),
     },
+    EmbeddedMigration {
+        version: 5,
+        description: "record versions",
+        sql: include_str!("../../../migrations/postgres/0005_record_versions.sql"),
+    },
 ];
 
 /// Where applied migration versions are recorded (see the module docs).
@@ -165,10 +130,6 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long `connect` waits for the first connection before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// TTLs and leases are clamped to this (1000 years) so `now() + interval` stays inside
-/// what `timestamptz` can represent.
-const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
-
 /// A [`Store`] on PostgreSQL: the store for many instances of an app sharing one
 /// database, so a retry that lands on another instance still finds the first attempt.
 ///
@@ -178,21 +139,20 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 /// - **One statement, one round trip per operation, shared under load.** A fresh request
 ///   costs two round trips (claim, complete), a replay, an in-progress duplicate or a
 ///   mismatch one (the claim); a long handler adds one per heartbeat (`renew`) and one
-///   per recorded step (`record_step`).
+///   per recorded step (`record_step`); a takeover costs two. Every write is a
+///   compare-and-set on the record's version; the protocol's decisions are the engine's.
 ///   Concurrent claims share one statement, and so do concurrent completions (group
-///   commit): one round trip and one commit for a whole batch.
+///   commit).
 /// - **Connections.** The pool (yours with [`from_pool`](Self::from_pool)) serves
-///   migrations, the transactional unit of work, purges and operators. Claims,
-///   completions, renewals and releases run on connections the store takes from the pool
-///   and keeps (detached, so the pool may open replacements): at most the pool's
-///   `max_connections` of them, about two in practice, never pinged when given back,
-///   with `plan_cache_mode = force_custom_plan` (PostgreSQL 12 or later). A waiting
-///   handler's `LISTEN` has one more of its own.
+///   migrations, the transactional unit of work and purges. Record operations run on
+///   connections the store takes from the pool and keeps (detached, so the pool may open
+///   replacements): at most the pool's `max_connections` of them, never pinged when
+///   given back. A waiting handler's `LISTEN` has one more of its own.
 /// - **Migrations on connect**, embedded in the binary, serialised across instances by
 ///   sqlx's advisory lock, recorded in `_idempotent_migrations` (not `_sqlx_migrations`,
 ///   so the store can share a database with an app's own sqlx migrations).
 ///
-/// Cheap to clone (the pool is reference counted).
+/// Cheap to clone (the pool is reference counted); clones share the owners' versions.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), idempotent_runtime::StoreError> {
@@ -206,39 +166,25 @@ const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
 /// let store = PostgresStore::from_pool(store.pool().clone()).await?;
 /// # Ok(()) }
 /// ```
-///
-/// # Concurrent changes during a claim
-///
-/// When the claim does not take the record, the statement reads the existing record to
-/// classify it. That read sees the statement's snapshot, while the conflict check sees
-/// the newest committed version; if they differ (a duplicate inserted, took over, released
-/// or purged the record a moment earlier), the snapshot shows nothing, or a record that
-/// looks claimable. The claim then simply runs again (at most a few times), and the new
-/// statement's snapshot includes the change.
 #[derive(Clone)]
 pub struct PostgresStore {
-    pool: PgPool,
-    schema: Option<Schema>,
-    sql: Arc<Statements>,
+    /// The protocol over the table: a cheap clone shares the owners' versions.
+    fenced: Arc<Fenced<PgRecords>>,
+    /// Transactional handlers' writes, sharing those versions.
     transactions: TxSupport,
-    /// Where claims, renewals, completions and releases run (`connections.rs`).
-    connections: Arc<StatementConnections>,
-    /// Claims, batched into shared statements (`group_commit.rs`).
-    claims: Batcher<QueuedClaim>,
-    /// Completions outside a transaction, batched likewise.
-    completions: Batcher<QueuedCompletion>,
-    /// Wakes duplicates waiting for a claim to end (`LISTEN/NOTIFY`).
-    notifier: Arc<notify::Notifier>,
 }
 
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let records = self.fenced.records();
         f.debug_struct("PostgresStore")
-            .field("location", &describe_options(&self.pool.connect_options()))
-            .field("schema", &self.schema.as_ref().map(Schema::name))
-            .field("pool_size", &self.pool.size())
-            .field("statement_connections", &self.connections)
-            .finish()
+            .field(
+                "location",
+                &describe_options(&records.pool.connect_options()),
+            )
+            .field("schema", &records.schema.as_ref().map(Schema::name))
+            .field("pool_size", &records.pool.size())
+            .finish_non_exhaustive()
     }
 }
 
@@ -296,12 +242,12 @@ impl PostgresStore {
     /// The connection pool, to share with the app (e.g. for its own queries, or for the
     /// transactional unit of work).
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        &self.fenced.records().pool
     }
 
     /// The schema the table lives in, when one was chosen explicitly.
     pub fn schema(&self) -> Option<&str> {
-        self.schema.as_ref().map(Schema::name)
+        self.fenced.records().schema.as_ref().map(Schema::name)
     }
 
     async fn open(url: &str, schema: Option<Schema>) -> Result<Self, StoreError> {
@@ -348,30 +294,12 @@ impl PostgresStore {
     }
 
     fn with_parts(pool: PgPool, schema: Option<Schema>) -> Self {
-        let sql = Arc::new(Statements::new(schema.as_ref()));
-        let transactions = transaction::support(pool.clone(), sql.clone());
-        let notifier = Arc::new(notify::Notifier::new((*pool.connect_options()).clone()));
-        let connections = Arc::new(StatementConnections::like(&pool));
-        let claims = group_commit::start(sql.claim.clone(), connections.clone());
-        let completions = group_commit::start(sql.complete_batch.clone(), connections.clone());
+        let fenced = Fenced::new(PgRecords::new(pool, schema));
+        let transactions = fenced.transactions::<Postgres>();
         Self {
-            pool,
-            schema,
-            sql,
+            fenced: Arc::new(fenced),
             transactions,
-            connections,
-            claims,
-            completions,
-            notifier,
         }
-    }
-
-    /// Runs one statement that writes on a statement connection; the rows it affected.
-    async fn execute(&self, query: Query<'_, Postgres, PgArguments>) -> Result<u64, StoreError> {
-        let mut lent = self.connections.acquire().await?;
-        let done = query.execute(lent.connection()).await?;
-        lent.release();
-        Ok(done.rows_affected())
     }
 }
 
@@ -417,136 +345,17 @@ fn migrate<'c>(
     })
 }
 
-/// `sql/record_step.sql` with its parameters bound: scope, key, token, the encoded step.
-/// Run on a statement connection, or on a transactional handler's.
-fn bind_record_step(
-    sql: SqlStr,
-    scope: &str,
-    key: &str,
-    token: FencingToken,
-    step: &RecordedStep,
-) -> Query<'static, Postgres, PgArguments> {
-    sqlx::query(sql)
-        .bind(scope.to_owned())
-        .bind(key.to_owned())
-        .bind(token.0)
-        .bind(encode_step(step))
-}
-
-/// A `Duration` as a Postgres interval of whole microseconds, clamped (see
-/// [`MAX_INTERVAL_MICROS`]).
-fn interval(duration: Duration) -> PgInterval {
-    let micros = i64::try_from(duration.as_micros()).unwrap_or(i64::MAX);
-    PgInterval {
-        months: 0,
-        days: 0,
-        microseconds: micros.min(MAX_INTERVAL_MICROS),
-    }
-}
-
-#[async_trait]
-impl Store for PostgresStore {
-    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
-        let (outcome, replay_lives_for) =
-            sql::claim_with_retries(claim, || self.claim_once(claim)).await?;
-        Ok(ClaimAnswer {
-            outcome,
-            replay_lives_for,
-        })
-    }
-
-    async fn renew(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let renew = sqlx::query(self.sql.renew.clone())
-            .bind(scope)
-            .bind(key)
-            .bind(token.0)
-            .bind(interval(lease))
-            .bind(interval(ttl));
-        Ok(self.execute(renew).await? == 1)
-    }
-
-    async fn complete(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        let completion = QueuedCompletion::new((scope, key), token, response)?;
-        self.completions.ask(completion).await
-    }
-
-    async fn release(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        let release = sqlx::query(self.sql.release.clone())
-            .bind(scope)
-            .bind(key)
-            .bind(token.0)
-            .bind(FencingToken::RELEASED.0);
-        let mut lent = self.connections.acquire().await?;
-        let released: i64 = release
-            .fetch_one(lent.connection())
-            .await?
-            .try_get("released")?;
-        lent.release();
-        Ok(released == 1)
-    }
-
-    async fn record_step(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        step: &RecordedStep,
-    ) -> Result<bool, StoreError> {
-        let record = bind_record_step(self.sql.record_step.clone(), scope, key, token, step);
-        Ok(self.execute(record).await? == 1)
-    }
-
-    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        if limit == 0 {
-            return Ok(0);
-        }
-        let done = sqlx::query(self.sql.purge.clone())
-            .bind(i64::from(limit))
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        self.inspect_record(scope, key).await
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        force: bool,
-    ) -> Result<ForgetOutcome, StoreError> {
-        self.forget_record(scope, key, force).await
+/// Every operation is the protocol's over the table ([`Fenced`]); the store adds the
+/// transactional handlers, whose writes share the owners' versions.
+impl Forward for PostgresStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.fenced
     }
 
     fn capabilities(&self) -> Capabilities {
-        let watch = NotifiedWatch {
-            notifier: self.notifier.clone(),
-            connections: self.connections.clone(),
-            sql: self.sql.clone(),
-        };
-        Capabilities::none()
+        self.fenced
+            .capabilities()
             .with_transactions(self.transactions.clone())
-            .with_watch(Arc::new(watch))
     }
 }
 
@@ -555,7 +364,8 @@ impl Store for PostgresStore {
 struct NotifiedWatch {
     notifier: Arc<notify::Notifier>,
     connections: Arc<StatementConnections>,
-    sql: Arc<Statements>,
+    /// `sql/mark_waited.sql`.
+    mark: SqlStr,
 }
 
 impl WatchClaims for NotifiedWatch {
@@ -564,7 +374,7 @@ impl WatchClaims for NotifiedWatch {
         // found it in progress, so that its end notifies (only marked records notify:
         // see migration 3).
         let notified = self.notifier.watch(scope, key, poll);
-        let (connections, mark) = (self.connections.clone(), self.sql.mark_waited.clone());
+        let (connections, mark) = (self.connections.clone(), self.mark.clone());
         let (scope, key) = (scope.to_owned(), key.to_owned());
         Box::pin(async move {
             let watched = async {
@@ -610,14 +420,5 @@ mod tests {
     #[test]
     fn embeds_every_migration_file() {
         sql::assert_embedded_migrations_match("postgres", MIGRATIONS);
-    }
-
-    #[test]
-    fn clamps_intervals() {
-        assert_eq!(
-            interval(Duration::from_millis(1500)).microseconds,
-            1_500_000
-        );
-        assert_eq!(interval(Duration::MAX).microseconds, MAX_INTERVAL_MICROS);
     }
 }

@@ -35,18 +35,55 @@ impl Schema {
     }
 }
 
+/// The columns of a record, as `record_of` (`records.rs`) reads them, of a table aliased
+/// `r`; all NULL when there is none. Times in milliseconds since the epoch, rounded down.
+const RECORD: &str = "r.state, r.fingerprint, r.fingerprint_version, r.token, r.version, \
+    floor(extract(epoch FROM r.created_at) * 1000)::bigint AS created_at_ms, \
+    floor(extract(epoch FROM r.expires_at) * 1000)::bigint AS expires_at_ms, \
+    floor(extract(epoch FROM r.lease_expires_at) * 1000)::bigint AS lease_expires_at_ms, \
+    r.steps, r.status, r.headers, r.body";
+
+/// The database's clock when the row is produced (see `records.rs`).
+const NOW: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms";
+
+/// What each [`Change`](crate::store::Change) sets (`{set}` in `sql/update.sql`, whose
+/// parameters it continues from `$4`), exactly as
+/// [`Record::changed`](crate::store::Record::changed) defines it: a change of an
+/// in-progress record leaves a completed one as it is. `waited` is the watch's, not the
+/// record's: ending the lease clears it, which notifies the waiters (migration 4).
+const CLAIM: &str = "fingerprint = $4, fingerprint_version = $5, state = 'in_progress', \
+    token = $6, created_at = now(), expires_at = now() + $7, lease_expires_at = now() + $8, \
+    status = NULL, headers = NULL, body = NULL, \
+    steps = CASE WHEN $9 AND state = 'in_progress' THEN steps END";
+const RENEW: &str = "\
+    lease_expires_at = CASE WHEN state = 'in_progress' THEN now() + $4 \
+                            ELSE lease_expires_at END, \
+    expires_at = CASE WHEN state = 'in_progress' THEN greatest(expires_at, now() + $5) \
+                      ELSE expires_at END";
+const APPEND_STEP: &str = "\
+    steps = CASE WHEN state = 'in_progress' THEN coalesce(steps, ''::bytea) || $4 ELSE steps END";
+/// A completion alone, inside a handler's transaction, on the app's pool whose
+/// connections may hold a generic plan (see `connections.rs`): the batched completions of
+/// `sql/complete.sql` set the same.
+const COMPLETE: &str = "state = 'completed', status = $4, headers = $5, body = $6, steps = NULL";
+const END_LEASE: &str = "\
+    lease_expires_at = CASE WHEN state = 'in_progress' THEN now() ELSE lease_expires_at END, \
+    token = CASE WHEN state = 'in_progress' THEN $4 ELSE token END, \
+    waited = waited AND state <> 'in_progress'";
+
 /// The store's statements (`sql/*.sql`), with its table name spliced in once.
 #[derive(Debug)]
 pub(super) struct Statements {
+    pub(super) insert: SqlStr,
+    pub(super) read: SqlStr,
     pub(super) claim: SqlStr,
     pub(super) renew: SqlStr,
+    pub(super) append_step: SqlStr,
     pub(super) complete: SqlStr,
     pub(super) complete_batch: SqlStr,
-    pub(super) release: SqlStr,
-    pub(super) record_step: SqlStr,
-    pub(super) purge: SqlStr,
-    pub(super) inspect: SqlStr,
-    pub(super) forget: SqlStr,
+    pub(super) end_lease: SqlStr,
+    pub(super) delete: SqlStr,
+    pub(super) past_expiry: SqlStr,
     pub(super) mark_waited: SqlStr,
 }
 
@@ -56,19 +93,44 @@ impl Statements {
             Some(s) => format!("{}.idempotency_records", s.quoted()),
             None => "idempotency_records".to_owned(),
         };
-        let sql = |template: &str| AssertSqlSafe(template.replace("{t}", &table)).into_sql_str();
+        let sql = |template: &str| {
+            let spliced = template
+                .replace("{t}", &table)
+                .replace("{record}", RECORD)
+                .replace("{now}", NOW);
+            AssertSqlSafe(spliced).into_sql_str()
+        };
+        let update = |set: &str| sql(&include_str!("sql/update.sql").replace("{set}", set));
         Self {
-            claim: sql(include_str!("sql/claim.sql")),
-            renew: sql(include_str!("sql/renew.sql")),
-            complete: sql(include_str!("sql/complete.sql")),
-            complete_batch: sql(include_str!("sql/complete_batch.sql")),
-            release: sql(include_str!("sql/release.sql")),
-            record_step: sql(include_str!("sql/record_step.sql")),
-            purge: sql(include_str!("sql/purge.sql")),
-            inspect: sql(include_str!("sql/inspect.sql")),
-            forget: sql(include_str!("sql/forget.sql")),
+            insert: sql(include_str!("sql/insert.sql")),
+            read: sql(include_str!("sql/read.sql")),
+            claim: update(CLAIM),
+            renew: update(RENEW),
+            append_step: update(APPEND_STEP),
+            complete: update(COMPLETE),
+            complete_batch: sql(include_str!("sql/complete.sql")),
+            end_lease: update(END_LEASE),
+            delete: sql(include_str!("sql/delete.sql")),
+            past_expiry: sql(include_str!("sql/past_expiry.sql")),
             mark_waited: sql(include_str!("sql/mark_waited.sql")),
         }
+    }
+
+    #[cfg(test)]
+    fn all(&self) -> [&SqlStr; 11] {
+        [
+            &self.insert,
+            &self.read,
+            &self.claim,
+            &self.renew,
+            &self.append_step,
+            &self.complete,
+            &self.complete_batch,
+            &self.end_lease,
+            &self.delete,
+            &self.past_expiry,
+            &self.mark_waited,
+        ]
     }
 }
 
@@ -96,27 +158,16 @@ mod tests {
     }
 
     #[test]
-    fn splices_the_table_into_every_statement() {
+    fn splices_every_placeholder_into_every_statement() {
         let schema = Schema::new("idem").unwrap();
         for statements in [Statements::new(None), Statements::new(Some(&schema))] {
-            for sql in [
-                &statements.claim,
-                &statements.renew,
-                &statements.complete,
-                &statements.complete_batch,
-                &statements.release,
-                &statements.record_step,
-                &statements.purge,
-                &statements.inspect,
-                &statements.forget,
-                &statements.mark_waited,
-            ] {
-                assert!(!sql.as_str().contains("{t}"), "{}", sql.as_str());
+            for sql in statements.all() {
+                assert!(!sql.as_str().contains('{'), "{}", sql.as_str());
             }
         }
         assert!(
             Statements::new(Some(&schema))
-                .purge
+                .delete
                 .as_str()
                 .contains("\"idem\".idempotency_records")
         );

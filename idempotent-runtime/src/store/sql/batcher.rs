@@ -2,8 +2,8 @@
 //! reply channel and wait; one task takes what is waiting, runs it as one batch and
 //! answers each caller. What a batch executes, and how its results map back to its
 //! callers, stays with the store: SQLite's writer and reader (`sqlite/dedicated.rs`, with
-//! `group_commit.rs` and `group_read.rs`), Postgres's and MySQL's claims and completions
-//! (`postgres/group_commit.rs`, `mysql/group_commit.rs`).
+//! `group_commit.rs` and `group_read.rs`), MySQL's claims and completions
+//! (`mysql/group_commit.rs`), Postgres's inserts and completions (`postgres/group.rs`).
 //!
 //! What every batcher keeps:
 //!

@@ -1,21 +1,21 @@
 //! The fenced completion's parameters: the response as columns, and (for the dialects
 //! with numbered placeholders) bound the same way for each.
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 use sqlx::query::Query;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 use sqlx::{Database, Encode, SqlSafeStr, Type};
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 use crate::store::FencingToken;
 use crate::store::{StoreError, StoredResponse, encode_headers};
 
 /// `sql` (the dialect's completion statement) with its parameters bound in the order
-/// the numbered dialects (Postgres `$N`, SQLite `?N`) number them: scope, key, token,
+/// SQLite numbers them (`?N`): scope, key, token,
 /// status, headers, body
 /// (`NULL`: the body was over the cap). Run it on the pool, or on a transactional
 /// handler's connection; one affected row means the token still owned the claim.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 pub(crate) fn bind_completion<'q, DB>(
     sql: impl SqlSafeStr,
     scope: &str,

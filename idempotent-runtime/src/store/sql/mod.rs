@@ -28,7 +28,7 @@ pub(crate) mod operator;
 pub(crate) use super::redact::redact_url;
 #[cfg(any(feature = "mysql", feature = "sqlite", feature = "postgres"))]
 pub(crate) use completion::CompletionColumns;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "sqlite")]
 pub(crate) use completion::bind_completion;
 #[cfg(test)]
 pub(crate) use migrations::assert_embedded_migrations_match;

@@ -1,7 +1,8 @@
 //! Group commit on Postgres: many concurrent claims, takeovers and completions sharing
-//! statements, with every guarantee checked. The counting proxy in front of the server
-//! shows the sharing: far fewer statements reach the server than the store was asked to
-//! run.
+//! statements, with every guarantee checked: one winner per key, the right takeover
+//! reason, completions fenced, each response on its own key. The counting proxy in front
+//! of the server shows the sharing: far fewer statements reach the server than the store
+//! was asked to run.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -290,7 +291,7 @@ async fn concurrent_claims_takeovers_and_completions_share_statements() {
         }
     }
     assert!(
-        executions * 4 <= operations as u64,
+        executions * 3 <= operations as u64,
         "{operations} operations in {executions} statements: they should share statements"
     );
 }

@@ -160,9 +160,9 @@ async fn a_step_racing_a_takeover_is_in_its_answer_or_fenced_off() {
     eprintln!("steps in the takeover's answer: {in_answer}, fenced off: {fenced}");
 }
 
-/// The migration statements of versions 1 to 3, as a database created before steps
-/// existed applied them.
-fn version_3_migrator(table: String) -> Migrator {
+/// The migration statements of versions 1 to `up_to`, as a database created by an
+/// earlier release applied them.
+pub(super) fn migrator_up_to(up_to: i64, table: String) -> Migrator {
     let files = [
         (
             1,
@@ -179,9 +179,15 @@ fn version_3_migrator(table: String) -> Migrator {
             "notify only waited claims",
             include_str!("../../../migrations/postgres/0003_notify_only_waited_claims.sql"),
         ),
+        (
+            4,
+            "recorded steps",
+            include_str!("../../../migrations/postgres/0004_recorded_steps.sql"),
+        ),
     ];
     let migrations = files
         .into_iter()
+        .filter(|(version, ..)| *version <= up_to)
         .map(|(version, description, sql)| {
             Migration::new(
                 version,
@@ -214,7 +220,7 @@ async fn upgrades_a_version_3_database_in_place() {
             .await
             .unwrap();
     }
-    version_3_migrator(format!("\"{}\"._idempotent_migrations", schema.name))
+    migrator_up_to(3, format!("\"{}\"._idempotent_migrations", schema.name))
         .run_direct(None, &mut conn, false)
         .await
         .expect("schema v3");
@@ -248,7 +254,7 @@ async fn upgrades_a_version_3_database_in_place() {
     .fetch_all(store.pool())
     .await
     .unwrap();
-    assert_eq!(applied, vec![1, 2, 3, 4]);
+    assert_eq!(applied, vec![1, 2, 3, 4, 5]);
     let (rows, without_steps): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT count(*), count(*) FILTER (WHERE steps IS NULL) FROM {table}"
     )))
