@@ -188,7 +188,7 @@ pub mod transaction;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{HandlerConfig, OnServerError};
-pub use engine::{Idempotency, IdempotencyBuilder};
+pub use engine::{Idempotency, IdempotencyBuilder, Outcome};
 // The attribute's duration grammar, for durations an application reads at run time
 // (flags, environment variables), so that both accept the same text.
 pub use fingerprint::{Fingerprint, FingerprintMode, RequestFingerprint};

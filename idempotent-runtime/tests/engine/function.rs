@@ -1,0 +1,427 @@
+//! The typed entry point ([`Idempotency::once`]) through the public API on the memory
+//! store: run once, replay the typed output, and every other outcome of the protocol.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idempotent_runtime::engine::{Failure, StoreUnavailable};
+use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
+use idempotent_runtime::{
+    Fingerprint, HandlerConfig, Idempotency, IdempotencyKey, ManualClock, Outcome, Store,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, oneshot};
+
+const CONFIG: HandlerConfig = HandlerConfig::new().name("charge");
+const SCOPE: &str = "orders";
+
+/// What the function returns: more than a scalar, so the round trip is a real one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    charge: String,
+    cents: u64,
+    lines: Vec<(String, u32)>,
+}
+
+fn receipt(n: usize) -> Receipt {
+    Receipt {
+        charge: format!("ch_{n}"),
+        cents: 1999,
+        lines: vec![("tea".to_owned(), 2), ("cake".to_owned(), 1)],
+    }
+}
+
+fn payload(amount: u64) -> Fingerprint {
+    Fingerprint::of_payload(format!(r#"{{"amount":{amount}}}"#).as_bytes())
+}
+
+/// Calls the function for `key` with payload `amount`; it counts its runs and returns
+/// the receipt of its run number.
+async fn charge(
+    engine: &Idempotency,
+    config: &HandlerConfig,
+    key: &str,
+    amount: u64,
+    runs: &Arc<AtomicUsize>,
+) -> Outcome<Receipt, String> {
+    let runs = runs.clone();
+    engine
+        .once(
+            config,
+            SCOPE,
+            key,
+            payload(amount),
+            move |_key| async move {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                Ok(receipt(run))
+            },
+        )
+        .await
+}
+
+#[tokio::test]
+async fn ran_then_replayed_with_the_typed_output() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = charge(&engine, &CONFIG, "m1", 100, &runs).await;
+    assert!(
+        matches!(&first, Outcome::Ran(r) if *r == receipt(1)),
+        "{first:?}"
+    );
+    for _ in 0..3 {
+        let again = charge(&engine, &CONFIG, "m1", 100, &runs).await;
+        assert!(
+            matches!(&again, Outcome::Replayed(r) if *r == receipt(1)),
+            "{again:?}"
+        );
+        assert!(again.is_settled());
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // Without the replay cache every replay is read back from the store's bytes.
+    let uncached = Idempotency::builder(MemoryStore::new())
+        .replay_cache(None)
+        .build();
+    assert!(matches!(
+        charge(&uncached, &CONFIG, "m1", 100, &runs).await,
+        Outcome::Ran(_)
+    ));
+    let replayed = charge(&uncached, &CONFIG, "m1", 100, &runs).await;
+    assert!(
+        matches!(&replayed, Outcome::Replayed(r) if *r == receipt(2)),
+        "{replayed:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_two_concurrent_duplicates_run_the_function_once() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    // Duplicates wait for the original, so every one of them settles with its output.
+    const WAITING: HandlerConfig = CONFIG.wait(Duration::from_secs(30));
+    let calls: Vec<_> = (0..32)
+        .map(|_| {
+            let (engine, runs) = (engine.clone(), runs.clone());
+            tokio::spawn(async move { charge(&engine, &WAITING, "m1", 100, &runs).await })
+        })
+        .collect();
+    let (mut ran, mut replayed) = (0, 0);
+    for call in calls {
+        match call.await.expect("the call") {
+            Outcome::Ran(r) => {
+                assert_eq!(r, receipt(1));
+                ran += 1;
+            }
+            Outcome::Replayed(r) => {
+                assert_eq!(r, receipt(1));
+                replayed += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the function ran more than once"
+    );
+    assert_eq!((ran, replayed), (1, 31));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_of_a_running_call_are_in_progress_with_the_time_left() {
+    let lease = Duration::from_secs(20);
+    let engine = Idempotency::builder(MemoryStore::new())
+        .default_lease(lease)
+        .build();
+    let (started_tx, started) = oneshot::channel();
+    let finish = Arc::new(Notify::new());
+    let original = tokio::spawn({
+        let (engine, finish) = (engine.clone(), finish.clone());
+        async move {
+            engine
+                .once(&CONFIG, SCOPE, "m1", payload(100), move |_key| async move {
+                    let _ = started_tx.send(());
+                    finish.notified().await;
+                    Ok::<_, String>(receipt(1))
+                })
+                .await
+        }
+    });
+    started.await.expect("the original started");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let duplicates: Vec<_> = (0..32)
+        .map(|_| {
+            let (engine, runs) = (engine.clone(), runs.clone());
+            tokio::spawn(async move { charge(&engine, &CONFIG, "m1", 100, &runs).await })
+        })
+        .collect();
+    for duplicate in duplicates {
+        match duplicate.await.expect("the duplicate") {
+            Outcome::InProgress { retry_after } => assert!(
+                retry_after >= Duration::from_secs(1) && retry_after <= lease,
+                "{retry_after:?}"
+            ),
+            other => panic!("expected in progress, got {other:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "a duplicate ran alongside");
+    finish.notify_one();
+    assert!(matches!(original.await.unwrap(), Outcome::Ran(_)));
+    let after = charge(&engine, &CONFIG, "m1", 100, &runs).await;
+    assert!(
+        matches!(&after, Outcome::Replayed(r) if *r == receipt(1)),
+        "{after:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_key_reused_with_another_payload_runs_nothing() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    assert!(matches!(
+        charge(&engine, &CONFIG, "m1", 100, &runs).await,
+        Outcome::Ran(_)
+    ));
+    let reused = charge(&engine, &CONFIG, "m1", 999, &runs).await;
+    assert!(matches!(reused, Outcome::KeyReused), "{reused:?}");
+    assert!(reused.is_settled());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_store_outage_runs_nothing() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let faulty = Arc::new(Faulty::new(store.clone()));
+    let engine = Idempotency::builder_shared(faulty.clone()).build();
+    faulty.inject(Operation::Claim, Fault::Fail);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let outcome = charge(&engine, &CONFIG, "m1", 100, &runs).await;
+    match &outcome {
+        Outcome::StoreUnavailable(unavailable) => {
+            assert_eq!(unavailable.doing(), "claiming the key");
+            let _: &StoreUnavailable = unavailable;
+        }
+        other => panic!("expected the store unavailable, got {other:?}"),
+    }
+    assert!(!outcome.is_settled());
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "ran without a claim");
+    // Healed (the fault was one-shot): the next call runs.
+    assert!(matches!(
+        charge(&engine, &CONFIG, "m1", 100, &runs).await,
+        Outcome::Ran(_)
+    ));
+}
+
+#[tokio::test]
+async fn the_functions_error_releases_and_the_next_call_runs() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let failing = {
+        let runs = runs.clone();
+        engine
+            .once(&CONFIG, SCOPE, "m1", payload(100), move |_key| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Err::<Receipt, _>("gateway timed out".to_owned())
+            })
+            .await
+    };
+    match failing {
+        Outcome::Failed(Failure::Error(error)) => assert_eq!(error, "gateway timed out"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        engine.inspect(SCOPE, "m1").await.unwrap().is_none(),
+        "the released claim left a record"
+    );
+    let retry = charge(&engine, &CONFIG, "m1", 100, &runs).await;
+    assert!(
+        matches!(&retry, Outcome::Ran(r) if *r == receipt(2)),
+        "{retry:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_panic_releases_and_the_next_call_runs() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let panicked = engine
+        .once(&CONFIG, SCOPE, "m1", payload(100), |_key| async move {
+            if SCOPE.len() < 100 {
+                panic!("the function's bug");
+            }
+            Ok::<Receipt, String>(receipt(0))
+        })
+        .await;
+    assert!(
+        matches!(panicked, Outcome::Failed(Failure::Panicked)),
+        "{panicked:?}"
+    );
+    let runs = Arc::new(AtomicUsize::new(0));
+    assert!(matches!(
+        charge(&engine, &CONFIG, "m1", 100, &runs).await,
+        Outcome::Ran(_)
+    ));
+}
+
+/// A consumer that crashed after a step: the next delivery takes the key over once the
+/// lease ran out (on the store's clock) and resumes after the recorded step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_are_resumed_after_a_takeover() {
+    let clock = ManualClock::new();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+    let lease = Duration::from_secs(30);
+    let crashed = Idempotency::builder_shared(store.clone())
+        .default_lease(lease)
+        .build();
+    let retrying = Idempotency::builder_shared(store)
+        .default_lease(lease)
+        .build();
+    let authorised = Arc::new(AtomicUsize::new(0));
+    let captured = Arc::new(AtomicUsize::new(0));
+    /// Authorises (a step), then captures (a step); `hang` stops after the first, as a
+    /// crashed process would.
+    async fn pay(
+        key: IdempotencyKey,
+        authorised: Arc<AtomicUsize>,
+        captured: Arc<AtomicUsize>,
+        hang: Option<oneshot::Sender<()>>,
+    ) -> Result<Receipt, String> {
+        let authorisation = key
+            .step("authorise", || async {
+                let n = authorised.fetch_add(1, Ordering::SeqCst) + 1;
+                Ok::<_, String>(format!("auth_{n}"))
+            })
+            .await
+            .map_err(|error| error.to_string())?;
+        if let Some(hang) = hang {
+            let _ = hang.send(());
+            std::future::pending::<()>().await;
+        }
+        key.step("capture", || async {
+            captured.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(())
+        })
+        .await
+        .map_err(|error| error.to_string())?;
+        Ok(Receipt {
+            charge: authorisation,
+            cents: 1999,
+            lines: Vec::new(),
+        })
+    }
+    let (hung_tx, hung) = oneshot::channel();
+    let _crashed = tokio::spawn({
+        let (authorised, captured) = (authorised.clone(), captured.clone());
+        async move {
+            crashed
+                .once(&CONFIG, SCOPE, "m1", payload(100), move |key| {
+                    pay(key, authorised, captured, Some(hung_tx))
+                })
+                .await
+        }
+    });
+    hung.await.expect("the first delivery authorised");
+    let early = retrying
+        .once(&CONFIG, SCOPE, "m1", payload(100), {
+            let (authorised, captured) = (authorised.clone(), captured.clone());
+            move |key| pay(key, authorised, captured, None)
+        })
+        .await;
+    assert!(matches!(early, Outcome::InProgress { .. }), "{early:?}");
+    // The crashed owner renews nothing from here on (its renewals are lease/3 away on
+    // the engine's clock); the store's clock passes its lease.
+    clock.advance(lease * 2);
+    let resumed = retrying
+        .once(&CONFIG, SCOPE, "m1", payload(100), {
+            let (authorised, captured) = (authorised.clone(), captured.clone());
+            move |key| pay(key, authorised, captured, None)
+        })
+        .await;
+    match resumed {
+        Outcome::Ran(receipt) => assert_eq!(receipt.charge, "auth_1", "the recorded step"),
+        other => panic!("expected a run after the takeover, got {other:?}"),
+    }
+    assert_eq!(authorised.load(Ordering::SeqCst), 1, "the step ran again");
+    assert_eq!(captured.load(Ordering::SeqCst), 1);
+}
+
+/// A record an HTTP handler wrote under the same scope and key holds no output: it is
+/// reported, not run again and not mistaken for one.
+#[tokio::test]
+async fn a_record_that_is_not_an_output_is_unreadable() {
+    use axum::response::IntoResponse;
+    let engine = Idempotency::new(MemoryStore::new());
+    let response = engine
+        .run(&CONFIG, SCOPE, "m1", payload(100), |_key| async {
+            (http::StatusCode::CREATED, "created").into_response()
+        })
+        .await;
+    assert_eq!(response.status(), http::StatusCode::CREATED);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let outcome = charge(&engine, &CONFIG, "m1", 100, &runs).await;
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Unreadable(idempotent_runtime::engine::Unreadable::NotAnOutput(201))
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // An output of another type than the one recorded.
+    assert!(matches!(
+        charge(&engine, &CONFIG, "m2", 100, &runs).await,
+        Outcome::Ran(_)
+    ));
+    let other_type = engine
+        .once(&CONFIG, SCOPE, "m2", payload(100), |_key| async {
+            Ok::<u64, String>(7)
+        })
+        .await;
+    assert!(
+        matches!(
+            other_type,
+            Outcome::Unreadable(idempotent_runtime::engine::Unreadable::Undecodable(_))
+        ),
+        "{other_type:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_output_over_the_cap_is_recorded_without_it() {
+    let engine = Idempotency::builder(MemoryStore::new())
+        .max_stored_body(16)
+        .build();
+    let runs = Arc::new(AtomicUsize::new(0));
+    assert!(matches!(
+        charge(&engine, &CONFIG, "m1", 100, &runs).await,
+        Outcome::Ran(_)
+    ));
+    let replayed = charge(&engine, &CONFIG, "m1", 100, &runs).await;
+    assert!(
+        matches!(
+            replayed,
+            Outcome::Unreadable(idempotent_runtime::engine::Unreadable::NotKept)
+        ),
+        "{replayed:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "not run again");
+}
+
+#[tokio::test]
+async fn an_empty_scope_is_refused() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let outcome = engine
+        .once(&CONFIG, " ", "m1", payload(1), |_key| async {
+            Ok::<u8, String>(1)
+        })
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Refused(idempotent_runtime::engine::Refused::ScopeEmpty)
+        ),
+        "{outcome:?}"
+    );
+}
