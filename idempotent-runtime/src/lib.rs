@@ -163,6 +163,8 @@
 
 pub mod clock;
 pub mod config;
+#[cfg(feature = "nats")]
+pub mod doors;
 pub mod engine;
 pub mod fingerprint;
 pub mod guide;

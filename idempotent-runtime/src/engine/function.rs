@@ -111,6 +111,33 @@ impl<T, E> Outcome<T, E> {
         }
     }
 
+    /// What a message consumer does with the message that carried this call.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use idempotent_runtime::Outcome;
+    /// use idempotent_runtime::engine::Disposition;
+    ///
+    /// let running: Outcome<u8, ()> = Outcome::InProgress { retry_after: Duration::from_secs(7) };
+    /// assert_eq!(running.disposition(), Disposition::Redeliver(Some(Duration::from_secs(7))));
+    /// assert_eq!(Outcome::<u8, ()>::Replayed(1).disposition(), Disposition::Acknowledge);
+    /// assert_eq!(Outcome::<u8, ()>::KeyReused.disposition(), Disposition::Reject);
+    /// ```
+    pub fn disposition(&self) -> Disposition {
+        match self {
+            Self::Ran(_) | Self::Replayed(_) | Self::Interrupted | Self::Unreadable(_) => {
+                Disposition::Acknowledge
+            }
+            Self::InProgress { retry_after } => Disposition::Redeliver(Some(*retry_after)),
+            Self::RanUnrecorded(_)
+            | Self::Failed(_)
+            | Self::StoreUnavailable(_)
+            | Self::Refused(_) => Disposition::Redeliver(None),
+            Self::KeyReused => Disposition::Reject,
+        }
+    }
+
     /// Whether the call is settled for good under its key: [`Ran`](Self::Ran),
     /// [`Replayed`](Self::Replayed), [`Interrupted`](Self::Interrupted),
     /// [`Unreadable`](Self::Unreadable) or [`KeyReused`](Self::KeyReused) — running it
@@ -125,6 +152,23 @@ impl<T, E> Outcome<T, E> {
                 | Self::KeyReused
         )
     }
+}
+
+/// What a message consumer does with the message whose call came to an [`Outcome`]
+/// ([`Outcome::disposition`]): the one rule every queue door follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Settled for good: acknowledge the message. Only once the record is committed
+    /// (ran, replayed) or the key can never run again (interrupted, unreadable).
+    Acknowledge,
+    /// Not done: have the message delivered again after this long (`None`: the door's
+    /// own retry delay) — a duplicate of a running call (after the time left on its
+    /// lease), a failure that released the claim, a store outage, a record not
+    /// confirmed yet, a misconfiguration.
+    Redeliver(Option<Duration>),
+    /// It can never run under its id (the id was used for another payload): reject it
+    /// (dead-letter it, where the door can) rather than have it redelivered forever.
+    Reject,
 }
 
 /// Why a function did not complete ([`Outcome::Failed`]); in every case its claim was
@@ -147,6 +191,19 @@ pub enum Failure<E> {
     /// The call was cut off outside the function (a panic in the engine, or the runtime
     /// shutting down).
     Interrupted,
+}
+
+impl<E: fmt::Display> fmt::Display for Failure<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Error(error) => write!(f, "the function returned an error: {error}"),
+            Self::Panicked => f.write_str("the function panicked"),
+            Self::TimedOut => f.write_str("the function ran past its maximum duration"),
+            Self::TransactionAborted => f.write_str("the function's transaction was aborted"),
+            Self::LeaseLost => f.write_str("the claim was taken over before the commit"),
+            Self::Interrupted => f.write_str("the call was interrupted outside the function"),
+        }
+    }
 }
 
 /// The store could not be reached ([`Outcome::StoreUnavailable`]).

@@ -1,0 +1,520 @@
+//! The NATS JetStream door ([`JetStreamDoor`]) on the real server: each test its own
+//! stream (and dead-letter stream), deleted at its end; effects counted with atomics.
+//!
+//! Needs `IDEMPOTENT_TEST_NATS_URL` (e.g. `nats://127.0.0.1:4222`, a server with
+//! JetStream); without it every test here is reported ignored.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{AckPolicy, Consumer, pull};
+use async_nats::jetstream::{self, Context, stream};
+use futures_util::StreamExt;
+use idempotent_runtime::doors::nats::{
+    Handled, JetStreamDoor, MissingKey, ORIGINAL_SUBJECT_HEADER, REJECTED_HEADER, Reply,
+};
+use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
+use idempotent_runtime::{HandlerConfig, Idempotency, Outcome};
+
+const URL_VAR: &str = "IDEMPOTENT_TEST_NATS_URL";
+
+/// How long a test waits for the consumer to settle before it fails (a broken door
+/// fails the test instead of hanging it; a working one settles long before).
+const SETTLE_WITHIN: Duration = Duration::from_secs(60);
+
+/// The test streams' duplicate window: short, so that a test can publish one id again
+/// beyond it.
+const DUPLICATE_WINDOW: Duration = Duration::from_millis(100);
+
+/// The key header the tests that publish one id many times at once use: the server does
+/// not dedupe by it (it does by `Nats-Msg-Id`, within its window), so they need not wait
+/// out the window between publishes.
+const ORDER_ID: &str = "Order-Id";
+
+fn unavailable() -> Option<String> {
+    match std::env::var(URL_VAR) {
+        Ok(url) if !url.is_empty() => None,
+        _ => Some(format!(
+            "{URL_VAR} is not set (e.g. nats://127.0.0.1:4222, a server with JetStream)"
+        )),
+    }
+}
+
+/// A stream of this test's own (`<name>` capturing `<name>.>`), and a dead-letter stream
+/// beside it (`<name>_DL` capturing `<name>_dl`); both deleted when dropped.
+struct TestStream {
+    jetstream: Context,
+    name: String,
+}
+
+impl TestStream {
+    async fn new(test: &str) -> Self {
+        let url = std::env::var(URL_VAR).unwrap_or_else(|_| panic!("{URL_VAR} is not set"));
+        let client = async_nats::connect(url).await.expect("connect to NATS");
+        let jetstream = jetstream::new(client);
+        let name = format!("IDEM_{test}_{:08x}", rand::random::<u32>()).to_uppercase();
+        jetstream
+            .create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.>")],
+                // Short, so that a test can publish one id again beyond it (each publish
+                // is checked not to have been taken for a duplicate by the server).
+                duplicate_window: DUPLICATE_WINDOW,
+                ..Default::default()
+            })
+            .await
+            .expect("create the test stream");
+        jetstream
+            .create_stream(stream::Config {
+                name: format!("{name}_DL"),
+                subjects: vec![format!("{name}_dl")],
+                ..Default::default()
+            })
+            .await
+            .expect("create the dead-letter stream");
+        Self { jetstream, name }
+    }
+
+    fn subject(&self) -> String {
+        format!("{}.orders", self.name)
+    }
+
+    fn dead_letter(&self) -> String {
+        format!("{}_dl", self.name)
+    }
+
+    /// Publishes `payload` with `id` as its `Nats-Msg-Id` (none: no id), and checks that
+    /// the server stored it as a new message.
+    async fn publish(&self, id: Option<&str>, payload: &str) {
+        self.publish_with(id.map(|id| ("Nats-Msg-Id", id)), payload)
+            .await;
+    }
+
+    /// Publishes `payload` with `header` (a name and a value), and checks that the
+    /// server stored it as a new message.
+    async fn publish_with(&self, header: Option<(&str, &str)>, payload: &str) {
+        let mut headers = HeaderMap::new();
+        if let Some((name, value)) = header {
+            headers.insert(name, value);
+        }
+        let ack = self
+            .jetstream
+            .publish_with_headers(self.subject(), headers, payload.to_owned().into())
+            .await
+            .expect("publish")
+            .await
+            .expect("the server's publish ack");
+        assert!(
+            !ack.duplicate,
+            "the server deduplicated the publish itself; the test needs it stored"
+        );
+    }
+
+    /// Publishes `id` `times` times, each beyond the stream's duplicate window.
+    async fn publish_again_and_again(&self, id: &str, payload: &str, times: usize) {
+        for _ in 0..times {
+            self.publish(Some(id), payload).await;
+            // Past the server's duplicate window (checked by `publish`).
+            tokio::time::sleep(DUPLICATE_WINDOW * 2).await;
+        }
+    }
+
+    async fn consumer(&self, name: &str, ack_wait: Duration) -> Consumer<pull::Config> {
+        self.jetstream
+            .get_stream(&self.name)
+            .await
+            .expect("the test stream")
+            .create_consumer(pull::Config {
+                durable_name: Some(name.to_owned()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait,
+                ..Default::default()
+            })
+            .await
+            .expect("create the consumer")
+    }
+
+    /// Waits until `consumer` has every one of the stream's `published` messages
+    /// answered for good (acked or terminated) and nothing pending; fails the test after
+    /// [`SETTLE_WITHIN`].
+    async fn settled(&self, consumer: &Consumer<pull::Config>, published: u64) {
+        let started = tokio::time::Instant::now();
+        loop {
+            let info = consumer.get_info().await.expect("consumer info");
+            if info.ack_floor.stream_sequence >= published
+                && info.num_ack_pending == 0
+                && info.num_pending == 0
+            {
+                return;
+            }
+            assert!(
+                started.elapsed() < SETTLE_WITHIN,
+                "the consumer did not settle: {info:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Deletes the test's streams (a failed test leaves them, to look at).
+    async fn delete(self) {
+        let _ = self.jetstream.delete_stream(&self.name).await;
+        let _ = self
+            .jetstream
+            .delete_stream(format!("{}_DL", self.name))
+            .await;
+    }
+
+    /// The dead-letter stream's messages.
+    async fn dead_letters(&self) -> Vec<async_nats::jetstream::message::StreamMessage> {
+        let stream = self
+            .jetstream
+            .get_stream(format!("{}_DL", self.name))
+            .await
+            .expect("the dead-letter stream");
+        let last = stream.get_info().await.expect("info").state.last_sequence;
+        let mut messages = Vec::new();
+        for sequence in 1..=last {
+            messages.push(stream.get_raw_message(sequence).await.expect("a message"));
+        }
+        messages
+    }
+}
+
+/// Runs `door` over `consumer` in the background until the guard is dropped; the
+/// function counts its runs in `runs` and holds each run for `hold`.
+fn spawn_runner(
+    door: JetStreamDoor,
+    consumer: Consumer<pull::Config>,
+    runs: Arc<AtomicUsize>,
+    hold: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let _ = door
+            .run(&consumer, move |_key, message| {
+                let runs = runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    if !hold.is_zero() {
+                        tokio::time::sleep(hold).await;
+                    }
+                    Ok::<_, String>(String::from_utf8_lossy(&message.payload).into_owned())
+                }
+            })
+            .await;
+    })
+}
+
+fn engine() -> Idempotency {
+    Idempotency::new(MemoryStore::new())
+}
+
+/// One message published twice with the same `Nats-Msg-Id`, beyond the stream's own
+/// duplicate window: the server stores both, the door runs the function once and
+/// acknowledges both.
+async fn check_published_twice_runs_once_and_both_are_acked() {
+    let test = TestStream::new("twice").await;
+    test.publish_again_and_again("order-1", "charge 1999", 2)
+        .await;
+    let consumer = test.consumer("charger", Duration::from_secs(30)).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let runner = spawn_runner(
+        JetStreamDoor::new(engine()),
+        consumer.clone(),
+        runs.clone(),
+        Duration::ZERO,
+    );
+    test.settled(&consumer, 2).await;
+    runner.abort();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the function ran twice");
+    let info = consumer.get_info().await.expect("info");
+    assert_eq!(
+        info.num_redelivered, 0,
+        "both were acked at their first delivery"
+    );
+    test.delete().await;
+}
+
+/// The same two publishes through a consumer whose protection is off (the key header it
+/// reads is never there, and keyless messages run unprotected): the effect happens
+/// twice. The dedupe of the test above is the door's, not the server's.
+async fn check_without_the_door_the_effect_happens_twice() {
+    let test = TestStream::new("unprotected").await;
+    test.publish_again_and_again("order-1", "charge 1999", 2)
+        .await;
+    let consumer = test.consumer("charger", Duration::from_secs(30)).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let door = JetStreamDoor::new(engine())
+        .key_header("X-Protection-Off")
+        .missing_key(MissingKey::RunUnprotected);
+    let runner = spawn_runner(door, consumer.clone(), runs.clone(), Duration::ZERO);
+    test.settled(&consumer, 2).await;
+    runner.abort();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "unprotected, each copy runs"
+    );
+    test.delete().await;
+}
+
+/// 32 deliveries of one id (in a key header of the application's), handled by four runners on one durable consumer (several
+/// consumer processes), each handling eight messages at once: the function runs once;
+/// the duplicates wait for it and are acknowledged with its replay.
+async fn check_thirty_two_deliveries_of_one_id_run_once() {
+    let test = TestStream::new("dup32").await;
+    for _ in 0..32 {
+        test.publish_with(Some((ORDER_ID, "order-32")), "charge 32")
+            .await;
+    }
+    let consumer = test.consumer("charger", Duration::from_secs(30)).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let idempotency = engine();
+    const WAITING: HandlerConfig = HandlerConfig::new()
+        .name("charge")
+        .wait(Duration::from_secs(20));
+    let runners: Vec<_> = (0..4)
+        .map(|_| {
+            let door = JetStreamDoor::new(idempotency.clone())
+                .key_header(ORDER_ID)
+                .config(WAITING)
+                .concurrency(8);
+            // Each run holds a while, so the deliveries overlap it.
+            spawn_runner(
+                door,
+                consumer.clone(),
+                runs.clone(),
+                Duration::from_millis(300),
+            )
+        })
+        .collect();
+    test.settled(&consumer, 32).await;
+    for runner in runners {
+        runner.abort();
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the function ran more than once"
+    );
+    test.delete().await;
+}
+
+/// A message whose function fails is nak'd (its claim released), delivered again, and
+/// then runs: the effect happens once, on the second delivery.
+async fn check_a_failed_message_is_redelivered_then_runs() {
+    let test = TestStream::new("retry").await;
+    test.publish(Some("order-7"), "charge 7").await;
+    let consumer = test.consumer("charger", Duration::from_secs(30)).await;
+    let (attempts, effects) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let door = JetStreamDoor::new(engine()).retry_delay(Duration::from_millis(50));
+    let runner = tokio::spawn({
+        let (attempts, effects) = (attempts.clone(), effects.clone());
+        let consumer = consumer.clone();
+        async move {
+            let _ = door
+                .run(&consumer, move |_key, _message| {
+                    let (attempts, effects) = (attempts.clone(), effects.clone());
+                    async move {
+                        if attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                            return Err("the gateway timed out".to_owned());
+                        }
+                        effects.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    }
+                })
+                .await;
+        }
+    });
+    test.settled(&consumer, 1).await;
+    runner.abort();
+    assert_eq!(attempts.load(Ordering::SeqCst), 2, "failed once, then ran");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    let info = consumer.get_info().await.expect("info");
+    assert_eq!(info.delivered.consumer_sequence, 2, "delivered twice");
+    test.delete().await;
+}
+
+/// A message without an id under `MissingKey::Terminate` with a dead-letter subject: it
+/// is published there (headers say why and from where) and terminated; nothing runs.
+/// Under `MissingKey::RunUnprotected` each copy runs.
+async fn check_a_message_without_an_id_is_handled_as_configured() {
+    let test = TestStream::new("noid").await;
+    test.publish(None, "no id here").await;
+    let consumer = test.consumer("charger", Duration::from_secs(30)).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let door = JetStreamDoor::new(engine()).dead_letter(&test.dead_letter());
+    let runner = spawn_runner(door, consumer.clone(), runs.clone(), Duration::ZERO);
+    test.settled(&consumer, 1).await;
+    runner.abort();
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "ran without an id");
+    let dead = test.dead_letters().await;
+    assert_eq!(dead.len(), 1, "one dead letter");
+    assert_eq!(dead[0].payload, "no id here");
+    let headers = &dead[0].headers;
+    assert_eq!(
+        headers.get_last(REJECTED_HEADER).map(|v| v.as_str()),
+        Some("the message has no key header")
+    );
+    assert_eq!(
+        headers
+            .get_last(ORIGINAL_SUBJECT_HEADER)
+            .map(|v| v.as_str()),
+        Some(test.subject().as_str())
+    );
+
+    let unprotected = test.consumer("unprotected", Duration::from_secs(30)).await;
+    test.publish(None, "no id again").await;
+    let runner = spawn_runner(
+        JetStreamDoor::new(engine()).missing_key(MissingKey::RunUnprotected),
+        unprotected.clone(),
+        runs.clone(),
+        Duration::ZERO,
+    );
+    test.settled(&unprotected, 2).await;
+    runner.abort();
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "each keyless message ran");
+    test.delete().await;
+}
+
+/// Fetches the next `n` messages of `consumer`.
+async fn fetch(consumer: &Consumer<pull::Config>, n: usize) -> Vec<jetstream::Message> {
+    let mut batch = consumer
+        .fetch()
+        .max_messages(n)
+        .expires(Duration::from_secs(5))
+        .messages()
+        .await
+        .expect("fetch");
+    let mut messages = Vec::new();
+    while let Some(message) = batch.next().await {
+        messages.push(message.expect("a message"));
+    }
+    assert_eq!(messages.len(), n, "fetched");
+    messages
+}
+
+/// A delivery of a message whose first delivery is still running is nak'd with a delay
+/// of the lease's time left, and runs nothing; the same id with another payload is
+/// terminated and dead-lettered.
+async fn check_a_duplicate_of_a_running_message_is_nakd_with_the_lease_left() {
+    let test = TestStream::new("running").await;
+    test.publish_with(Some((ORDER_ID, "order-9")), "charge 9")
+        .await;
+    test.publish_with(Some((ORDER_ID, "order-9")), "charge 9")
+        .await;
+    test.publish_with(Some((ORDER_ID, "order-9")), "charge 10 (another payload)")
+        .await;
+    let consumer = test.consumer("charger", Duration::from_secs(30)).await;
+    let lease = Duration::from_secs(20);
+    let door = JetStreamDoor::new(
+        Idempotency::builder(MemoryStore::new())
+            .default_lease(lease)
+            .build(),
+    )
+    .key_header(ORDER_ID)
+    .dead_letter(&test.dead_letter());
+    let mut messages = fetch(&consumer, 3).await.into_iter();
+    let (first, second, reused) = (
+        messages.next().unwrap(),
+        messages.next().unwrap(),
+        messages.next().unwrap(),
+    );
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let original = tokio::spawn({
+        let (door, release) = (door.clone(), release.clone());
+        async move {
+            door.handle(first, move |_key, _message| async move {
+                let _ = started_tx.send(());
+                release.notified().await;
+                Ok::<_, String>(1u32)
+            })
+            .await
+        }
+    });
+    started.await.expect("the first delivery runs");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let duplicate = door
+        .handle(second, {
+            let runs = runs.clone();
+            move |_key, _message| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, String>(2u32)
+            }
+        })
+        .await
+        .expect("answered");
+    match duplicate {
+        Handled::Protected {
+            outcome: Outcome::InProgress { retry_after },
+            reply: Reply::Nak(delay),
+            ..
+        } => {
+            assert_eq!(delay, retry_after);
+            assert!(
+                delay >= Duration::from_secs(1) && delay <= lease,
+                "{delay:?}"
+            );
+        }
+        other => panic!("expected a nak as in progress, got {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "ran alongside the original");
+    release.notify_one();
+    match original.await.unwrap().expect("answered") {
+        Handled::Protected {
+            outcome: Outcome::Ran(1),
+            reply: Reply::Ack,
+            ..
+        } => {}
+        other => panic!("{other:?}"),
+    }
+    let rejected = door
+        .handle(reused, |_key, _message| async { Ok::<_, String>(3u32) })
+        .await
+        .expect("answered");
+    match rejected {
+        Handled::Protected {
+            outcome: Outcome::KeyReused,
+            reply: Reply::Term,
+            dead_lettered: true,
+        } => {}
+        other => panic!("expected the reused id terminated, got {other:?}"),
+    }
+    let dead = test.dead_letters().await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].payload, "charge 10 (another payload)");
+    test.delete().await;
+}
+
+pub(crate) fn trials() -> Vec<Trial> {
+    type Check = fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>;
+    let checks: [(&str, Check); 6] = [
+        ("published_twice_runs_once_and_both_are_acked", || {
+            Box::pin(check_published_twice_runs_once_and_both_are_acked())
+        }),
+        ("without_the_door_the_effect_happens_twice", || {
+            Box::pin(check_without_the_door_the_effect_happens_twice())
+        }),
+        ("thirty_two_deliveries_of_one_id_run_once", || {
+            Box::pin(check_thirty_two_deliveries_of_one_id_run_once())
+        }),
+        ("a_failed_message_is_redelivered_then_runs", || {
+            Box::pin(check_a_failed_message_is_redelivered_then_runs())
+        }),
+        ("a_message_without_an_id_is_handled_as_configured", || {
+            Box::pin(check_a_message_without_an_id_is_handled_as_configured())
+        }),
+        (
+            "a_duplicate_of_a_running_message_is_nakd_with_the_lease_left",
+            || Box::pin(check_a_duplicate_of_a_running_message_is_nakd_with_the_lease_left()),
+        ),
+    ];
+    let trials = checks
+        .into_iter()
+        .map(|(name, check)| async_trial(format!("nats::{name}"), check))
+        .collect();
+    ignored_if(unavailable(), trials)
+}
