@@ -152,6 +152,18 @@ pub enum Handled<T, E> {
 
 impl<T, E> Handled<T, E> {
     /// What the server was told.
+    ///
+    /// ```
+    /// use idempotent_runtime::Outcome;
+    /// use idempotent_runtime::doors::nats::{Handled, Reply};
+    ///
+    /// let handled: Handled<u8, String> = Handled::Protected {
+    ///     outcome: Outcome::Replayed(1),
+    ///     reply: Reply::Ack,
+    ///     dead_lettered: false,
+    /// };
+    /// assert_eq!(handled.reply(), Reply::Ack);
+    /// ```
     pub fn reply(&self) -> Reply {
         match self {
             Self::Protected { reply, .. }
@@ -185,7 +197,25 @@ pub enum NatsDoorError {
 }
 
 /// A NATS JetStream consumer runner over [`Idempotency::once`]: see the
-/// [module docs](self).
+/// [module docs](self). Cheap to clone; building one needs no connection.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use idempotent_runtime::doors::nats::{JetStreamDoor, MissingKey, ScopeFrom};
+/// use idempotent_runtime::store::MemoryStore;
+/// use idempotent_runtime::{HandlerConfig, Idempotency};
+///
+/// let door = JetStreamDoor::new(Idempotency::new(MemoryStore::new()))
+///     .config(HandlerConfig::new().name("charge").wait(Duration::from_secs(5)))
+///     .key_header("Order-Id")
+///     .scope(ScopeFrom::Fixed("orders".into()))
+///     .missing_key(MissingKey::RunUnprotected)
+///     .dead_letter("ORDERS.dead")
+///     .retry_delay(Duration::from_millis(500))
+///     .concurrency(32);
+/// # let _ = door;
+/// ```
 #[derive(Debug, Clone)]
 pub struct JetStreamDoor {
     idempotency: Idempotency,
@@ -315,6 +345,29 @@ impl JetStreamDoor {
     /// the engine under the message's key, scope and payload, then answers the server
     /// as the outcome's [`disposition`](Outcome::disposition) says (see the
     /// [module docs](self)).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// use async_nats::jetstream::consumer::{Consumer, pull};
+    /// use futures_util::StreamExt;
+    /// use idempotent_runtime::doors::nats::{Handled, JetStreamDoor, Reply};
+    ///
+    /// # async fn batch(door: JetStreamDoor, consumer: Consumer<pull::Config>) -> Result<(), async_nats::Error> {
+    /// let mut batch = consumer.fetch().max_messages(10).messages().await?;
+    /// while let Some(message) = batch.next().await {
+    ///     let handled = door
+    ///         .handle(message?, |_key, message| async move {
+    ///             Ok::<_, String>(message.payload.len())
+    ///         })
+    ///         .await?;
+    ///     if let Reply::Nak(delay) = handled.reply() {
+    ///         tracing::info!(?delay, "delivered again later");
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///

@@ -59,6 +59,34 @@ const OUTPUT_STATUS: u16 = 200;
 /// `Err` means "not done": it is never recorded, so that a redelivery runs the function
 /// again — which is what a transient failure needs, and why `E` need not be
 /// serialisable.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use idempotent_runtime::Outcome;
+/// use idempotent_runtime::engine::Failure;
+///
+/// /// What a job runner logs for one call.
+/// fn describe(outcome: &Outcome<u64, String>) -> String {
+///     match outcome {
+///         Outcome::Ran(cents) | Outcome::Replayed(cents) => format!("charged {cents}"),
+///         Outcome::RanUnrecorded(_) => "charged; record pending".to_owned(),
+///         Outcome::Failed(Failure::Error(error)) => format!("failed: {error}; will retry"),
+///         Outcome::Failed(other) => format!("{other}; will retry"),
+///         Outcome::InProgress { retry_after } => format!("running; retry in {retry_after:?}"),
+///         Outcome::StoreUnavailable(unavailable) => unavailable.to_string(),
+///         Outcome::KeyReused => "the id was used for another payload".to_owned(),
+///         Outcome::Interrupted => "interrupted; check the effect".to_owned(),
+///         Outcome::Unreadable(why) => why.to_string(),
+///         Outcome::Refused(why) => why.to_string(),
+///         _ => "unknown".to_owned(),
+///     }
+/// }
+///
+/// assert_eq!(describe(&Outcome::Replayed(1999)), "charged 1999");
+/// let running = Outcome::InProgress { retry_after: Duration::from_secs(3) };
+/// assert_eq!(describe(&running), "running; retry in 3s");
+/// ```
 #[derive(Debug)]
 #[must_use]
 #[non_exhaustive]
