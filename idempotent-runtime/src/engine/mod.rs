@@ -247,7 +247,11 @@ impl Idempotency {
     ///   key, and a store outage.
     ///
     /// `fingerprint` is what the key must keep meaning: a message's payload
-    /// ([`Fingerprint::of_payload`]), or any [`Fingerprint`].
+    /// ([`Fingerprint::of_payload`]), or any [`Fingerprint`]. Of `config`, what concerns
+    /// an HTTP response (`on_server_error`, `exclude_headers`, `fingerprint`,
+    /// `key_optional`) does not apply: `Err` always releases, and the output is kept up
+    /// to [`max_stored_body`](IdempotencyBuilder::max_stored_body) bytes of JSON (past
+    /// that it is recorded without it, and duplicates get [`Outcome::Unreadable`]).
     ///
     /// ```
     /// use idempotent_runtime::store::MemoryStore;

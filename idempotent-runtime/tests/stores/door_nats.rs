@@ -16,6 +16,7 @@ use idempotent_runtime::doors::nats::{
     Handled, JetStreamDoor, MissingKey, ORIGINAL_SUBJECT_HEADER, REJECTED_HEADER, Reply,
 };
 use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{HandlerConfig, Idempotency, Outcome};
 
@@ -489,9 +490,66 @@ async fn check_a_duplicate_of_a_running_message_is_nakd_with_the_lease_left() {
     test.delete().await;
 }
 
+/// A store outage: the message is nak'd after the door's retry delay and nothing runs;
+/// once the store is back, its next delivery runs and is acknowledged.
+async fn check_a_store_outage_naks_and_runs_nothing() {
+    let test = TestStream::new("outage").await;
+    test.publish(Some("order-5"), "charge 5").await;
+    let consumer = test.consumer("charger", Duration::from_secs(30)).await;
+    let faulty = Arc::new(Faulty::new(Arc::new(MemoryStore::new())));
+    faulty.inject_always(Operation::Claim, Fault::Fail);
+    let retry_delay = Duration::from_millis(50);
+    let door = JetStreamDoor::new(Idempotency::builder_shared(faulty.clone()).build())
+        .retry_delay(retry_delay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let charge = |runs: Arc<AtomicUsize>| {
+        move |_key, _message| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(5u32)
+        }
+    };
+    let message = fetch(&consumer, 1).await.remove(0);
+    match door
+        .handle(message, charge(runs.clone()))
+        .await
+        .expect("answered")
+    {
+        Handled::Protected {
+            outcome: Outcome::StoreUnavailable(_),
+            reply: Reply::Nak(delay),
+            ..
+        } => assert_eq!(delay, retry_delay),
+        other => panic!("expected a nak for the outage, got {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "ran without a claim");
+    faulty.heal();
+    let again = fetch(&consumer, 1).await.remove(0);
+    let handled = door
+        .handle(again, charge(runs.clone()))
+        .await
+        .expect("answered");
+    assert!(
+        matches!(
+            handled,
+            Handled::Protected {
+                outcome: Outcome::Ran(5),
+                reply: Reply::Ack,
+                ..
+            }
+        ),
+        "{handled:?}"
+    );
+    test.settled(&consumer, 1).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    test.delete().await;
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
     type Check = fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>;
-    let checks: [(&str, Check); 6] = [
+    let checks: [(&str, Check); 7] = [
+        ("a_store_outage_naks_and_runs_nothing", || {
+            Box::pin(check_a_store_outage_naks_and_runs_nothing())
+        }),
         ("published_twice_runs_once_and_both_are_acked", || {
             Box::pin(check_published_twice_runs_once_and_both_are_acked())
         }),
