@@ -18,7 +18,7 @@ use idempotent_runtime::doors::nats::{
 use idempotent_runtime::store::MemoryStore;
 use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
-use idempotent_runtime::{HandlerConfig, Idempotency, Outcome};
+use idempotent_runtime::{HandlerConfig, Idempotency, IdempotencyKey, ManualClock, Outcome, Store};
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_NATS_URL";
 
@@ -544,9 +544,86 @@ async fn check_a_store_outage_naks_and_runs_nothing() {
     test.delete().await;
 }
 
+/// A consumer that crashes mid-message (after its first step, before its record): the
+/// server delivers the message again after `ack_wait` to another consumer process, which
+/// takes the key over once the crashed claim's lease ran out (on the store's clock),
+/// resumes after the recorded step, and acknowledges it.
+async fn check_a_crashed_consumers_message_is_taken_over_and_resumed() {
+    let test = TestStream::new("crash").await;
+    test.publish(Some("order-3"), "charge 3").await;
+    let consumer = test.consumer("charger", Duration::from_millis(500)).await;
+    let clock = ManualClock::new();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+    let lease = Duration::from_secs(30);
+    let process = || {
+        JetStreamDoor::new(
+            Idempotency::builder_shared(store.clone())
+                .default_lease(lease)
+                .build(),
+        )
+    };
+    let (authorised, captured) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (hung_tx, mut hung) = tokio::sync::mpsc::channel::<()>(1);
+    // Authorises (a step), then — in the process that crashes — hangs, else captures.
+    let pay = {
+        let (authorised, captured) = (authorised.clone(), captured.clone());
+        move |crash: bool| {
+            let (authorised, captured, hung_tx) =
+                (authorised.clone(), captured.clone(), hung_tx.clone());
+            move |key: IdempotencyKey, _message: async_nats::Message| {
+                let (authorised, captured, hung_tx) =
+                    (authorised.clone(), captured.clone(), hung_tx.clone());
+                async move {
+                    let authorisation = key
+                        .step("authorise", || async {
+                            Ok::<_, String>(authorised.fetch_add(1, Ordering::SeqCst) + 1)
+                        })
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    if crash {
+                        let _ = hung_tx.send(()).await;
+                        std::future::pending::<()>().await;
+                    }
+                    captured.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, String>(authorisation)
+                }
+            }
+        }
+    };
+    let crashing = tokio::spawn({
+        let (door, consumer, pay) = (process(), consumer.clone(), pay.clone());
+        async move {
+            let _ = door.run(&consumer, pay(true)).await;
+        }
+    });
+    hung.recv().await.expect("the first process authorised");
+    // The process dies: it answers nothing, and renews nothing from here on.
+    crashing.abort();
+    clock.advance(lease * 2);
+    let survivor = tokio::spawn({
+        let (door, consumer, pay) = (process(), consumer.clone(), pay.clone());
+        async move {
+            let _ = door.run(&consumer, pay(false)).await;
+        }
+    });
+    test.settled(&consumer, 1).await;
+    survivor.abort();
+    assert_eq!(
+        authorised.load(Ordering::SeqCst),
+        1,
+        "the recorded step ran again"
+    );
+    assert_eq!(captured.load(Ordering::SeqCst), 1);
+    test.delete().await;
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
     type Check = fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>;
-    let checks: [(&str, Check); 7] = [
+    let checks: [(&str, Check); 8] = [
+        (
+            "a_crashed_consumers_message_is_taken_over_and_resumed",
+            || Box::pin(check_a_crashed_consumers_message_is_taken_over_and_resumed()),
+        ),
         ("a_store_outage_naks_and_runs_nothing", || {
             Box::pin(check_a_store_outage_naks_and_runs_nothing())
         }),
