@@ -1,12 +1,14 @@
-//! The typed entry point ([`Idempotency::once`]) through the public API on the memory
-//! store: run once, replay the typed output, and every other outcome of the protocol.
+//! The typed entry point ([`Idempotency::once`]) through the public API, on the memory
+//! store and on SQLite (a real file): run once, replay the typed output, and every other
+//! outcome of the protocol. Each check is written once over a [`Backend`] and run on
+//! both by `on_every_store!`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotent_runtime::engine::{Failure, StoreUnavailable};
-use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::store::{MemoryStore, SqliteStore};
 use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
 use idempotent_runtime::{
     Fingerprint, HandlerConfig, Idempotency, IdempotencyKey, ManualClock, Outcome, Store,
@@ -32,6 +34,89 @@ fn receipt(n: usize) -> Receipt {
         lines: vec![("tea".to_owned(), 2), ("cake".to_owned(), 1)],
     }
 }
+
+/// A store under test, on a manual clock, and what keeps it alive.
+struct Backend {
+    store: Arc<dyn Store>,
+    clock: ManualClock,
+    _dir: Option<tempfile::TempDir>,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Memory,
+    Sqlite,
+}
+
+impl Backend {
+    async fn new(kind: Kind) -> Self {
+        let clock = ManualClock::new();
+        match kind {
+            Kind::Memory => Self {
+                store: Arc::new(MemoryStore::with_clock(Arc::new(clock.clone()))),
+                clock,
+                _dir: None,
+            },
+            Kind::Sqlite => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let path = dir.path().join("idempotency.db");
+                let store = SqliteStore::open_with_clock(
+                    path.to_str().expect("a utf-8 path"),
+                    Arc::new(clock.clone()),
+                )
+                .await
+                .expect("open the SQLite store");
+                Self {
+                    store: Arc::new(store),
+                    clock,
+                    _dir: Some(dir),
+                }
+            }
+        }
+    }
+
+    /// An engine over the store with the default policy.
+    fn engine(&self) -> Idempotency {
+        Idempotency::builder_shared(self.store.clone()).build()
+    }
+}
+
+/// One test per check and store: `memory::<check>` and `sqlite::<check>`, each on a
+/// multi-thread runtime (the concurrent checks race real threads).
+macro_rules! on_every_store {
+    ($($check:ident),+ $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $check() {
+                    super::$check(super::Backend::new(super::Kind::Memory).await).await
+                }
+            )+
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $check() {
+                    super::$check(super::Backend::new(super::Kind::Sqlite).await).await
+                }
+            )+
+        }
+    };
+}
+
+on_every_store!(
+    ran_then_replayed_with_the_typed_output,
+    thirty_two_concurrent_duplicates_run_the_function_once,
+    duplicates_of_a_running_call_are_in_progress_with_the_time_left,
+    a_key_reused_with_another_payload_runs_nothing,
+    a_store_outage_runs_nothing,
+    the_functions_error_releases_and_the_next_call_runs,
+    a_panic_releases_and_the_next_call_runs,
+    steps_are_resumed_after_a_takeover,
+    a_record_that_is_not_an_output_is_unreadable,
+    an_output_over_the_cap_is_recorded_without_it,
+    an_empty_scope_is_refused,
+);
 
 fn payload(amount: u64) -> Fingerprint {
     Fingerprint::of_payload(format!(r#"{{"amount":{amount}}}"#).as_bytes())
@@ -61,9 +146,8 @@ async fn charge(
         .await
 }
 
-#[tokio::test]
-async fn ran_then_replayed_with_the_typed_output() {
-    let engine = Idempotency::new(MemoryStore::new());
+async fn ran_then_replayed_with_the_typed_output(backend: Backend) {
+    let engine = backend.engine();
     let runs = Arc::new(AtomicUsize::new(0));
     let first = charge(&engine, &CONFIG, "m1", 100, &runs).await;
     assert!(
@@ -80,14 +164,14 @@ async fn ran_then_replayed_with_the_typed_output() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // Without the replay cache every replay is read back from the store's bytes.
-    let uncached = Idempotency::builder(MemoryStore::new())
+    let uncached = Idempotency::builder_shared(backend.store.clone())
         .replay_cache(None)
         .build();
     assert!(matches!(
-        charge(&uncached, &CONFIG, "m1", 100, &runs).await,
+        charge(&uncached, &CONFIG, "m2", 100, &runs).await,
         Outcome::Ran(_)
     ));
-    let replayed = charge(&uncached, &CONFIG, "m1", 100, &runs).await;
+    let replayed = charge(&uncached, &CONFIG, "m2", 100, &runs).await;
     assert!(
         matches!(&replayed, Outcome::Replayed(r) if *r == receipt(2)),
         "{replayed:?}"
@@ -95,9 +179,8 @@ async fn ran_then_replayed_with_the_typed_output() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn thirty_two_concurrent_duplicates_run_the_function_once() {
-    let engine = Idempotency::new(MemoryStore::new());
+async fn thirty_two_concurrent_duplicates_run_the_function_once(backend: Backend) {
+    let engine = backend.engine();
     let runs = Arc::new(AtomicUsize::new(0));
     // Duplicates wait for the original, so every one of them settles with its output.
     const WAITING: HandlerConfig = CONFIG.wait(Duration::from_secs(30));
@@ -129,10 +212,9 @@ async fn thirty_two_concurrent_duplicates_run_the_function_once() {
     assert_eq!((ran, replayed), (1, 31));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn duplicates_of_a_running_call_are_in_progress_with_the_time_left() {
+async fn duplicates_of_a_running_call_are_in_progress_with_the_time_left(backend: Backend) {
     let lease = Duration::from_secs(20);
-    let engine = Idempotency::builder(MemoryStore::new())
+    let engine = Idempotency::builder_shared(backend.store.clone())
         .default_lease(lease)
         .build();
     let (started_tx, started) = oneshot::channel();
@@ -176,9 +258,8 @@ async fn duplicates_of_a_running_call_are_in_progress_with_the_time_left() {
     );
 }
 
-#[tokio::test]
-async fn a_key_reused_with_another_payload_runs_nothing() {
-    let engine = Idempotency::new(MemoryStore::new());
+async fn a_key_reused_with_another_payload_runs_nothing(backend: Backend) {
+    let engine = backend.engine();
     let runs = Arc::new(AtomicUsize::new(0));
     assert!(matches!(
         charge(&engine, &CONFIG, "m1", 100, &runs).await,
@@ -190,10 +271,8 @@ async fn a_key_reused_with_another_payload_runs_nothing() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
-async fn a_store_outage_runs_nothing() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let faulty = Arc::new(Faulty::new(store.clone()));
+async fn a_store_outage_runs_nothing(backend: Backend) {
+    let faulty = Arc::new(Faulty::new(backend.store.clone()));
     let engine = Idempotency::builder_shared(faulty.clone()).build();
     faulty.inject(Operation::Claim, Fault::Fail);
     let runs = Arc::new(AtomicUsize::new(0));
@@ -214,9 +293,8 @@ async fn a_store_outage_runs_nothing() {
     ));
 }
 
-#[tokio::test]
-async fn the_functions_error_releases_and_the_next_call_runs() {
-    let engine = Idempotency::new(MemoryStore::new());
+async fn the_functions_error_releases_and_the_next_call_runs(backend: Backend) {
+    let engine = backend.engine();
     let runs = Arc::new(AtomicUsize::new(0));
     let failing = {
         let runs = runs.clone();
@@ -243,9 +321,8 @@ async fn the_functions_error_releases_and_the_next_call_runs() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-#[tokio::test]
-async fn a_panic_releases_and_the_next_call_runs() {
-    let engine = Idempotency::new(MemoryStore::new());
+async fn a_panic_releases_and_the_next_call_runs(backend: Backend) {
+    let engine = backend.engine();
     let panicked = engine
         .once(&CONFIG, SCOPE, "m1", payload(100), |_key| async move {
             if SCOPE.len() < 100 {
@@ -267,10 +344,8 @@ async fn a_panic_releases_and_the_next_call_runs() {
 
 /// A consumer that crashed after a step: the next delivery takes the key over once the
 /// lease ran out (on the store's clock) and resumes after the recorded step.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn steps_are_resumed_after_a_takeover() {
-    let clock = ManualClock::new();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+async fn steps_are_resumed_after_a_takeover(backend: Backend) {
+    let (clock, store) = (backend.clock.clone(), backend.store.clone());
     let lease = Duration::from_secs(30);
     let crashed = Idempotency::builder_shared(store.clone())
         .default_lease(lease)
@@ -349,10 +424,9 @@ async fn steps_are_resumed_after_a_takeover() {
 
 /// A record an HTTP handler wrote under the same scope and key holds no output: it is
 /// reported, not run again and not mistaken for one.
-#[tokio::test]
-async fn a_record_that_is_not_an_output_is_unreadable() {
+async fn a_record_that_is_not_an_output_is_unreadable(backend: Backend) {
     use axum::response::IntoResponse;
-    let engine = Idempotency::new(MemoryStore::new());
+    let engine = backend.engine();
     let response = engine
         .run(&CONFIG, SCOPE, "m1", payload(100), |_key| async {
             (http::StatusCode::CREATED, "created").into_response()
@@ -388,9 +462,8 @@ async fn a_record_that_is_not_an_output_is_unreadable() {
     );
 }
 
-#[tokio::test]
-async fn an_output_over_the_cap_is_recorded_without_it() {
-    let engine = Idempotency::builder(MemoryStore::new())
+async fn an_output_over_the_cap_is_recorded_without_it(backend: Backend) {
+    let engine = Idempotency::builder_shared(backend.store.clone())
         .max_stored_body(16)
         .build();
     let runs = Arc::new(AtomicUsize::new(0));
@@ -409,9 +482,8 @@ async fn an_output_over_the_cap_is_recorded_without_it() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "not run again");
 }
 
-#[tokio::test]
-async fn an_empty_scope_is_refused() {
-    let engine = Idempotency::new(MemoryStore::new());
+async fn an_empty_scope_is_refused(backend: Backend) {
+    let engine = backend.engine();
     let outcome = engine
         .once(&CONFIG, " ", "m1", payload(1), |_key| async {
             Ok::<u8, String>(1)
