@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_runtime::engine::{Failure, StoreUnavailable};
+use idempotent_runtime::engine::{Disposition, Failure, StoreUnavailable};
 use idempotent_runtime::store::{MemoryStore, SqliteStore};
 use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
 use idempotent_runtime::{
@@ -110,6 +110,7 @@ on_every_store!(
     duplicates_of_a_running_call_are_in_progress_with_the_time_left,
     a_key_reused_with_another_payload_runs_nothing,
     a_store_outage_runs_nothing,
+    a_record_not_confirmed_is_reported_and_kept_in_progress,
     the_functions_error_releases_and_the_next_call_runs,
     a_panic_releases_and_the_next_call_runs,
     steps_are_resumed_after_a_takeover,
@@ -291,6 +292,36 @@ async fn a_store_outage_runs_nothing(backend: Backend) {
         charge(&engine, &CONFIG, "m1", 100, &runs).await,
         Outcome::Ran(_)
     ));
+}
+
+/// The store refuses completions after the function ran: the caller is told its output
+/// is not recorded yet (a consumer must not acknowledge), the claim stays in progress
+/// (renewed while the engine keeps trying), and once the store is back the record is
+/// written and replayed — the function never runs twice.
+async fn a_record_not_confirmed_is_reported_and_kept_in_progress(backend: Backend) {
+    let faulty = Arc::new(Faulty::new(backend.store.clone()));
+    let engine = Idempotency::builder_shared(faulty.clone()).build();
+    faulty.inject_always(Operation::Complete, Fault::Fail);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = charge(&engine, &CONFIG, "m1", 100, &runs).await;
+    assert!(
+        matches!(&first, Outcome::RanUnrecorded(r) if *r == receipt(1)),
+        "{first:?}"
+    );
+    assert_eq!(first.disposition(), Disposition::Redeliver(None));
+    let during = charge(&engine, &CONFIG, "m1", 100, &runs).await;
+    assert!(matches!(during, Outcome::InProgress { .. }), "{during:?}");
+    faulty.heal();
+    assert!(
+        engine.drain(Duration::from_secs(60)).await,
+        "the background recording did not finish"
+    );
+    let after = charge(&engine, &CONFIG, "m1", 100, &runs).await;
+    assert!(
+        matches!(&after, Outcome::Replayed(r) if *r == receipt(1)),
+        "{after:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the function ran twice");
 }
 
 async fn the_functions_error_releases_and_the_next_call_runs(backend: Backend) {
