@@ -18,6 +18,9 @@
 //!   default; dead-lettered first when a [`dead_letter`](JetStreamDoor::dead_letter)
 //!   subject is set) or run unprotected.
 //!
+//! - **The inbox**: [`JetStreamDoor::run_in_transaction`] hands the function a `Tx` on the
+//!   store's database; its writes commit with the message's record, before the ack.
+//!
 //! A consumer that crashes mid-message leaves its claim in the store: JetStream delivers
 //! the message again after the consumer's `ack_wait`, and the delivery is nak'd as in
 //! progress until the crashed claim's lease runs out; then it is taken over and runs,
@@ -71,6 +74,8 @@ use crate::config::HandlerConfig;
 use crate::engine::{Disposition, Idempotency, Outcome};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
+#[cfg(feature = "sql")]
+use crate::transaction::{Tx, TxDatabase};
 
 /// The header a message's id is read from unless [`JetStreamDoor::key_header`] says
 /// otherwise: the one JetStream dedupes publishes by.
@@ -140,10 +145,12 @@ pub enum Handled<T, E> {
         /// What the server was told.
         reply: Reply,
     },
-    /// The message had no key and [`MissingKey::Terminate`]: nothing ran.
+    /// The message had no key and nothing ran: [`MissingKey::Terminate`] (or no
+    /// transaction could be begun for an unprotected transactional run).
     MissingKey {
-        /// What the server was told (`Nak` when the dead-letter publish failed, so the
-        /// message is not lost).
+        /// What the server was told (`Nak` when the dead-letter publish failed, or a
+        /// transactional function's unprotected run could not begin its transaction, so
+        /// the message is not lost).
         reply: Reply,
         /// Whether it was published to the dead-letter subject.
         dead_lettered: bool,
@@ -317,22 +324,93 @@ impl JetStreamDoor {
         T: Serialize + DeserializeOwned + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
+        self.each_message(consumer, |message| {
+            let function = function.clone();
+            async move { self.handle(message, function).await.map(drop) }
+        })
+        .await
+    }
+
+    /// Like [`run`](Self::run), for a function whose writes go to the engine's store's
+    /// own database: each message through
+    /// [`handle_in_transaction`](Self::handle_in_transaction).
+    ///
+    /// ```no_run
+    /// use async_nats::jetstream::consumer::{Consumer, pull};
+    /// use idempotent_runtime::doors::nats::JetStreamDoor;
+    /// use idempotent_runtime::transaction::Tx;
+    /// use sqlx::Sqlite;
+    ///
+    /// # async fn inbox(door: JetStreamDoor, consumer: Consumer<pull::Config>) -> Result<(), Box<dyn std::error::Error>> {
+    /// // One ledger row per message id, committed with its record before the ack.
+    /// door.run_in_transaction(&consumer, |key, message, mut tx: Tx<Sqlite>| async move {
+    ///     let written = sqlx::query("INSERT INTO ledger (message, payload) VALUES (?, ?)")
+    ///         .bind(key.as_str().to_owned())
+    ///         .bind(message.payload.to_vec())
+    ///         .execute(tx.conn())
+    ///         .await
+    ///         .map(|done| done.rows_affected());
+    ///     (written, tx)
+    /// })
+    /// .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`NatsDoorError::Messages`] when the consumer's message stream cannot be opened.
+    #[cfg(feature = "sql")]
+    pub async fn run_in_transaction<DB, F, Fut, T, E>(
+        &self,
+        consumer: &Consumer<pull::Config>,
+        function: F,
+    ) -> Result<(), NatsDoorError>
+    where
+        DB: TxDatabase,
+        F: Fn(IdempotencyKey, async_nats::Message, Tx<DB>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = (Result<T, E>, Tx<DB>)> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        self.each_message(consumer, |message| {
+            let function = function.clone();
+            async move {
+                self.handle_in_transaction(message, function)
+                    .await
+                    .map(drop)
+            }
+        })
+        .await
+    }
+
+    /// Reads `consumer`'s messages and hands each to `each`, up to
+    /// [`concurrency`](Self::concurrency) at once, logging what goes wrong.
+    async fn each_message<H, HFut>(
+        &self,
+        consumer: &Consumer<pull::Config>,
+        each: H,
+    ) -> Result<(), NatsDoorError>
+    where
+        H: Fn(jetstream::Message) -> HFut,
+        HFut: Future<Output = Result<(), NatsDoorError>>,
+    {
         let messages = consumer
             .messages()
             .await
             .map_err(|err| NatsDoorError::Messages(err.to_string()))?;
         messages
             .for_each_concurrent(self.concurrency, |message| {
-                let function = function.clone();
+                let handled = message.map(&each);
                 async move {
-                    let message = match message {
-                        Ok(message) => message,
+                    let handled = match handled {
+                        Ok(handled) => handled,
                         Err(err) => {
                             warn!(door = "nats", error = %err, "reading the consumer's messages failed");
                             return;
                         }
                     };
-                    if let Err(err) = self.handle(message, function).await {
+                    if let Err(err) = handled.await {
                         error!(door = "nats", error = %err, "message not answered; the server delivers it again after ack_wait");
                     }
                 }
@@ -384,6 +462,141 @@ impl JetStreamDoor {
         T: Serialize + DeserializeOwned + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
+        let delivery = self.delivery(&message)?;
+        let inner = message.message.clone();
+        let Some(key) = delivery.key else {
+            if self.missing_key == MissingKey::Terminate {
+                return self.terminate_keyless(&message).await;
+            }
+            let key = IdempotencyKey::new(delivery.scope, format!("seq-{}", delivery.sequence));
+            let result = function(key, inner).await;
+            return self.answer_unprotected(&message, result).await;
+        };
+        let outcome = self
+            .idempotency
+            .once(
+                &self.config,
+                &delivery.scope,
+                &key,
+                Fingerprint::of_payload(&message.payload),
+                move |key| function(key, inner),
+            )
+            .await;
+        self.answer_outcome(&message, &delivery.scope, &key, outcome)
+            .await
+    }
+
+    /// Like [`handle`](Self::handle), for a function whose writes go to the engine's
+    /// store's own database (a transactional inbox): its writes through the `Tx` and the
+    /// message's record commit together, through
+    /// [`Idempotency::once_in_transaction`], before the message is acknowledged.
+    /// Under [`MissingKey::RunUnprotected`] a message without a key runs in a
+    /// transaction of its own, committed on `Ok` and rolled back on `Err`, with no record.
+    ///
+    /// # Errors
+    ///
+    /// As [`handle`](Self::handle).
+    #[cfg(feature = "sql")]
+    pub async fn handle_in_transaction<DB, F, Fut, T, E>(
+        &self,
+        message: jetstream::Message,
+        function: F,
+    ) -> Result<Handled<T, E>, NatsDoorError>
+    where
+        DB: TxDatabase,
+        F: FnOnce(IdempotencyKey, async_nats::Message, Tx<DB>) -> Fut + Send + 'static,
+        Fut: Future<Output = (Result<T, E>, Tx<DB>)> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let delivery = self.delivery(&message)?;
+        let inner = message.message.clone();
+        let Some(key) = delivery.key else {
+            if self.missing_key == MissingKey::Terminate {
+                return self.terminate_keyless(&message).await;
+            }
+            let key = IdempotencyKey::new(delivery.scope, format!("seq-{}", delivery.sequence));
+            return match self.unprotected_transaction(key, inner, function).await {
+                Some(result) => self.answer_unprotected(&message, result).await,
+                // No transaction to run it in: delivered again later, never lost.
+                None => {
+                    let reply = Reply::Nak(self.retry_delay);
+                    answer(&message, reply).await?;
+                    Ok(Handled::MissingKey {
+                        reply,
+                        dead_lettered: false,
+                    })
+                }
+            };
+        };
+        let outcome = self
+            .idempotency
+            .once_in_transaction(
+                &self.config,
+                &delivery.scope,
+                &key,
+                Fingerprint::of_payload(&message.payload),
+                move |key, tx| function(key, inner, tx),
+            )
+            .await;
+        self.answer_outcome(&message, &delivery.scope, &key, outcome)
+            .await
+    }
+
+    /// Runs a keyless message's transactional function unprotected, in a transaction of
+    /// the store's database; `None` when none could be begun (logged).
+    #[cfg(feature = "sql")]
+    async fn unprotected_transaction<DB, F, Fut, T, E>(
+        &self,
+        key: IdempotencyKey,
+        message: async_nats::Message,
+        function: F,
+    ) -> Option<Result<T, E>>
+    where
+        DB: TxDatabase,
+        F: FnOnce(IdempotencyKey, async_nats::Message, Tx<DB>) -> Fut,
+        Fut: Future<Output = (Result<T, E>, Tx<DB>)>,
+    {
+        let tx_store = self
+            .idempotency
+            .store()
+            .capabilities()
+            .transactions
+            .and_then(|support| support.for_database::<DB>());
+        let Some(tx_store) = tx_store else {
+            error!(
+                door = "nats",
+                database = DB::DATABASE_NAME,
+                "transactional function on an engine whose store is not of its database; nak'd"
+            );
+            return None;
+        };
+        let begun = match crate::transaction::begin(tx_store.as_ref()).await {
+            Ok(begun) => begun,
+            Err(err) => {
+                error!(door = "nats", error = %err, "beginning the transaction failed; nak'd");
+                return None;
+            }
+        };
+        let _permit = begun.permit;
+        let (result, tx) = function(key, message, Tx::new(begun.transaction)).await;
+        let ended = match &result {
+            Ok(_) => tx.into_inner().commit().await,
+            Err(_) => tx.into_inner().rollback().await,
+        };
+        match (result, ended) {
+            (result, Ok(())) => Some(result),
+            (Ok(_), Err(err)) => {
+                error!(door = "nats", error = %err, "committing the unprotected transaction failed; nak'd");
+                None
+            }
+            // Its writes are gone either way: the function's own error is the news.
+            (Err(error), Err(_)) => Some(Err(error)),
+        }
+    }
+
+    /// Where a message comes from and what it is keyed by.
+    fn delivery(&self, message: &jetstream::Message) -> Result<Delivery, NatsDoorError> {
         let (stream, sequence) = match message.info() {
             Ok(info) => (info.stream.to_owned(), info.stream_sequence),
             Err(err) => return Err(NatsDoorError::NotJetStream(err.to_string())),
@@ -399,20 +612,21 @@ impl JetStreamDoor {
             .and_then(|headers| headers.get_last(&*self.key_header))
             .map(|value| value.as_str().to_owned())
             .filter(|key| !key.is_empty());
-        let Some(key) = key else {
-            return self.without_key(message, scope, sequence, function).await;
-        };
-        let inner = message.message.clone();
-        let outcome = self
-            .idempotency
-            .once(
-                &self.config,
-                &scope,
-                &key,
-                Fingerprint::of_payload(&message.payload),
-                move |key| function(key, inner),
-            )
-            .await;
+        Ok(Delivery {
+            scope,
+            key,
+            sequence,
+        })
+    }
+
+    /// Answers the server as `outcome`'s disposition says.
+    async fn answer_outcome<T, E: fmt::Display>(
+        &self,
+        message: &jetstream::Message,
+        scope: &str,
+        key: &str,
+        outcome: Outcome<T, E>,
+    ) -> Result<Handled<T, E>, NatsDoorError> {
         let (reply, dead_lettered) = match outcome.disposition() {
             Disposition::Acknowledge => (Reply::Ack, false),
             Disposition::Redeliver(after) => (Reply::Nak(after.unwrap_or(self.retry_delay)), false),
@@ -421,7 +635,7 @@ impl JetStreamDoor {
                     door = "nats",
                     scope, key, "message id reused with another payload; rejecting it"
                 );
-                self.reject(&message, "the message id was used for another payload")
+                self.reject(message, "the message id was used for another payload")
                     .await
             }
         };
@@ -437,7 +651,7 @@ impl JetStreamDoor {
             ),
             _ => {}
         }
-        answer(&message, reply).await?;
+        answer(message, reply).await?;
         Ok(Handled::Protected {
             outcome,
             reply,
@@ -445,49 +659,41 @@ impl JetStreamDoor {
         })
     }
 
-    /// A message without a key, as [`MissingKey`] says.
-    async fn without_key<F, Fut, T, E>(
+    /// A message without a key under [`MissingKey::Terminate`]: dead-lettered (if
+    /// configured) and terminated.
+    async fn terminate_keyless<T, E>(
         &self,
-        message: jetstream::Message,
-        scope: String,
-        sequence: u64,
-        function: F,
-    ) -> Result<Handled<T, E>, NatsDoorError>
-    where
-        F: FnOnce(IdempotencyKey, async_nats::Message) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: fmt::Display,
-    {
-        match self.missing_key {
-            MissingKey::Terminate => {
-                error!(
-                    door = "nats",
-                    subject = %message.subject,
-                    header = &*self.key_header,
-                    "message without its key header; terminating it (MissingKey::Terminate)"
-                );
-                let (reply, dead_lettered) =
-                    self.reject(&message, "the message has no key header").await;
-                answer(&message, reply).await?;
-                Ok(Handled::MissingKey {
-                    reply,
-                    dead_lettered,
-                })
+        message: &jetstream::Message,
+    ) -> Result<Handled<T, E>, NatsDoorError> {
+        error!(
+            door = "nats",
+            subject = %message.subject,
+            header = &*self.key_header,
+            "message without its key header; terminating it (MissingKey::Terminate)"
+        );
+        let (reply, dead_lettered) = self.reject(message, "the message has no key header").await;
+        answer(message, reply).await?;
+        Ok(Handled::MissingKey {
+            reply,
+            dead_lettered,
+        })
+    }
+
+    /// Answers a message run unprotected: acknowledged on `Ok`, nak'd on `Err`.
+    async fn answer_unprotected<T, E: fmt::Display>(
+        &self,
+        message: &jetstream::Message,
+        result: Result<T, E>,
+    ) -> Result<Handled<T, E>, NatsDoorError> {
+        let reply = match &result {
+            Ok(_) => Reply::Ack,
+            Err(err) => {
+                info!(door = "nats", error = %err, "unprotected message failed; nak'd for redelivery");
+                Reply::Nak(self.retry_delay)
             }
-            MissingKey::RunUnprotected => {
-                let key = IdempotencyKey::new(scope, format!("seq-{sequence}"));
-                let result = function(key, message.message.clone()).await;
-                let reply = match &result {
-                    Ok(_) => Reply::Ack,
-                    Err(err) => {
-                        info!(door = "nats", error = %err, "unprotected message failed; nak'd for redelivery");
-                        Reply::Nak(self.retry_delay)
-                    }
-                };
-                answer(&message, reply).await?;
-                Ok(Handled::Unprotected { result, reply })
-            }
-        }
+        };
+        answer(message, reply).await?;
+        Ok(Handled::Unprotected { result, reply })
     }
 
     /// Publishes a rejected message to the dead-letter subject, if there is one, and
@@ -515,6 +721,15 @@ impl JetStreamDoor {
             }
         }
     }
+}
+
+/// Where a message comes from and what it is keyed by.
+struct Delivery {
+    scope: String,
+    /// `None`: the message carries no (or an empty) key header.
+    key: Option<String>,
+    /// Its sequence in the stream (the name of an unprotected run's key).
+    sequence: u64,
 }
 
 /// Tells the server `reply`: an ack is confirmed (a double ack) so that it is known to

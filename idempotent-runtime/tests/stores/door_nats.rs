@@ -617,6 +617,95 @@ async fn check_a_crashed_consumers_message_is_taken_over_and_resumed() {
     test.delete().await;
 }
 
+/// The inbox over JetStream: 32 deliveries of one id through four runners write one
+/// ledger row, in the same SQLite transaction as the record, and are all acknowledged; a
+/// message whose function fails after writing has its row rolled back, is delivered
+/// again, and writes it once. Effects are counted in the table.
+#[cfg(feature = "sqlite")]
+async fn check_the_inbox_writes_each_message_once() {
+    use idempotent_runtime::store::SqliteStore;
+    use idempotent_runtime::transaction::Tx;
+    use sqlx::Sqlite;
+
+    let test = TestStream::new("inbox").await;
+    for _ in 0..32 {
+        test.publish_with(Some((ORDER_ID, "order-1")), "100").await;
+    }
+    test.publish_with(Some((ORDER_ID, "order-2")), "200").await;
+    let consumer = test.consumer("ledger", Duration::from_secs(30)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("inbox.db");
+    let store = SqliteStore::open(path.to_str().expect("utf-8"))
+        .await
+        .expect("open the SQLite store");
+    let pool = store.pool().clone();
+    sqlx::query("CREATE TABLE ledger (message TEXT NOT NULL, cents INTEGER NOT NULL)")
+        .execute(&pool)
+        .await
+        .expect("create the ledger");
+    let idempotency = Idempotency::new(store);
+    // order-2's first run fails after its write.
+    let failed_once = Arc::new(AtomicUsize::new(0));
+    const WAITING: HandlerConfig = HandlerConfig::new()
+        .name("ledger")
+        .wait(Duration::from_secs(20));
+    let runners: Vec<_> = (0..4)
+        .map(|_| {
+            let door = JetStreamDoor::new(idempotency.clone())
+                .key_header(ORDER_ID)
+                .config(WAITING)
+                .retry_delay(Duration::from_millis(50))
+                .concurrency(8);
+            let (consumer, failed_once) = (consumer.clone(), failed_once.clone());
+            tokio::spawn(async move {
+                let _ = door
+                    .run_in_transaction(&consumer, move |key, message, mut tx: Tx<Sqlite>| {
+                        let failed_once = failed_once.clone();
+                        async move {
+                            let cents: i64 = String::from_utf8_lossy(&message.payload)
+                                .parse()
+                                .expect("cents");
+                            let written = sqlx::query("INSERT INTO ledger VALUES (?, ?)")
+                                .bind(key.as_str().to_owned())
+                                .bind(cents)
+                                .execute(tx.conn())
+                                .await;
+                            if let Err(err) = written {
+                                return (Err(err.to_string()), tx);
+                            }
+                            if key.as_str() == "order-2"
+                                && failed_once.fetch_add(1, Ordering::SeqCst) == 0
+                            {
+                                return (Err("the gateway timed out".to_owned()), tx);
+                            }
+                            (Ok(cents), tx)
+                        }
+                    })
+                    .await;
+            })
+        })
+        .collect();
+    test.settled(&consumer, 33).await;
+    for runner in runners {
+        runner.abort();
+    }
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT message, cents FROM ledger ORDER BY message")
+            .fetch_all(&pool)
+            .await
+            .expect("the ledger");
+    assert_eq!(
+        rows,
+        vec![("order-1".to_owned(), 100), ("order-2".to_owned(), 200)],
+        "one row per message"
+    );
+    assert!(
+        failed_once.load(Ordering::SeqCst) >= 2,
+        "order-2 ran again after its failure"
+    );
+    test.delete().await;
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
     type Check = fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>;
     let checks: [(&str, Check); 8] = [
@@ -647,9 +736,15 @@ pub(crate) fn trials() -> Vec<Trial> {
             || Box::pin(check_a_duplicate_of_a_running_message_is_nakd_with_the_lease_left()),
         ),
     ];
-    let trials = checks
+    #[allow(unused_mut)] // the SQLite check is added only with its feature
+    let mut trials: Vec<Trial> = checks
         .into_iter()
         .map(|(name, check)| async_trial(format!("nats::{name}"), check))
         .collect();
+    #[cfg(feature = "sqlite")]
+    trials.push(async_trial(
+        "nats::the_inbox_writes_each_message_once",
+        check_the_inbox_writes_each_message_once,
+    ));
     ignored_if(unavailable(), trials)
 }
