@@ -492,3 +492,88 @@ where
     .instrument(span)
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type O = Outcome<u8, &'static str>;
+
+    #[test]
+    fn every_outcome_has_its_disposition() {
+        let secs = Duration::from_secs;
+        let cases: Vec<(O, Disposition, bool)> = vec![
+            (Outcome::Ran(1), Disposition::Acknowledge, true),
+            (Outcome::Replayed(1), Disposition::Acknowledge, true),
+            (Outcome::Interrupted, Disposition::Acknowledge, true),
+            (
+                Outcome::Unreadable(Unreadable::NotKept),
+                Disposition::Acknowledge,
+                true,
+            ),
+            (Outcome::KeyReused, Disposition::Reject, true),
+            (
+                Outcome::InProgress {
+                    retry_after: secs(4),
+                },
+                Disposition::Redeliver(Some(secs(4))),
+                false,
+            ),
+            (
+                Outcome::RanUnrecorded(1),
+                Disposition::Redeliver(None),
+                false,
+            ),
+            (
+                Outcome::Failed(Failure::Error("timeout")),
+                Disposition::Redeliver(None),
+                false,
+            ),
+            (
+                Outcome::StoreUnavailable(StoreUnavailable {
+                    doing: "claiming the key",
+                }),
+                Disposition::Redeliver(None),
+                false,
+            ),
+            (
+                Outcome::Refused(Refused::ScopeEmpty),
+                Disposition::Redeliver(None),
+                false,
+            ),
+        ];
+        for (outcome, disposition, settled) in cases {
+            assert_eq!(outcome.disposition(), disposition, "{outcome:?}");
+            assert_eq!(outcome.is_settled(), settled, "{outcome:?}");
+        }
+    }
+
+    #[test]
+    fn an_output_round_trips_through_its_record_and_nothing_else_reads_as_one() {
+        let stored = output_record(&vec![1u32, 2, 3], 1024);
+        assert_eq!(stored.status, OUTPUT_STATUS);
+        assert!(matches!(
+            read_output::<Vec<u32>, ()>(stored.clone()),
+            Outcome::Replayed(v) if v == [1, 2, 3]
+        ));
+        assert!(matches!(
+            read_output::<String, ()>(stored),
+            Outcome::Unreadable(Unreadable::Undecodable(_))
+        ));
+        let over_cap = output_record(&"x".repeat(100), 10);
+        assert!(over_cap.body.is_none());
+        assert!(matches!(
+            read_output::<String, ()>(over_cap),
+            Outcome::Unreadable(Unreadable::NotKept)
+        ));
+        let http = StoredResponse {
+            status: 201,
+            headers: Vec::new(),
+            body: Some(Bytes::from_static(b"\"created\"")),
+        };
+        assert!(matches!(
+            read_output::<String, ()>(http),
+            Outcome::Unreadable(Unreadable::NotAnOutput(201))
+        ));
+    }
+}
