@@ -17,7 +17,6 @@
 //! - **A message without the key header**: [`MissingKey`] decides — terminated (the
 //!   default; dead-lettered first when a [`dead_letter`](JetStreamDoor::dead_letter)
 //!   subject is set) or run unprotected.
-//!
 //! - **The inbox**: [`JetStreamDoor::run_in_transaction`] hands the function a `Tx` on the
 //!   store's database; its writes commit with the message's record, before the ack.
 //!
@@ -48,7 +47,7 @@
 //! let door = JetStreamDoor::new(Idempotency::new(MemoryStore::new()))
 //!     .config(HandlerConfig::new().name("charge"))
 //!     .missing_key(MissingKey::Terminate)
-//!     .dead_letter("ORDERS.dead");
+//!     .dead_letter("DEAD.orders");
 //! door.run(&consumer, |key, message| async move {
 //!     // One charge per message id, whatever JetStream redelivers.
 //!     let amount: u64 = std::str::from_utf8(&message.payload)?.parse()?;
@@ -218,7 +217,7 @@ pub enum NatsDoorError {
 ///     .key_header("Order-Id")
 ///     .scope(ScopeFrom::Fixed("orders".into()))
 ///     .missing_key(MissingKey::RunUnprotected)
-///     .dead_letter("ORDERS.dead")
+///     .dead_letter("DEAD.orders")
 ///     .retry_delay(Duration::from_millis(500))
 ///     .concurrency(32);
 /// # let _ = door;
@@ -282,7 +281,9 @@ impl JetStreamDoor {
     /// was used for another payload. It carries the original headers and payload, plus
     /// [`REJECTED_HEADER`] and [`ORIGINAL_SUBJECT_HEADER`]. A stream must capture the
     /// subject: the publish is confirmed by JetStream, and a message whose publish fails
-    /// is nak'd rather than terminated, so it is not lost.
+    /// is nak'd rather than terminated, so it is not lost. Not a subject the consumer
+    /// itself reads: a dead letter without a key would come back to it, and be
+    /// dead-lettered again.
     pub fn dead_letter(mut self, subject: &str) -> Self {
         self.dead_letter = Some(Arc::from(subject));
         self
