@@ -282,8 +282,8 @@ impl JetStreamDoor {
     /// [`REJECTED_HEADER`] and [`ORIGINAL_SUBJECT_HEADER`]. A stream must capture the
     /// subject: the publish is confirmed by JetStream, and a message whose publish fails
     /// is nak'd rather than terminated, so it is not lost. Not a subject the consumer
-    /// itself reads: a dead letter without a key would come back to it, and be
-    /// dead-lettered again.
+    /// itself reads: a dead letter that comes back to it is terminated, not published
+    /// again.
     pub fn dead_letter(mut self, subject: &str) -> Self {
         self.dead_letter = Some(Arc::from(subject));
         self
@@ -703,6 +703,16 @@ impl JetStreamDoor {
         let Some(subject) = &self.dead_letter else {
             return (Reply::Term, false);
         };
+        if message.subject.as_str() == &**subject {
+            // A dead letter delivered back to this consumer: publishing it again would
+            // loop, and it is already kept where it is.
+            error!(
+                door = "nats",
+                dead_letter = &**subject,
+                "a dead letter came back to the consumer; terminated, not published again"
+            );
+            return (Reply::Term, false);
+        }
         let mut headers = message.headers.clone().unwrap_or_default();
         headers.insert(REJECTED_HEADER, why);
         headers.insert(ORIGINAL_SUBJECT_HEADER, message.subject.as_str());
