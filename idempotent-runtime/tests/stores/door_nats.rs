@@ -380,6 +380,42 @@ async fn check_a_message_without_an_id_is_handled_as_configured() {
     test.delete().await;
 }
 
+/// A dead-letter subject the consumer itself reads (a misconfiguration): a keyless
+/// message on it is terminated, not published again, so nothing loops.
+async fn check_a_dead_letter_that_comes_back_is_not_published_again() {
+    let test = TestStream::new("loop").await;
+    test.publish(None, "no id").await;
+    let consumer = test.consumer("charger", Duration::from_secs(30)).await;
+    let door = JetStreamDoor::new(engine()).dead_letter(&test.subject());
+    let message = fetch(&consumer, 1).await.remove(0);
+    let handled = door
+        .handle(message, |_key, _message| async { Ok::<_, String>(()) })
+        .await
+        .expect("answered");
+    assert!(
+        matches!(
+            handled,
+            Handled::MissingKey {
+                reply: Reply::Term,
+                dead_lettered: false
+            }
+        ),
+        "{handled:?}"
+    );
+    let stream = test
+        .jetstream
+        .get_stream(&test.name)
+        .await
+        .expect("the test stream");
+    let messages = stream.get_info().await.expect("info").state.messages;
+    assert_eq!(
+        messages, 1,
+        "the dead letter was published back into the stream"
+    );
+    test.settled(&consumer, 1).await;
+    test.delete().await;
+}
+
 /// Fetches the next `n` messages of `consumer`.
 async fn fetch(consumer: &Consumer<pull::Config>, n: usize) -> Vec<jetstream::Message> {
     let mut batch = consumer
@@ -708,7 +744,11 @@ async fn check_the_inbox_writes_each_message_once() {
 
 pub(crate) fn trials() -> Vec<Trial> {
     type Check = fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>;
-    let checks: [(&str, Check); 8] = [
+    let checks: [(&str, Check); 9] = [
+        (
+            "a_dead_letter_that_comes_back_is_not_published_again",
+            || Box::pin(check_a_dead_letter_that_comes_back_is_not_published_again()),
+        ),
         (
             "a_crashed_consumers_message_is_taken_over_and_resumed",
             || Box::pin(check_a_crashed_consumers_message_is_taken_over_and_resumed()),
