@@ -156,6 +156,30 @@ impl Fingerprint {
     }
 }
 
+impl Fingerprint {
+    /// Fingerprints a message's payload, byte for byte: what a queue consumer or a plain
+    /// function run through [`Idempotency::once`](crate::Idempotency::once) hands the
+    /// engine. Its own framing (tag `idempotent/fingerprint/v1/payload`) keeps it apart
+    /// from every request fingerprint; its `version` is `1`, compared by digest alike.
+    ///
+    /// ```
+    /// use idempotent_runtime::Fingerprint;
+    ///
+    /// let a = Fingerprint::of_payload(br#"{"amount":100}"#);
+    /// assert_eq!(a, Fingerprint::of_payload(br#"{"amount":100}"#));
+    /// assert_ne!(a, Fingerprint::of_payload(br#"{"amount":101}"#));
+    /// ```
+    pub fn of_payload(payload: &[u8]) -> Self {
+        let mut hasher = Sha256::new();
+        field(&mut hasher, b"idempotent/fingerprint/v1/payload");
+        field(&mut hasher, payload);
+        Self {
+            version: 1,
+            digest: hasher.finalize().into(),
+        }
+    }
+}
+
 /// A request's fingerprint, computed when first needed, with the request it is computed
 /// from (method, path, query and body).
 ///

@@ -163,6 +163,8 @@
 
 pub mod clock;
 pub mod config;
+#[cfg(feature = "nats")]
+pub mod doors;
 pub mod engine;
 pub mod fingerprint;
 pub mod guide;
@@ -190,7 +192,7 @@ pub mod webhook;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{HandlerConfig, OnServerError};
-pub use engine::{Idempotency, IdempotencyBuilder};
+pub use engine::{Idempotency, IdempotencyBuilder, Outcome};
 // The attribute's duration grammar, for durations an application reads at run time
 // (flags, environment variables), so that both accept the same text.
 pub use fingerprint::{Fingerprint, FingerprintMode, RequestFingerprint};

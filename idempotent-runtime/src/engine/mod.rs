@@ -18,6 +18,7 @@ mod capture;
 mod claim;
 mod deadline;
 mod execution;
+mod function;
 mod heartbeat;
 mod inline;
 mod operator;
@@ -27,12 +28,14 @@ mod record;
 mod replay_cache;
 mod retry_after;
 mod run;
+mod settlement;
 mod store_call;
 mod sweeper;
 mod waiting;
 
 pub use builder::IdempotencyBuilder;
 pub use operator::ResolveOutcome;
+pub use function::{Disposition, Failure, Outcome, Refused, StoreUnavailable, Unreadable};
 pub use policy::{
     DEFAULT_LEASE, DEFAULT_MAX_DURATION, DEFAULT_MAX_STORED_BODY, DEFAULT_TTL, NEVER_REPLAYED,
     NEVER_REPLAYED_BECAUSE, REPLAYED_HEADER,
@@ -226,6 +229,137 @@ impl Idempotency {
     {
         let fingerprint = fingerprint.into();
         protocol::run_in_transaction(&self.inner, config, scope, key, fingerprint, handler).await
+    }
+
+    /// Runs `function` at most once for `(scope, key)` and `fingerprint`, and hands every
+    /// duplicate its recorded output: the entry point for whatever is not an HTTP
+    /// request (a queue consumer, a scheduled job, a plain call). The same protocol as
+    /// [`run`](Self::run) — the same store, claim, lease and heartbeat, waiting
+    /// ([`HandlerConfig::wait`]), replay cache and steps (`function` gets the
+    /// [`IdempotencyKey`]: [`step`](IdempotencyKey::step) and
+    /// [`derive`](IdempotencyKey::derive) work) — answered as a typed [`Outcome`]:
+    ///
+    /// - `Ok(output)`: the output is serialised (JSON) into the record; this call gets
+    ///   [`Outcome::Ran`], every duplicate [`Outcome::Replayed`] with the output
+    ///   deserialised;
+    /// - `Err(error)`: nothing is recorded and the claim is released, so the next call
+    ///   runs `function` again ([`Outcome::Failed`]); a panic does the same;
+    /// - see [`Outcome`] for a duplicate of a running call, another payload under the
+    ///   key, and a store outage.
+    ///
+    /// `fingerprint` is what the key must keep meaning: a message's payload
+    /// ([`Fingerprint::of_payload`]), or any [`Fingerprint`]. Of `config`, what concerns
+    /// an HTTP response (`on_server_error`, `exclude_headers`, `fingerprint`,
+    /// `key_optional`) does not apply: `Err` always releases, and the output is kept up
+    /// to [`max_stored_body`](IdempotencyBuilder::max_stored_body) bytes of JSON (past
+    /// that it is recorded without it, and duplicates get [`Outcome::Unreadable`]).
+    ///
+    /// ```
+    /// use idempotent_runtime::store::MemoryStore;
+    /// use idempotent_runtime::{Fingerprint, HandlerConfig, Idempotency, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// const CHARGE: HandlerConfig = HandlerConfig::new().name("charge");
+    /// let idempotency = Idempotency::new(MemoryStore::new());
+    /// let payload = br#"{"amount":100}"#;
+    /// let charge = || {
+    ///     idempotency.once(&CHARGE, "orders", "msg-1", Fingerprint::of_payload(payload), |key| async move {
+    ///         // key.derive("gateway") is the key to send the payment provider.
+    ///         Ok::<_, std::io::Error>(format!("charged under {}", key.derive("gateway")))
+    ///     })
+    /// };
+    /// let Outcome::Ran(first) = charge().await else { panic!("runs once") };
+    /// let Outcome::Replayed(again) = charge().await else { panic!("then replays") };
+    /// assert_eq!(first, again);
+    /// # }
+    /// ```
+    pub async fn once<F, Fut, T, E>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: impl Into<RequestFingerprint>,
+        function: F,
+    ) -> Outcome<T, E>
+    where
+        F: FnOnce(IdempotencyKey) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        E: Send + 'static,
+    {
+        function::once(
+            &self.inner,
+            config,
+            scope,
+            key,
+            fingerprint.into(),
+            function,
+        )
+        .await
+    }
+
+    /// Like [`once`](Self::once), for a function whose writes go to the store's own
+    /// database: its writes through the [`Tx`](crate::transaction::Tx) and its recorded
+    /// output commit in one transaction, or neither does — a transactional inbox. `Ok`
+    /// commits ([`Outcome::Ran`]); `Err`, a panic or a run past the maximum duration
+    /// rolls back and releases the claim ([`Outcome::Failed`]); a lease lost meanwhile
+    /// rolls back ([`Failure::LeaseLost`]). Steps are refused inside it, as in a
+    /// transactional handler: its writes commit all or nothing, there is nothing to
+    /// resume.
+    ///
+    /// The engine's store must be of database `DB`; otherwise every call is
+    /// [`Outcome::Refused`] without running (check at startup with
+    /// [`supports_transactions`](Self::supports_transactions)).
+    ///
+    /// ```
+    /// use idempotent_runtime::store::SqliteStore;
+    /// use idempotent_runtime::transaction::Tx;
+    /// use idempotent_runtime::{Fingerprint, HandlerConfig, Idempotency, Outcome};
+    /// use sqlx::Sqlite;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("app.db");
+    /// let store = SqliteStore::open(path.to_str().unwrap()).await?;
+    /// sqlx::query("CREATE TABLE ledger (message TEXT PRIMARY KEY, cents INTEGER)")
+    ///     .execute(store.pool())
+    ///     .await?;
+    /// let idempotency = Idempotency::new(store);
+    /// let outcome = idempotency
+    ///     .once_in_transaction(&HandlerConfig::new(), "orders", "msg-1",
+    ///         Fingerprint::of_payload(b"100"), |key, mut tx: Tx<Sqlite>| async move {
+    ///             let written = sqlx::query("INSERT INTO ledger VALUES (?, 100)")
+    ///                 .bind(key.as_str())
+    ///                 .execute(tx.conn())
+    ///                 .await
+    ///                 .map(|_| 100);
+    ///             (written, tx)
+    ///         })
+    ///     .await;
+    /// assert!(matches!(outcome, Outcome::<i64, sqlx::Error>::Ran(100)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "sql")]
+    pub async fn once_in_transaction<DB, F, Fut, T, E>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: impl Into<RequestFingerprint>,
+        function: F,
+    ) -> Outcome<T, E>
+    where
+        DB: crate::transaction::TxDatabase,
+        F: FnOnce(IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
+        Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
+        T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        E: Send + 'static,
+    {
+        let fingerprint = fingerprint.into();
+        function::once_in_transaction(&self.inner, config, scope, key, fingerprint, function).await
     }
 
     /// Whether transactional handlers on database `DB` can run on this engine's store.

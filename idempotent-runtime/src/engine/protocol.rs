@@ -12,6 +12,11 @@
 //!    duration, while the **heartbeat** renews the lease.
 //! 7. **Record or give up**: the handler's answer becomes a [`Verdict`]: recorded (with
 //!    retries, the lease still renewed), or the claim released (5xx, panic, rejection).
+//!
+//! Every door goes through this one sequence: what it decides without running the
+//! handler is a [`Settlement`], which the door words ([`Door`]: a `Response` for HTTP,
+//! an [`Outcome`](super::Outcome) for the typed entry point); what the handler returns,
+//! the door judges ([`Judge`]) into a [`Verdict`].
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -22,12 +27,6 @@ use futures_util::FutureExt;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::Inner;
-#[cfg(feature = "sql")]
-use super::answers::transaction_unsupported;
-use super::answers::{
-    handler_panicked, in_progress as in_progress_answer, internal_error, key_reused, replay,
-    scope_empty, store_unavailable,
-};
 use super::claim;
 use super::deadline::ByDeadline;
 use super::execution::Execution;
@@ -35,12 +34,13 @@ use super::heartbeat::with_heartbeat;
 use super::inline::Uncancellable;
 use super::record::{self, Captured, GiveUp, Verdict};
 use super::replay_cache::Cached;
+use super::run::interrupted_record;
 #[cfg(feature = "sql")]
 use super::run::transact;
-use super::run::{capture, interrupted_record};
+use super::settlement::{Door, Judge, Replay, Settlement};
 use super::waiting::{self, Attempt, Settled};
 use crate::clock::millis;
-use crate::config::{HandlerConfig, OnServerError};
+use crate::config::HandlerConfig;
 use crate::fingerprint::{Fingerprint, RequestFingerprint};
 use crate::key::{IdempotencyKey, ScopedKey};
 use crate::lease::{LeaseSignal, licence_holds};
@@ -53,11 +53,14 @@ use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, Takeover};
 use crate::transaction::{Tx, TxDatabase, TxStore};
 
 /// What the claim decided for this request: the state the protocol matches on.
+// Matched at once, never stored: boxing the execution would cost every claim an
+// allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Claim {
     /// This request owns the key: run the handler under this execution.
     Won(Execution),
     /// Answered without running the handler: a replay, `422`, or `503`.
-    Answered(Settled, Response),
+    Answered(Settled, Settlement),
     /// Another request holds the key; the store's time until its lease runs out.
     InProgress(Duration),
 }
@@ -80,7 +83,7 @@ where
     handle(inner, config, scope, key, request, |execution, key| {
         // Boxed: the engine's layers around it then move a pointer, not the handler's
         // whole future.
-        execute(
+        execute::<Response>(
             execution,
             Box::pin(async move { handler(key).await.into_response() }),
         )
@@ -116,7 +119,16 @@ where
                 database = DB::DATABASE_NAME,
                 "transactional handler on an engine whose store is not of its database"
             );
-            return transaction_unsupported(DB::DATABASE_NAME);
+            return Response::settle(Settlement::TransactionUnsupported(DB::DATABASE_NAME));
+        };
+        // The handler's `T`/`E` become responses at once: they need not be `Send`
+        // across the awaits that record them.
+        let handler = move |key, tx| async move {
+            let (result, tx) = handler(key, tx).await;
+            let result = result
+                .map(IntoResponse::into_response)
+                .map_err(IntoResponse::into_response);
+            (result, tx)
         };
         handle(inner, config, scope, key, request, |execution, key| {
             execute_in_transaction(execution, tx_store, key, handler)
@@ -147,18 +159,20 @@ where
 /// Steps 1 to 5: answers from the replay cache when it can; otherwise claims the key
 /// (waiting, if the handler's duplicates wait) and, when claimed, runs `execute` — both
 /// [`Uncancellable`]: a client that hangs up can cancel neither the claim halfway
-/// (leaving a claim that nothing runs) nor the handler.
-async fn handle<X, Fut>(
+/// (leaving a claim that nothing runs) nor the handler. `A` is the door's answer: what
+/// the protocol settles, the door words ([`Door::settle`]).
+pub(super) async fn handle<X, Fut, A>(
     inner: &Arc<Inner>,
     config: &HandlerConfig,
     scope: &str,
     key: &str,
     request: RequestFingerprint,
     execute: X,
-) -> Response
+) -> A
 where
     X: FnOnce(Execution, IdempotencyKey) -> Fut + Send + 'static,
-    Fut: Future<Output = Response> + Send + 'static,
+    Fut: Future<Output = A> + Send + 'static,
+    A: Door,
 {
     if scope.trim().is_empty() {
         // One key space for every caller whose scope came out empty (say, from
@@ -167,7 +181,7 @@ where
             event = "scope_empty",
             "the scope argument yielded an empty scope; refusing to run unscoped"
         );
-        return scope_empty();
+        return A::settle(Settlement::ScopeEmpty);
     }
     if let Some(cache) = &inner.replay_cache {
         match cache.get(scope, key, &request) {
@@ -179,7 +193,7 @@ where
                     cached = true,
                     "replaying stored response"
                 );
-                return cached.response();
+                return A::settle(Settlement::Replayed(Replay::Cached(cached)));
             }
             Cached::Mismatch => {
                 metrics::count(config.name, Outcome::Mismatch);
@@ -188,7 +202,7 @@ where
                     cached = true,
                     "key reused with a different request"
                 );
-                return key_reused();
+                return A::settle(Settlement::KeyReused);
             }
             Cached::Miss => {}
         }
@@ -214,14 +228,16 @@ where
                     let key = IdempotencyKey::claimed(name, fingerprint, lease, steps);
                     execute(execution, key)
                 }
-                Claim::Answered(settled, answer) => return Attempt::Done(settled, answer),
+                Claim::Answered(settled, settlement) => {
+                    return Attempt::Done(settled, A::settle(settlement));
+                }
                 Claim::InProgress(retry_after) => {
                     return Attempt::InProgress(retry_after, execute);
                 }
             };
             Attempt::Done(Settled::Ran, run.await)
         };
-        Uncancellable::new(work, &inner.tracker, attempt_interrupted)
+        Uncancellable::new(work, &inner.tracker, attempt_interrupted::<X, A>)
     };
     let attempted = match inner.wait_for(config) {
         None => attempt(execute).await,
@@ -261,7 +277,10 @@ async fn claim_key(
         Err(err) => {
             error!(event = "store_error", error = %err, "idempotency store unavailable; handler not run");
             metrics::count(config.name, Outcome::StoreError);
-            return Claim::Answered(Settled::Failed, store_unavailable());
+            return Claim::Answered(
+                Settled::Failed,
+                Settlement::StoreUnavailable("claiming the key"),
+            );
         }
     };
     // A `409` counts once, where it is answered: a waiting duplicate may find the key
@@ -277,22 +296,22 @@ async fn claim_key(
                 status = stored.status,
                 "replaying stored response"
             );
-            let answer = match expires_in {
+            let replay = match expires_in {
                 Some(life) => {
                     let lives_until = cache_now.saturating_add(millis(life));
                     match inner.remember(name, *fingerprint, stored, lives_until, cache_now) {
-                        Ok(cached) => cached.response(),
-                        Err(stored) => replay(stored),
+                        Ok(cached) => Replay::Cached(cached),
+                        Err(stored) => Replay::Stored(stored),
                     }
                 }
-                None => replay(stored),
+                None => Replay::Stored(stored),
             };
-            Claim::Answered(Settled::Replayed, answer)
+            Claim::Answered(Settled::Replayed, Settlement::Replayed(replay))
         }
         ClaimOutcome::InProgress { retry_after } => Claim::InProgress(retry_after),
         ClaimOutcome::Mismatch => {
             info!(event = "mismatch", "key reused with a different request");
-            Claim::Answered(Settled::Mismatch, key_reused())
+            Claim::Answered(Settled::Mismatch, Settlement::KeyReused)
         }
         ClaimOutcome::Claimed {
             token,
@@ -312,7 +331,10 @@ async fn claim_key(
                 );
                 metrics::count(config.name, Outcome::ClaimLate);
                 claim::release_late(inner, name, token).await;
-                return Claim::Answered(Settled::Failed, store_unavailable());
+                return Claim::Answered(
+                    Settled::Failed,
+                    Settlement::StoreUnavailable("claiming the key (answered too late)"),
+                );
             }
             match takeover {
                 None => info!(event = "claimed", "running handler"),
@@ -375,23 +397,22 @@ async fn claim_key(
     }
 }
 
-/// Steps 6 and 7 for a plain handler: runs it (its answer becomes the response) while
-/// the heartbeat renews the lease, then records the outcome or gives the claim up.
+/// Steps 6 and 7 for a plain handler: runs it while the heartbeat renews the lease, has
+/// its door judge its output, then records the outcome or gives the claim up.
 // Not an `async fn`, on purpose (see the comment in the body).
 #[allow(clippy::manual_async_fn)]
-fn execute(
+pub(super) fn execute<J: Judge>(
     execution: Execution,
-    handler: impl Future<Output = Response> + Send,
-) -> impl Future<Output = Response> + Send {
+    handler: impl Future<Output = J> + Send,
+) -> impl Future<Output = J::Answer> + Send {
     // An `async` block, not an `async fn`: an `async fn` keeps its by-value arguments
     // twice in its state (the argument and the local it is moved into), and this
     // future is part of every request's.
     async move {
-        let release_server_errors = execution.config.on_server_error == OnServerError::Release;
         let started = execution.claim_answered_at;
         let ran = AssertUnwindSafe(async {
             match ByDeadline::new(execution.deadline(), handler).await {
-                Some(response) => capture(&execution, response, release_server_errors).await,
+                Some(output) => output.judge(&execution).await,
                 // The side effect may or may not have happened: record that, so that a
                 // retry cannot run it a second time.
                 None => Verdict::Record(interrupted_record(&execution)),
@@ -400,7 +421,9 @@ fn execute(
         .catch_unwind();
         let verdict = with_heartbeat(&execution, ran)
             .await
-            .unwrap_or_else(|_panic| Verdict::GiveUp(GiveUp::Panic, handler_panicked()));
+            .unwrap_or_else(|_panic| {
+                Verdict::GiveUp(GiveUp::Panic, J::Answer::settle(Settlement::Panicked))
+            });
         let finished = tokio::time::Instant::now();
         metrics::handler_duration(execution.config.name, finished - started);
         match verdict {
@@ -408,8 +431,11 @@ fn execute(
             // the handler finished must not let it lapse while we retry.
             Verdict::Record(Captured { stored, answer }) => {
                 execution.observe_duration(finished);
-                record::complete_with_retries(execution, stored, finished).await;
-                answer
+                if record::complete_with_retries(execution, stored, finished).await {
+                    answer
+                } else {
+                    answer.record_pending()
+                }
             }
             Verdict::GiveUp(why, answer) => record::give_up(&execution, why, answer).await,
         }
@@ -420,18 +446,17 @@ fn execute(
 /// commit together, or it rolls back and gives the claim up (see [`transact`]);
 /// the lease is renewed throughout.
 #[cfg(feature = "sql")]
-async fn execute_in_transaction<DB, F, Fut, T, E>(
+pub(super) async fn execute_in_transaction<DB, F, Fut, J>(
     execution: Execution,
     tx_store: Arc<dyn TxStore<DB>>,
     idempotency_key: IdempotencyKey,
     handler: F,
-) -> Response
+) -> J::Answer
 where
     DB: TxDatabase,
     F: FnOnce(IdempotencyKey, Tx<DB>) -> Fut + Send + 'static,
-    Fut: Future<Output = (Result<T, E>, Tx<DB>)> + Send + 'static,
-    T: IntoResponse + 'static,
-    E: IntoResponse + 'static,
+    Fut: Future<Output = (J, Tx<DB>)> + Send + 'static,
+    J: Judge,
 {
     // Its writes commit with its response, all or nothing: there is nothing to resume.
     execution.steps.refuse_inside_transaction();
@@ -441,7 +466,7 @@ where
 
 /// The `409` + `Retry-After` for a duplicate that finds the key still in progress
 /// (the store's `retry_after`: until the holder's lease runs out).
-fn in_progress(inner: &Inner, config: &HandlerConfig, retry_after: Duration) -> Response {
+fn in_progress<A: Door>(inner: &Inner, config: &HandlerConfig, retry_after: Duration) -> A {
     metrics::count(config.name, Outcome::InProgress);
     let retry_after = inner.durations.retry_after(config.name, retry_after);
     info!(
@@ -449,7 +474,7 @@ fn in_progress(inner: &Inner, config: &HandlerConfig, retry_after: Duration) -> 
         retry_after_secs = retry_after.as_secs(),
         "original request still running"
     );
-    in_progress_answer(retry_after)
+    A::settle(Settlement::InProgress(retry_after))
 }
 
 /// The `outcome` a claim's answer counts under; `None` for a key in progress, counted
@@ -465,11 +490,8 @@ fn claim_metric(outcome: &ClaimOutcome) -> Option<Outcome> {
 
 /// What a claim attempt answers when it panicked outside the handler (which has its
 /// own guard) or was cut off by the runtime shutting down.
-fn attempt_interrupted<X>() -> Attempt<X> {
-    Attempt::Done(
-        Settled::Failed,
-        internal_error("The request was interrupted; it is safe to retry with the same key."),
-    )
+fn attempt_interrupted<X, A: Door>() -> Attempt<X, A> {
+    Attempt::Done(Settled::Failed, A::settle(Settlement::AttemptInterrupted))
 }
 
 /// The store's transactions on database `DB`, if it has them.

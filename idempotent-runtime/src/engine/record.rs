@@ -8,31 +8,31 @@
 
 use std::time::Duration;
 
-use axum::response::Response;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, warn};
 
-#[cfg(feature = "sql")]
-use super::answers::{lease_lost, store_unavailable, transaction_aborted};
 use super::execution::Execution;
 use super::heartbeat::with_heartbeat;
+#[cfg(feature = "sql")]
+use super::settlement::{Door, Settlement};
 use super::store_call::store_call;
 use crate::metrics::{self, Outcome, StoreOperation};
 use crate::store::StoredResponse;
 
-/// What the handler's answer means for the claim.
-pub(super) enum Verdict {
+/// What the handler's answer means for the claim; `A` is the door's answer.
+pub(super) enum Verdict<A> {
     /// Record this response and answer it.
-    Record(Captured),
+    Record(Captured<A>),
     /// Release the claim (logging why) and answer this.
-    GiveUp(GiveUp, Response),
+    GiveUp(GiveUp, A),
 }
 
 /// A finished request as recorded and as answered: the record a replay is rebuilt from,
-/// and the response this client gets (the same, unless the body was not kept whole).
-pub(super) struct Captured {
+/// and what this caller gets (for HTTP the same response, unless the body was not kept
+/// whole).
+pub(super) struct Captured<A> {
     pub(super) stored: StoredResponse,
-    pub(super) answer: Response,
+    pub(super) answer: A,
 }
 
 /// How one attempt to record the response ended.
@@ -54,6 +54,9 @@ pub(super) enum GiveUp {
     #[cfg(feature = "sql")]
     /// A transactional handler returned `Err`.
     HandlerError(http::StatusCode),
+    /// A function run through the typed entry point returned its error (a transactional
+    /// one's writes rolled back).
+    FunctionError,
     /// An extractor refused the request before the handler ran (behind the layer).
     Rejected(http::StatusCode),
     /// The handler panicked.
@@ -119,14 +122,15 @@ fn transaction_failure(doing: &'static str, err: &sqlx::Error) -> GiveUp {
 /// The lease is renewed all along.
 ///
 /// `started` is a clock reading taken just before (the handler's finish): the retry
-/// window and the first attempt's timeout count from it.
+/// window and the first attempt's timeout count from it. `true` when the outcome was
+/// recorded before this returned (not in the background, nor taken over meanwhile).
 // Not an `async fn`, on purpose (see `protocol::execute`).
 #[allow(clippy::manual_async_fn)]
 pub(super) fn complete_with_retries(
     execution: Execution,
     stored: StoredResponse,
     started: Instant,
-) -> impl Future<Output = ()> + Send {
+) -> impl Future<Output = bool> + Send {
     // An `async` block, not an `async fn`: see `protocol::execute`.
     async move {
         let deadline = started + execution.inner.completion_retry_window;
@@ -153,8 +157,9 @@ pub(super) fn complete_with_retries(
         })
         .await;
         if let Some(done) = inline {
+            let recorded = matches!(done, Completion::Recorded(_));
             settle(&execution, done, stored);
-            return;
+            return recorded;
         }
         let span = tracing::Span::current();
         let tracker = execution.inner.tracker.clone();
@@ -207,6 +212,7 @@ pub(super) fn complete_with_retries(
             }
             .instrument(span),
         );
+        false
     }
 }
 
@@ -257,7 +263,7 @@ fn settle(execution: &Execution, completion: Completion, stored: StoredResponse)
 }
 
 /// Logs why the claim is given up, releases it and answers `answer`.
-pub(super) async fn give_up(execution: &Execution, why: GiveUp, answer: Response) -> Response {
+pub(super) async fn give_up<A>(execution: &Execution, why: GiveUp, answer: A) -> A {
     metrics::count(execution.config.name, why.counted());
     match why {
         GiveUp::ServerError(status) => info!(
@@ -272,6 +278,12 @@ pub(super) async fn give_up(execution: &Execution, why: GiveUp, answer: Response
             reason = "handler_error",
             status = status.as_u16(),
             "handler returned an error; its writes rolled back"
+        ),
+        GiveUp::FunctionError => info!(
+            event = "released",
+            reason = "function_error",
+            "the function returned an error; releasing the claim (a transactional one's \
+             writes rolled back)"
         ),
         GiveUp::Rejected(status) => info!(
             event = "released",
@@ -340,12 +352,12 @@ async fn release(execution: &Execution) {
 
 /// Completes the claim inside the handler's transaction and commits both.
 #[cfg(feature = "sql")]
-pub(super) async fn commit<DB: crate::transaction::TxDatabase>(
+pub(super) async fn commit<DB: crate::transaction::TxDatabase, A: Door>(
     execution: &Execution,
     tx_store: &dyn crate::transaction::TxStore<DB>,
     mut tx: crate::transaction::Tx<DB>,
-    captured: Captured,
-) -> Response {
+    captured: Captured<A>,
+) -> A {
     let read_at = execution.cache_time();
     let completion = tx_store.complete_in(
         tx.conn(),
@@ -378,7 +390,7 @@ pub(super) async fn commit<DB: crate::transaction::TxDatabase>(
                 "lease was taken over; the handler's writes rolled back"
             );
             execution.count_lease_lost();
-            return lease_lost();
+            return A::settle(Settlement::LeaseLost);
         }
         Err(err) => {
             let _ = tx.into_inner().rollback().await;
@@ -396,8 +408,8 @@ pub(super) async fn commit<DB: crate::transaction::TxDatabase>(
         }
     };
     let answer = match &failure {
-        GiveUp::Aborted { .. } => transaction_aborted(),
-        _ => store_unavailable(),
+        GiveUp::Aborted { .. } => A::settle(Settlement::TransactionAborted),
+        _ => A::settle(Settlement::StoreUnavailable("recording the outcome")),
     };
     give_up(execution, failure, answer).await
 }

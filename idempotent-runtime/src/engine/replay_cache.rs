@@ -223,6 +223,13 @@ impl CachedReplay {
         response
     }
 
+    /// The record this copy was made from.
+    pub(super) fn to_stored(&self) -> StoredResponse {
+        self.stored
+            .to_stored()
+            .expect("headers this process encoded decode")
+    }
+
     /// The status replayed, for logs (as the response carries it).
     pub(super) fn status(&self) -> u16 {
         StatusCode::from_u16(self.stored.status)

@@ -9,21 +9,19 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use axum::body::Body;
-#[cfg(feature = "sql")]
-use axum::response::IntoResponse;
 use axum::response::Response;
 #[cfg(feature = "sql")]
 use futures_util::FutureExt;
 use tracing::{error, warn};
 
 use super::answers::{self, stored_answer};
-#[cfg(feature = "sql")]
-use super::answers::{handler_panicked, internal_error, store_unavailable};
 use super::capture::{BodyRead, read_capped, replayable_headers};
 use super::execution::Execution;
 use super::record::{Captured, GiveUp, Verdict};
 #[cfg(feature = "sql")]
 use super::record::{commit, give_up};
+use super::settlement::{Door, Judge, Settlement};
+use crate::config::OnServerError;
 #[cfg(feature = "sql")]
 use crate::key::IdempotencyKey;
 #[cfg(feature = "sql")]
@@ -33,15 +31,39 @@ use crate::store::StoredResponse;
 #[cfg(feature = "sql")]
 use crate::transaction::{Tx, TxDatabase, TxStore};
 
+/// A plain HTTP handler's response: a 5xx gives up under `OnServerError::Release`.
+impl Judge for Response {
+    type Answer = Response;
+
+    fn judge(self, execution: &Execution) -> impl Future<Output = Verdict<Response>> + Send {
+        let release_server_errors = execution.config.on_server_error == OnServerError::Release;
+        capture(execution, self, release_server_errors)
+    }
+}
+
+/// A transactional HTTP handler's result, made a response at once (its `T`/`E` need not
+/// be `Send`): `Err` gives up, whatever its status; so does an `Ok` 5xx.
+#[cfg(feature = "sql")]
+impl Judge for Result<Response, Response> {
+    type Answer = Response;
+
+    async fn judge(self, execution: &Execution) -> Verdict<Response> {
+        match self {
+            Ok(answer) => capture(execution, answer, true).await,
+            Err(answer) => Verdict::GiveUp(GiveUp::HandlerError(answer.status()), answer),
+        }
+    }
+}
+
 /// What the handler's response means for the claim: a 5xx (when
 /// `release_server_errors`) gives up; anything else is recorded — its body only when
 /// it fits the stored-response cap and ends before the maximum duration (see
 /// [`super::capture`]).
-pub(super) async fn capture(
+async fn capture(
     execution: &Execution,
     response: Response,
     release_server_errors: bool,
-) -> Verdict {
+) -> Verdict<Response> {
     let status = response.status();
     // The steps the handler ran decide before its status does (see `StepAnswer`).
     let release = match execution.steps.answer() {
@@ -100,7 +122,7 @@ pub(super) async fn capture(
 
 /// The record of a plain handler that ran past its maximum duration: a `500` problem
 /// saying it was interrupted, replayed to every retry.
-pub(super) fn interrupted_record(execution: &Execution) -> Captured {
+pub(super) fn interrupted_record<A: Door>(execution: &Execution) -> Captured<A> {
     let max = execution.max_duration();
     error!(
         event = "completed",
@@ -109,7 +131,7 @@ pub(super) fn interrupted_record(execution: &Execution) -> Captured {
         "handler ran past its maximum duration; recorded as interrupted"
     );
     let stored = answers::interrupted(max);
-    let answer = stored_answer(stored.clone());
+    let answer = A::settle(Settlement::Interrupted(stored.clone()));
     Captured { stored, answer }
 }
 
@@ -117,18 +139,17 @@ pub(super) fn interrupted_record(execution: &Execution) -> Captured {
 /// a 5xx, an `Err`, a panic, a failure to begin or a run past the maximum duration rolls
 /// back and gives the claim up.
 #[cfg(feature = "sql")]
-pub(super) async fn transact<DB, F, Fut, T, E>(
+pub(super) async fn transact<DB, F, Fut, J>(
     execution: &Execution,
     tx_store: Arc<dyn TxStore<DB>>,
     idempotency_key: IdempotencyKey,
     handler: F,
-) -> Response
+) -> J::Answer
 where
     DB: TxDatabase,
     F: FnOnce(IdempotencyKey, Tx<DB>) -> Fut + Send + 'static,
-    Fut: Future<Output = (Result<T, E>, Tx<DB>)> + Send + 'static,
-    T: IntoResponse + 'static,
-    E: IntoResponse + 'static,
+    Fut: Future<Output = (J, Tx<DB>)> + Send + 'static,
+    J: Judge,
 {
     let (transaction, _permit) = match crate::transaction::begin(tx_store.as_ref()).await {
         Ok(begun) => (begun.transaction, begun.permit),
@@ -137,7 +158,9 @@ where
                 doing: "beginning the transaction",
                 error: err.to_string(),
             };
-            return give_up(execution, why, store_unavailable()).await;
+            let answer =
+                J::Answer::settle(Settlement::StoreUnavailable("beginning the transaction"));
+            return give_up(execution, why, answer).await;
         }
     };
     // A panic drops the handler's transaction, which rolls it back. The store may hold
@@ -156,25 +179,18 @@ where
         let Ok((result, tx)) = tokio::time::timeout_at(deadline, running).await else {
             return Err(max_duration);
         };
-        // Into a response at once: `T`/`E` need not be `Send` across the awaits below.
-        let result = result
-            .map(IntoResponse::into_response)
-            .map_err(IntoResponse::into_response);
-        let outcome = match result {
-            Ok(answer) => capture(execution, answer, true).await,
-            Err(answer) => Verdict::GiveUp(GiveUp::HandlerError(answer.status()), answer),
-        };
-        Ok((outcome, tx))
+        Ok((result.judge(execution).await, tx))
     })
     .catch_unwind()
     .await;
     metrics::handler_duration(execution.config.name, started.elapsed());
     match finished {
-        Err(_panic) => give_up(execution, GiveUp::Panic, handler_panicked()).await,
+        Err(_panic) => {
+            let answer = J::Answer::settle(Settlement::Panicked);
+            give_up(execution, GiveUp::Panic, answer).await
+        }
         Ok(Err(max_duration)) => {
-            let answer = internal_error(
-                "The request ran longer than its maximum duration; its writes were rolled back. It is safe to retry with the same key.",
-            );
+            let answer = J::Answer::settle(Settlement::TimedOut);
             give_up(execution, GiveUp::TimedOut(max_duration), answer).await
         }
         Ok(Ok((Verdict::GiveUp(why, answer), tx))) => {

@@ -22,7 +22,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::response::Response;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::info;
@@ -40,10 +39,11 @@ const FIRST_POLL: Duration = Duration::from_millis(20);
 const MAX_POLL: Duration = Duration::from_millis(500);
 
 /// How one uncancellable claim attempt ended: answered, or the key still in progress
-/// (with the handler handed back, for a request that waits and claims again).
-pub(super) enum Attempt<X> {
-    /// Answered (replay, run, `422`, `503`, …): how, and the response.
-    Done(Settled, Response),
+/// (with the handler handed back, for a request that waits and claims again). `A` is
+/// the door's answer.
+pub(super) enum Attempt<X, A> {
+    /// Answered (replay, run, `422`, `503`, …): how, and the door's answer.
+    Done(Settled, A),
     /// The key is still in progress: the store's `Retry-After`, and the handler back.
     InProgress(Duration, X),
 }
@@ -85,18 +85,18 @@ enum WaitOutcome {
 /// until `wait` has passed. `attempt` runs one claim (and the handler, if it wins)
 /// uncancellably, handing the handler back when the key is in progress; so does this
 /// when the key is still in progress at the end of the wait.
-pub(super) async fn claim_waiting<X, A, Fut>(
+pub(super) async fn claim_waiting<X, T, Fut, A>(
     inner: &Inner,
     config: &HandlerConfig,
     scope: &str,
     key: &str,
     wait: Duration,
     mut execute: X,
-    attempt: A,
-) -> Attempt<X>
+    attempt: T,
+) -> Attempt<X, A>
 where
-    A: Fn(X) -> Fut,
-    Fut: Future<Output = Attempt<X>>,
+    T: Fn(X) -> Fut,
+    Fut: Future<Output = Attempt<X, A>>,
 {
     let started = Instant::now();
     let deadline = started + wait;

@@ -28,7 +28,9 @@
 //! 17. [`steps`]: multi-step handlers — recovery points, atomic and external steps, and
 //!     what a retry does after each kind of failure;
 //! 18. [`client`]: calling other APIs safely — `idempotent-client`, one key per call
-//!     reused on every retry, and what it retries.
+//!     reused on every retry, and what it retries;
+//! 19. [`consumers`]: queue consumers and plain functions — `Idempotency::once`, its
+//!     typed outcomes, the transactional inbox, and the NATS JetStream door;
 //! 20. [`webhooks`]: incoming webhooks — Standard Webhooks signatures verified before
 //!     anything is stored, then one run per event id.
 //!
@@ -89,6 +91,9 @@ pub mod steps {}
 
 #[doc = include_str!("18_client.md")]
 pub mod client {}
+
+#[doc = include_str!("19_consumers.md")]
+pub mod consumers {}
 
 #[doc = include_str!("20_webhooks.md")]
 pub mod webhooks {}

@@ -73,6 +73,9 @@
 //!   byte, and an expired record's steps are gone; a release keeps a record with steps (in
 //!   progress, lease ended: the same request resumes, another is a mismatch) and deletes
 //!   one without; completion and `forget` drop them; `inspect` shows them.
+//! - The typed entry point ([`Idempotency::once`](crate::Idempotency::once),
+//!   `check_function_…`): a function runs once per key and payload across engines, and
+//!   its typed output comes back from the store's bytes to every duplicate.
 //! - The store's capabilities agree with its behaviour: a store that keeps its clock in
 //!   this process gives it, an in-process store gives a clock, and records expire by the
 //!   clock given ([`check_capabilities_are_consistent`]).
@@ -87,6 +90,7 @@ use bytes::Bytes;
 use super::Trial;
 
 mod faults;
+mod function;
 mod operator;
 mod steps;
 
@@ -103,6 +107,7 @@ pub use faults::{
     check_fault_crash_after_the_ttl_resumes_the_steps,
     check_fault_forward_wall_step_keeps_a_live_lease, check_fault_refused_completions_keep_the_key,
 };
+pub use function::check_function_runs_once_and_replays_its_output;
 pub use operator::{
     check_concurrent_forgets_delete_once, check_forced_forget_fences_the_owner,
     check_forget_after_the_lease_ran_out, check_forget_completed_lets_the_key_run_as_new,
@@ -221,6 +226,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_steps_race_a_takeover,
         check_steps_survive_a_crash_after_the_ttl,
         check_steps_an_intent_and_its_output_both_come_back,
+        check_function_runs_once_and_replays_its_output,
     ];
     let trials = checks
         .into_iter()

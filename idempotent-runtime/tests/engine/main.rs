@@ -1,8 +1,9 @@
-//! The engine through its public API on the memory store: the request protocol and the
-//! replay cache, under the standard test harness (no server involved, so nothing is
-//! reported ignored).
+//! The engine through its public API on the memory store: the request protocol, the
+//! typed entry point (`Idempotency::once`) and the replay cache, under the standard test
+//! harness (no server involved, so nothing is reported ignored).
 
 mod engine;
+mod function;
 mod replay_cache;
 mod steps;
 mod webhooks;

@@ -8,6 +8,8 @@
 //! `[store_sqlite] conformance::check_…`, so the stores' same-named checks stay apart
 //! and `cargo test --test stores store_sqlite` runs one module.
 
+#[cfg(feature = "nats")]
+mod door_nats;
 mod fenced_btree_store;
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "redis"))]
 mod fixtures;
@@ -61,5 +63,7 @@ fn main() {
     #[cfg(feature = "sqlite")]
     add("waiting", waiting::trials());
     add("metrics_counters", metrics_counters::trials());
+    #[cfg(feature = "nats")]
+    add("door_nats", door_nats::trials());
     idempotent_runtime::testing::run(trials)
 }

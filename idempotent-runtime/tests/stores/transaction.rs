@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
+use idempotent_runtime::engine::Failure;
 use idempotent_runtime::store::{ClaimAnswer, Forward};
 use idempotent_runtime::transaction::{TxDatabase, TxStore};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency, Store,
-    StoreError, StoredResponse, Takeover, Tx, TxSupport,
+    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency, Outcome,
+    Store, StoreError, StoredResponse, Takeover, Tx, TxSupport,
 };
 
 use idempotent_runtime::testing::conformance::Harness;
@@ -705,6 +706,82 @@ pub(crate) async fn check_steps_refused_inside_an_atomic_step<H: Harness, DB: Le
     assert_eq!(setup.rows().await, 1);
 }
 
+/// What the inbox function does after writing its ledger row.
+async fn inbox<H: Harness, DB: Ledger>(
+    setup: &Setup<H, DB>,
+    key: &str,
+    then: Then,
+) -> Outcome<(String, i64), String> {
+    // Duplicates wait for the original, so that each of them settles.
+    const WAITING: HandlerConfig = CONFIG.wait(Duration::from_secs(20));
+    let runs = setup.runs.clone();
+    setup
+        .engine
+        .once_in_transaction::<DB, _, _, _, _>(
+            &WAITING,
+            "inbox",
+            key,
+            Fingerprint::of_payload(b"deposit 100"),
+            move |key, mut tx| async move {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let written = DB::insert(&mut tx, key.as_str()).await;
+                let result = match (written, then) {
+                    (Err(err), _) => Err(err.to_string()),
+                    (Ok(()), Then::Created) => Ok((key.as_str().to_owned(), run as i64)),
+                    (Ok(()), Then::Err | Then::ServerError) => Err("refused after writing".into()),
+                    (Ok(()), Then::Panic) => panic!("function bug after writing"),
+                };
+                (result, tx)
+            },
+        )
+        .await
+}
+
+/// The typed entry point's transactional variant (the inbox): 32 concurrent deliveries
+/// of one message write its row once and every one settles with the same typed output;
+/// an error or a panic after the write rolls it back and releases the key.
+pub(crate) async fn check_inbox_writes_once_with_its_record<H: Harness, DB: Ledger>() {
+    let setup = Arc::new(setup::<H, DB>().await);
+    let barrier = Arc::new(tokio::sync::Barrier::new(32));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (setup, barrier) = (setup.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                inbox::<H, DB>(&setup, "msg-1", Then::Created).await
+            })
+        })
+        .collect();
+    let mut ran = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Outcome::Ran(output) => {
+                ran += 1;
+                assert_eq!(output, ("msg-1".to_owned(), 1));
+            }
+            Outcome::Replayed(output) => assert_eq!(output, ("msg-1".to_owned(), 1)),
+            other => panic!("expected a run or a replay, got {other:?}"),
+        }
+    }
+    assert_eq!(ran, 1);
+    assert_eq!(setup.rows().await, 1, "one ledger row");
+    assert_eq!(setup.runs.load(Ordering::SeqCst), 1);
+    let mut rows = 1;
+    for (key, then) in [("msg-err", Then::Err), ("msg-panic", Then::Panic)] {
+        let failed = inbox::<H, DB>(&setup, key, then).await;
+        match (&failed, then) {
+            (Outcome::Failed(Failure::Error(_)), Then::Err)
+            | (Outcome::Failed(Failure::Panicked), Then::Panic) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(setup.rows().await, rows, "{then:?}: the write rolled back");
+        let retry = inbox::<H, DB>(&setup, key, Then::Created).await;
+        assert!(matches!(retry, Outcome::Ran(_)), "{then:?}: {retry:?}");
+        rows += 1;
+        assert_eq!(setup.rows().await, rows, "{then:?}: written once");
+    }
+}
+
 pub(crate) fn trials<H: Harness, DB: Ledger>() -> Vec<Trial> {
     let trial = |name: &str, check: fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>| {
         async_trial(format!("transaction::{name}"), check)
@@ -739,6 +816,9 @@ pub(crate) fn trials<H: Harness, DB: Ledger>() -> Vec<Trial> {
         }),
         trial("check_steps_refused_inside_an_atomic_step", || {
             Box::pin(check_steps_refused_inside_an_atomic_step::<H, DB>())
+        }),
+        trial("check_inbox_writes_once_with_its_record", || {
+            Box::pin(check_inbox_writes_once_with_its_record::<H, DB>())
         }),
     ];
     ignored_if(H::unavailable(), trials)
