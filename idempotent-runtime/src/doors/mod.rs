@@ -5,6 +5,9 @@
 //! the one rule every queue door follows.
 //!
 //! - [`nats`] (feature `nats`): a NATS JetStream pull consumer, keyed by `Nats-Msg-Id`.
+//! - [`rabbitmq`] (feature `rabbitmq`): a RabbitMQ consumer, keyed by `message_id`.
 
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;

@@ -10,6 +10,7 @@
 
 #[cfg(feature = "nats")]
 mod door_nats;
+mod door_rabbitmq;
 mod fenced_btree_store;
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "redis"))]
 mod fixtures;
@@ -65,5 +66,6 @@ fn main() {
     add("metrics_counters", metrics_counters::trials());
     #[cfg(feature = "nats")]
     add("door_nats", door_nats::trials());
+    add("door_rabbitmq", door_rabbitmq::trials());
     idempotent_runtime::testing::run(trials)
 }

@@ -1,0 +1,475 @@
+//! The RabbitMQ door: a consumer whose deliveries each run a function once per message
+//! id, through [`Idempotency::once`] — the same store, claim, leases, heartbeat, waiting
+//! and steps as an HTTP request.
+//!
+//! - **Key**: the `message_id` property ([`KeyFrom::MessageId`]; [`KeyFrom::Header`] reads
+//!   a header instead). The publisher sets it once per logical message and keeps it on
+//!   every republish, so a message published twice, redelivered after a consumer's
+//!   crash, or delivered to two consumers runs once.
+//! - **Scope**: the queue's name by default ([`ScopeFrom`]).
+//! - **Fingerprint**: the body ([`Fingerprint::of_payload`]): the same id with another
+//!   body is refused ([`Outcome::KeyReused`]) and rejected, dead-lettered where the queue
+//!   has a dead-letter exchange.
+//! - **Acknowledgement** follows [`Outcome::disposition`]: `basic.ack` only once the
+//!   record is committed or replayed. A duplicate of a running message is requeued after
+//!   its lease's time left, a function's error (its claim released) and a store outage
+//!   after the door's [`retry_delay`](RabbitDoor::retry_delay): the door holds the
+//!   delivery that long, then `basic.nack`s it with `requeue`. RabbitMQ has no delayed
+//!   requeue of its own, and an immediate one would hand the message straight back; a
+//!   held delivery counts against the channel's prefetch, so set `basic.qos` above the
+//!   door's [`concurrency`](RabbitDoor::concurrency).
+//! - **The `redelivered` flag** is not taken as proof of a duplicate: RabbitMQ sets it on
+//!   any delivery that may have been seen before, including one whose first consumer
+//!   never started it. The record decides, as for every other delivery.
+//! - **A delivery without its id**: [`MissingKey`] decides — rejected without requeue (the
+//!   default: the queue's dead-letter exchange gets it, if it has one) or run unprotected.
+//!
+//! A consumer that crashes mid-message leaves its claim in the store: RabbitMQ requeues
+//! the unacknowledged delivery when the channel closes, and the next delivery is held
+//! and requeued as in progress until the crashed claim's lease runs out; then it is
+//! taken over and runs, resuming after the steps the crashed run recorded.
+//!
+//! ```no_run
+//! use idempotent_runtime::doors::rabbitmq::RabbitDoor;
+//! use idempotent_runtime::store::MemoryStore;
+//! use idempotent_runtime::{HandlerConfig, Idempotency};
+//! use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+//! use lapin::types::FieldTable;
+//! use lapin::{Connection, ConnectionProperties};
+//!
+//! # async fn consume() -> Result<(), Box<dyn std::error::Error>> {
+//! let connection =
+//!     Connection::connect("amqp://guest:guest@127.0.0.1:5672/%2f", ConnectionProperties::default())
+//!         .await?;
+//! let channel = connection.create_channel().await?;
+//! channel.basic_qos(64, BasicQosOptions::default()).await?;
+//! let consumer = channel
+//!     .basic_consume("orders".into(), "charger".into(), BasicConsumeOptions::default(), FieldTable::default())
+//!     .await?;
+//!
+//! let door = RabbitDoor::new(Idempotency::new(MemoryStore::new()))
+//!     .config(HandlerConfig::new().name("charge"))
+//!     .concurrency(32);
+//! door.run(consumer, |key, message| async move {
+//!     // One charge per message id, whatever RabbitMQ redelivers.
+//!     let amount: u64 = std::str::from_utf8(&message.body)?.parse()?;
+//!     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(format!("{amount} under {}", key.derive("gateway")))
+//! })
+//! .await;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::protocol::BasicProperties;
+use lapin::types::AMQPValue;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::{error, info, warn};
+
+use crate::config::HandlerConfig;
+use crate::engine::{Disposition, Idempotency, Outcome};
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+
+/// Where a delivery's key comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum KeyFrom {
+    /// The `message_id` property (the default).
+    #[default]
+    MessageId,
+    /// A header of this name, whose value is a string.
+    Header(String),
+}
+
+/// Where a delivery's scope comes from: message ids are unique within it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ScopeFrom {
+    /// The name of the queue the consumer reads (the default).
+    #[default]
+    Queue,
+    /// The delivery's routing key.
+    RoutingKey,
+    /// This fixed scope, for every delivery.
+    Fixed(String),
+}
+
+/// What the door does with a delivery that carries no key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingKey {
+    /// Reject it without requeue: RabbitMQ drops it, or dead-letters it to the queue's
+    /// dead-letter exchange (`x-dead-letter-exchange`). The default: without an id the
+    /// door cannot tell a redelivery from a new message.
+    #[default]
+    Reject,
+    /// Run the function without protection, as a plain consumer would: every delivery
+    /// runs it, and a failure requeues it. The key handed to the function is not claimed
+    /// (its `step` answers `NotClaimed`); its name is the delivery tag.
+    RunUnprotected,
+}
+
+/// What the door answered the broker for one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// `basic.ack`.
+    Ack,
+    /// Held this long, then `basic.nack` with `requeue`: delivered again.
+    Requeue(Duration),
+    /// `basic.reject` without `requeue`: dropped, or dead-lettered.
+    Reject,
+}
+
+/// A delivery as the function sees it: everything but the means to acknowledge it,
+/// which stays with the door.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The body.
+    pub body: Vec<u8>,
+    /// The properties (`message_id`, headers, content type, …).
+    pub properties: BasicProperties,
+    /// The exchange it was published to.
+    pub exchange: String,
+    /// Its routing key.
+    pub routing_key: String,
+    /// RabbitMQ's `redelivered` flag: it may have been delivered before (a hint, not
+    /// proof of a duplicate).
+    pub redelivered: bool,
+}
+
+/// How the door handled one delivery ([`RabbitDoor::handle`]).
+#[derive(Debug)]
+pub enum Handled<T, E> {
+    /// The delivery had a key: the function went through the engine.
+    Protected {
+        /// What the engine answered.
+        outcome: Outcome<T, E>,
+        /// What the broker was told.
+        reply: Reply,
+    },
+    /// The delivery had no key and [`MissingKey::RunUnprotected`]: the function ran.
+    Unprotected {
+        /// What the function returned.
+        result: Result<T, E>,
+        /// What the broker was told.
+        reply: Reply,
+    },
+    /// The delivery had no key and [`MissingKey::Reject`]: nothing ran.
+    MissingKey,
+}
+
+impl<T, E> Handled<T, E> {
+    /// What the broker was told.
+    ///
+    /// ```
+    /// use idempotent_runtime::Outcome;
+    /// use idempotent_runtime::doors::rabbitmq::{Handled, Reply};
+    ///
+    /// let handled: Handled<u8, String> = Handled::Protected {
+    ///     outcome: Outcome::Replayed(1),
+    ///     reply: Reply::Ack,
+    /// };
+    /// assert_eq!(handled.reply(), Reply::Ack);
+    /// ```
+    pub fn reply(&self) -> Reply {
+        match self {
+            Self::Protected { reply, .. } | Self::Unprotected { reply, .. } => *reply,
+            Self::MissingKey => Reply::Reject,
+        }
+    }
+}
+
+/// A delivery the door could not answer, or a consumer it could not read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RabbitDoorError {
+    /// Answering the broker failed (the channel closed): RabbitMQ requeues the delivery,
+    /// and the engine replays or reruns it as its record says.
+    #[error("answering the broker ({reply:?}) failed: {error}")]
+    Reply {
+        /// What the door tried to tell the broker.
+        reply: Reply,
+        /// The client's error.
+        error: String,
+    },
+}
+
+/// A RabbitMQ consumer runner over [`Idempotency::once`]: see the [module docs](self).
+/// Cheap to clone; building one needs no connection.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use idempotent_runtime::doors::rabbitmq::{KeyFrom, MissingKey, RabbitDoor, ScopeFrom};
+/// use idempotent_runtime::store::MemoryStore;
+/// use idempotent_runtime::{HandlerConfig, Idempotency};
+///
+/// let door = RabbitDoor::new(Idempotency::new(MemoryStore::new()))
+///     .config(HandlerConfig::new().name("charge"))
+///     .key(KeyFrom::Header("order-id".into()))
+///     .scope(ScopeFrom::Fixed("orders".into()))
+///     .missing_key(MissingKey::RunUnprotected)
+///     .retry_delay(Duration::from_millis(500))
+///     .concurrency(32);
+/// # let _ = door;
+/// ```
+#[derive(Debug, Clone)]
+pub struct RabbitDoor {
+    idempotency: Idempotency,
+    config: HandlerConfig,
+    key: Arc<KeyFrom>,
+    scope: Arc<ScopeFrom>,
+    missing_key: MissingKey,
+    retry_delay: Duration,
+    concurrency: usize,
+}
+
+impl RabbitDoor {
+    /// A door over `idempotency` with the defaults: the `message_id` as the key, the
+    /// queue as the scope, deliveries without a key rejected, a retry delay of one
+    /// second and 16 deliveries handled at once.
+    pub fn new(idempotency: Idempotency) -> Self {
+        Self {
+            idempotency,
+            config: HandlerConfig::new(),
+            key: Arc::new(KeyFrom::MessageId),
+            scope: Arc::new(ScopeFrom::Queue),
+            missing_key: MissingKey::Reject,
+            retry_delay: Duration::from_secs(1),
+            concurrency: 16,
+        }
+    }
+
+    /// The policy each delivery runs under (name, TTL, lease, maximum duration, wait),
+    /// as an HTTP handler's.
+    pub fn config(mut self, config: HandlerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Where a delivery's key comes from (default [`KeyFrom::MessageId`]).
+    pub fn key(mut self, key: KeyFrom) -> Self {
+        self.key = Arc::new(key);
+        self
+    }
+
+    /// Where a delivery's scope comes from (default [`ScopeFrom::Queue`]).
+    pub fn scope(mut self, scope: ScopeFrom) -> Self {
+        self.scope = Arc::new(scope);
+        self
+    }
+
+    /// What to do with a delivery without a key (default [`MissingKey::Reject`]).
+    pub fn missing_key(mut self, missing: MissingKey) -> Self {
+        self.missing_key = missing;
+        self
+    }
+
+    /// How long a delivery is held before it is requeued after a failure that released
+    /// its claim, a store outage or an unconfirmed record (default one second). A
+    /// duplicate of a running message is held its lease's time left instead.
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// How many deliveries [`run`](Self::run) handles at once, held ones included
+    /// (default 16; at least 1). Keep the channel's prefetch (`basic.qos`) above it.
+    pub fn concurrency(mut self, deliveries: usize) -> Self {
+        self.concurrency = deliveries.max(1);
+        self
+    }
+
+    /// Handles `consumer`'s deliveries, each through [`handle`](Self::handle), up to
+    /// [`concurrency`](Self::concurrency) at once, until the consumer is cancelled or
+    /// its channel closes. A delivery the door cannot answer is logged (RabbitMQ
+    /// requeues it when the channel closes); an error reading the consumer is logged
+    /// and reading goes on. Dropping the future stops it: each function already running
+    /// finishes through the engine (nothing cancels it), and its delivery, unanswered,
+    /// is requeued and replayed.
+    pub async fn run<F, Fut, T, E>(&self, consumer: lapin::Consumer, function: F)
+    where
+        F: Fn(IdempotencyKey, Received) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let queue = consumer.queue().to_string();
+        consumer
+            .for_each_concurrent(self.concurrency, |delivery| {
+                let (function, queue) = (function.clone(), queue.as_str());
+                async move {
+                    let delivery = match delivery {
+                        Ok(delivery) => delivery,
+                        Err(err) => {
+                            warn!(door = "rabbitmq", error = %err, "reading the consumer failed");
+                            return;
+                        }
+                    };
+                    if let Err(err) = self.handle(delivery, queue, function).await {
+                        error!(door = "rabbitmq", error = %err, "delivery not answered; RabbitMQ requeues it when the channel closes");
+                    }
+                }
+            })
+            .await;
+    }
+
+    /// Handles one delivery from the consumer of `queue`: runs `function` through the
+    /// engine under the delivery's key, scope and body, then answers the broker as the
+    /// outcome's [`disposition`](Outcome::disposition) says (see the
+    /// [module docs](self)); a requeue is held for its delay first.
+    ///
+    /// # Errors
+    ///
+    /// Answering the broker failed (RabbitMQ requeues the delivery when the channel
+    /// closes).
+    pub async fn handle<F, Fut, T, E>(
+        &self,
+        delivery: Delivery,
+        queue: &str,
+        function: F,
+    ) -> Result<Handled<T, E>, RabbitDoorError>
+    where
+        F: FnOnce(IdempotencyKey, Received) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let scope = match &*self.scope {
+            ScopeFrom::Queue => queue.to_owned(),
+            ScopeFrom::RoutingKey => delivery.routing_key.to_string(),
+            ScopeFrom::Fixed(scope) => scope.clone(),
+        };
+        let received = Received {
+            body: delivery.data.clone(),
+            properties: delivery.properties.clone(),
+            exchange: delivery.exchange.to_string(),
+            routing_key: delivery.routing_key.to_string(),
+            redelivered: delivery.redelivered,
+        };
+        let Some(key) = key_of(&self.key, &delivery.properties) else {
+            return self.without_key(delivery, scope, received, function).await;
+        };
+        let outcome = self
+            .idempotency
+            .once(
+                &self.config,
+                &scope,
+                &key,
+                Fingerprint::of_payload(&delivery.data),
+                move |key| function(key, received),
+            )
+            .await;
+        let reply = match outcome.disposition() {
+            Disposition::Acknowledge => Reply::Ack,
+            Disposition::Redeliver(after) => Reply::Requeue(after.unwrap_or(self.retry_delay)),
+            Disposition::Reject => {
+                warn!(
+                    door = "rabbitmq",
+                    scope, key, "message id reused with another body; rejecting it"
+                );
+                Reply::Reject
+            }
+        };
+        match &outcome {
+            Outcome::Failed(failure) => {
+                info!(door = "rabbitmq", scope, key, %failure, "the function did not complete; requeued")
+            }
+            Outcome::RanUnrecorded(_) => warn!(
+                door = "rabbitmq",
+                scope,
+                key,
+                "ran, but its record is not confirmed; requeued so a redelivery replays it"
+            ),
+            _ => {}
+        }
+        answer(&delivery, reply).await?;
+        Ok(Handled::Protected { outcome, reply })
+    }
+
+    /// A delivery without a key, as [`MissingKey`] says.
+    async fn without_key<F, Fut, T, E>(
+        &self,
+        delivery: Delivery,
+        scope: String,
+        received: Received,
+        function: F,
+    ) -> Result<Handled<T, E>, RabbitDoorError>
+    where
+        F: FnOnce(IdempotencyKey, Received) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: fmt::Display,
+    {
+        match self.missing_key {
+            MissingKey::Reject => {
+                error!(
+                    door = "rabbitmq",
+                    routing_key = %delivery.routing_key,
+                    key = ?self.key,
+                    "delivery without its key; rejecting it (MissingKey::Reject)"
+                );
+                answer(&delivery, Reply::Reject).await?;
+                Ok(Handled::MissingKey)
+            }
+            MissingKey::RunUnprotected => {
+                let key = IdempotencyKey::new(scope, format!("tag-{}", delivery.delivery_tag));
+                let result = function(key, received).await;
+                let reply = match &result {
+                    Ok(_) => Reply::Ack,
+                    Err(err) => {
+                        info!(door = "rabbitmq", error = %err, "unprotected delivery failed; requeued");
+                        Reply::Requeue(self.retry_delay)
+                    }
+                };
+                answer(&delivery, reply).await?;
+                Ok(Handled::Unprotected { result, reply })
+            }
+        }
+    }
+}
+
+/// The key `from` names in `properties`, if it is there and not empty.
+fn key_of(from: &KeyFrom, properties: &BasicProperties) -> Option<String> {
+    let key = match from {
+        KeyFrom::MessageId => properties.message_id().as_ref()?.to_string(),
+        KeyFrom::Header(name) => {
+            let headers = properties.headers().as_ref()?;
+            match headers.inner().get(name.as_str())? {
+                AMQPValue::LongString(value) => value.to_string(),
+                AMQPValue::ShortString(value) => value.to_string(),
+                _ => return None,
+            }
+        }
+    };
+    (!key.is_empty()).then_some(key)
+}
+
+/// Tells the broker `reply`, a requeue after holding the delivery its delay.
+async fn answer(delivery: &Delivery, reply: Reply) -> Result<(), RabbitDoorError> {
+    let sent = match reply {
+        Reply::Ack => delivery.acker.ack(BasicAckOptions::default()).await,
+        Reply::Requeue(delay) => {
+            tokio::time::sleep(delay).await;
+            let requeue = BasicNackOptions {
+                requeue: true,
+                ..BasicNackOptions::default()
+            };
+            delivery.acker.nack(requeue).await
+        }
+        Reply::Reject => {
+            delivery
+                .acker
+                .reject(BasicRejectOptions { requeue: false })
+                .await
+        }
+    };
+    sent.map(drop).map_err(|err| RabbitDoorError::Reply {
+        reply,
+        error: err.to_string(),
+    })
+}
