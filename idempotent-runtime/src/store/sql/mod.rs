@@ -48,4 +48,3 @@ pub(crate) fn decode_completed(
         body: body.map(Bytes::from),
     })
 }
-
