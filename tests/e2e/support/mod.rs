@@ -67,8 +67,11 @@ where
 pub(crate) struct DemoVariant {
     pub(crate) keys: KeyHandling,
     pub(crate) authorise: Authorise,
-    pub(crate) wrap_store: Option<Box<dyn FnOnce(Arc<dyn Store>) -> Arc<dyn Store>>>,
+    pub(crate) wrap_store: Option<WrapStore>,
 }
+
+/// What [`DemoVariant::wrap_store`] does with the demo's store.
+pub(crate) type WrapStore = Box<dyn FnOnce(Arc<dyn Store>) -> Arc<dyn Store>>;
 
 /// [`payments_demo_routed`], as `variant` says.
 pub(crate) async fn payments_demo_with<Route, Routed>(
