@@ -3,12 +3,13 @@
 # the bare handler in the same run: see "Instructions per request" in README.md here.
 #
 # For each variant and repetition it starts the release server under
-# `valgrind --tool=callgrind --instr-atstart=no`, sends a warm-up, switches the
-# instrumentation on (`callgrind_control -i on`), sends N fresh-key requests one at a
-# time on one connection (src/bin/callgrind_client.rs, run natively), switches it off and
-# dumps; then replays a set of the keys it just completed once (not counted), and counts
-# N more replays of them the same way. Ir per request = the dump's total / N. Counts
-# repeat to a fraction of a percent on a busy machine, where times do not.
+# `valgrind --tool=callgrind --instr-atstart=no`, sends a warm-up, then counts three
+# phases of N requests each, sent one at a time on one connection by
+# src/bin/callgrind_client.rs (run natively): for each, the instrumentation is switched
+# on (`callgrind_control -i on`) around the requests, then off, and the counts dumped.
+# The phases: N fresh keys; the first retry of each (the store answers); N replays of
+# the last keys that the replay cache answers. Ir per request = the dump's total / N.
+# Counts repeat to a fraction of a percent on a busy machine, where times do not.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -26,17 +27,19 @@ usage: bench/http/callgrind.sh [-v VARIANTS] [-n REQUESTS] [-r REPS] [-w WARMUP]
                         idempotent-memory, idempotent-sqlite-normal, ...)
   -n, --requests N      requests counted per phase (default 1000)
   -r, --reps N          repetitions; the table shows medians (default 3)
-  -w, --warmup N        fresh-key requests sent before counting starts (default 200)
-  -k, --replay-keys N   how many of the counted fresh keys the replay phase cycles
-                        through (default 100; replayed once uncounted first)
+  -w, --warmup N        warm-up keys, each sent three times before counting starts
+                        (default 200)
+  -k, --replay-keys N   how many of the counted fresh keys (the last ones) the cached
+                        replays cycle through (default 100)
   -t, --workers N       tokio worker threads of the server (TOKIO_WORKER_THREADS;
                         default 1: valgrind runs one thread at a time anyway, and one
                         worker keeps idle-worker spinning out of the counts)
       --no-build        use the release binaries already built
 
 Output: one markdown table (Ir per request, median of the repetitions, and the
-difference from bare), plus the dumps and callgrind_annotate's inclusive listing of the
-median repetition of each phase in target/callgrind/ (see README.md here).
+difference from bare, for fresh keys, first retries and cached replays), plus the dumps
+and callgrind_annotate's inclusive listing of the median repetition of each phase in
+target/callgrind/ (see README.md here); callgrind_top.py breaks a dump down by function.
 Environment: BENCH_CG_PORT (38180), IDEMPOTENT_BENCH_* store URLs as for run.sh.
 Takes about 1 minute per variant and repetition at the defaults.
 EOF
@@ -104,13 +107,37 @@ total_ir() {
     awk '/^totals:/ { print $2; exit }' "$1"
 }
 
-# Runs one repetition of one variant; writes "<variant> <rep> <fresh Ir> <replay Ir>"
-# to $out/results.tsv.
+# A dump's Ir less those of SHA-256's block function: valgrind does not run the SHA
+# extensions (SHA-NI), so under it sha2 takes its software path, about 57,000
+# instructions for a 1 KiB body, where SHA-NI takes a few thousand.
+less_sha() {
+    local sha
+    sha="$(python3 "$here/callgrind_top.py" --sum '^sha2::' "$1")"
+    echo $(($(total_ir "$1") - sha))
+}
+
+# Counts one phase: instrumentation on, the client's requests, off, and a dump named
+# after the phase; prints how long the requests took.
+counted() {
+    local phase="$1"
+    shift
+    local started=$SECONDS
+    callgrind_control -i on "$pid" >/dev/null 2>&1
+    send "$@"
+    callgrind_control -i off "$pid" >/dev/null 2>&1
+    callgrind_control -d "$phase" "$pid" >/dev/null 2>&1
+    echo $((SECONDS - started))
+}
+
+# Runs one repetition of one variant; appends
+# "<variant> <rep> <fresh Ir> <first-retry Ir> <cached-replay Ir>" and the same three
+# less SHA-256's block function to $out/results.tsv.
 measure() {
     local variant="$1" rep="$2"
     local dir="$out/$variant-$rep"
     rm -rf "$dir"
     mkdir -p "$dir/data"
+    : >"$dir/server.log"
     TOKIO_WORKER_THREADS="$workers" valgrind --tool=callgrind --instr-atstart=no \
         --callgrind-out-file="$dir/callgrind.out" \
         "$server" --variant "$variant" --addr "$addr" --data-dir "$dir/data" \
@@ -131,28 +158,45 @@ measure() {
         sleep 0.1
     done
 
+    # Warm-up, uncounted: fresh keys, and every path the counted phases take (a first
+    # retry, a second, cached replays), so that one-time work (lazy statics, pools,
+    # prepared statements, maps growing) is done before counting starts.
     send --prefix warm --count "$warmup"
-    # Fresh keys, counted.
-    callgrind_control -i on "$pid" >/dev/null 2>&1
-    send --prefix fresh --count "$requests"
-    callgrind_control -i off "$pid" >/dev/null 2>&1
-    callgrind_control -d fresh "$pid" >/dev/null 2>&1
-    # Replays of the first keys just completed: once uncounted, then counted.
-    send --prefix fresh --count "$replay_keys"
-    callgrind_control -i on "$pid" >/dev/null 2>&1
-    send --prefix fresh --count "$requests" --cycle "$replay_keys"
-    callgrind_control -i off "$pid" >/dev/null 2>&1
-    callgrind_control -d replay "$pid" >/dev/null 2>&1
+    send --prefix warm --count "$warmup"
+    send --prefix warm --count "$warmup"
+    # 1. Fresh keys.
+    local t1 t2 t3
+    t1="$(counted fresh --prefix fresh --count "$requests")"
+    # 2. The first retry of each of those keys: the store answers it (the replay cache
+    #    does not keep this process's own completions unless told to), and the engine
+    #    caches the record.
+    t2="$(counted first-retry --prefix fresh --count "$requests")"
+    # 3. Cached replays of the last keys: their second retry, uncounted (the cache hashes
+    #    the request once to check it against the record, and keeps a copy of it), then
+    #    counted ones, all answered by the cache by comparing bytes. The last keys, so
+    #    that the phase ends within the cache's 10 s maximum age from their first retry.
+    local first_replayed=$((requests - replay_keys + 1))
+    send --prefix fresh --first "$first_replayed" --count "$replay_keys"
+    t3="$(counted cached-replay --prefix fresh --first "$first_replayed" \
+        --count "$requests" --cycle "$replay_keys")"
 
     kill -TERM "$pid"
     wait "$pid" || { echo "$variant: the server exited with $?" >&2; return 1; }
     pid=""
-    local fresh replay
+    local fresh retry cached
     fresh="$(total_ir "$dir/callgrind.out.1")"
-    replay="$(total_ir "$dir/callgrind.out.2")"
-    printf '%s\t%s\t%s\t%s\n' "$variant" "$rep" "$fresh" "$replay" >>"$out/results.tsv"
-    printf '%-26s rep %s: fresh %s Ir/request, replay %s Ir/request\n' "$variant" "$rep" \
-        $((fresh / requests)) $((replay / requests)) >&2
+    retry="$(total_ir "$dir/callgrind.out.2")"
+    cached="$(total_ir "$dir/callgrind.out.3")"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$variant" "$rep" "$fresh" "$retry" "$cached" \
+        "$(less_sha "$dir/callgrind.out.1")" "$(less_sha "$dir/callgrind.out.2")" \
+        "$(less_sha "$dir/callgrind.out.3")" >>"$out/results.tsv"
+    printf '%-26s rep %s: Ir/request fresh %s (%ss), first retry %s (%ss), cached replay %s (%ss)\n' \
+        "$variant" "$rep" $((fresh / requests)) "$t1" $((retry / requests)) "$t2" \
+        $((cached / requests)) "$t3" >&2
+    if [ "$t3" -ge 8 ]; then
+        echo "  warning: the cached replays took ${t3}s: near the cache's 10 s maximum age," \
+            "some may have gone to the store (lower -n)" >&2
+    fi
 }
 
 : >"$out/results.tsv"
@@ -164,7 +208,8 @@ for rep in $(seq 1 "$reps"); do
     done
 done
 
-# The median repetition of a variant's phase (column 3: fresh, 4: replay): "<Ir> <rep>".
+# The median repetition of a variant's phase (column 3: fresh, 4: first retry,
+# 5: cached replay; 6 to 8: the same less SHA-256): "<Ir> <rep>".
 median() {
     awk -F'\t' -v v="$1" -v col="$2" '$1 == v { print $col, $2 }' "$out/results.tsv" |
         sort -n | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }'
@@ -174,26 +219,48 @@ echo
 echo "callgrind, Ir per request (median of $reps; $requests requests per phase, one connection," \
     "$workers tokio worker(s), $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 echo
-echo "| variant | fresh keys, Ir/request | − bare | replays, Ir/request | − bare |"
-echo "|---|---|---|---|---|"
-read -r bare_fresh _ <<<"$(median bare 3)"
-read -r bare_replay _ <<<"$(median bare 4)"
-for variant in "${names[@]}"; do
-    read -r fresh fresh_rep <<<"$(median "$variant" 3)"
-    read -r replay replay_rep <<<"$(median "$variant" 4)"
-    if [ -n "${bare_fresh:-}" ]; then
-        d_fresh=$(((fresh - bare_fresh) / requests))
-        d_replay=$(((replay - bare_replay) / requests))
-    else
-        d_fresh="—"
-        d_replay="—"
-    fi
-    echo "| $variant | $((fresh / requests)) | $d_fresh | $((replay / requests)) | $d_replay |"
-    callgrind_annotate --inclusive=yes --threshold=99.5 \
-        "$out/$variant-$fresh_rep/callgrind.out.1" >"$out/$variant-fresh.annotate.txt" 2>&1 || true
-    callgrind_annotate --inclusive=yes --threshold=99.5 \
-        "$out/$variant-$replay_rep/callgrind.out.2" >"$out/$variant-replay.annotate.txt" 2>&1 || true
-done
+table() {
+    local offset="$1" annotate="$2"
+    echo "| variant | fresh keys | − bare | first retry (store) | − bare | cached replay | − bare |"
+    echo "|---|---|---|---|---|---|---|"
+    local col ir rep_ diff row phase
+    declare -A bare_ir=()
+    for col in 3 4 5; do
+        read -r ir _ <<<"$(median bare $((col + offset)))"
+        bare_ir[$col]="${ir:-}"
+    done
+    for variant in "${names[@]}"; do
+        row="| $variant"
+        for col in 3 4 5; do
+            read -r ir rep_ <<<"$(median "$variant" $((col + offset)))"
+            if [ -n "${bare_ir[$col]}" ]; then
+                diff=$(((ir - bare_ir[$col]) / requests))
+            else
+                diff="—"
+            fi
+            row="$row | $((ir / requests)) | $diff"
+            phase="${phases[$((col - 3))]}"
+            if [ "$annotate" = 1 ]; then
+                callgrind_annotate --inclusive=yes --threshold=99.5 \
+                    "$out/$variant-$rep_/callgrind.out.$((col - 2))" \
+                    >"$out/$variant-$phase.annotate.txt" 2>&1 || true
+                cp "$out/$variant-$rep_/callgrind.out.$((col - 2))" \
+                    "$out/$variant-$phase.callgrind.out"
+            fi
+        done
+        echo "$row |"
+    done
+}
+phases=(fresh first-retry cached-replay)
+table 0 1
 echo
-echo "Dumps in $out/<variant>-<rep>/callgrind.out.{1,2} (fresh, replay);" \
-    "inclusive listings in $out/<variant>-{fresh,replay}.annotate.txt."
+echo "The same less SHA-256's block function (valgrind runs sha2's software path, never"
+echo "SHA-NI; see README.md here):"
+echo
+table 3 0
+echo
+echo "Dumps: $out/<variant>-<rep>/callgrind.out.{1,2,3} (fresh, first retry, cached"
+echo "replay); the median repetition's as $out/<variant>-<phase>.callgrind.out, with"
+echo "callgrind_annotate's inclusive listing beside it (.annotate.txt). Where the"
+echo "instructions go: bench/http/callgrind_top.py --requests $requests \\"
+echo "  --base $out/bare-fresh.callgrind.out $out/idempotent-memory-fresh.callgrind.out"
