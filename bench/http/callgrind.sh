@@ -20,7 +20,8 @@ DEFAULT_VARIANTS="bare,idempotent-memory,idempotent-sqlite-normal"
 usage() {
     cat <<EOF
 usage: bench/http/callgrind.sh [-v VARIANTS] [-n REQUESTS] [-r REPS] [-w WARMUP]
-                               [-k REPLAY_KEYS] [-t WORKERS] [--no-build]
+                               [-k REPLAY_KEYS] [-t WORKERS] [-c CONNECTIONS]
+                               [--no-build]
 
   -v, --variants LIST   comma-separated server variants (default: $DEFAULT_VARIANTS);
                         any name the server knows (bare, fingerprint-only, floor-memory,
@@ -34,6 +35,8 @@ usage: bench/http/callgrind.sh [-v VARIANTS] [-n REQUESTS] [-r REPS] [-w WARMUP]
   -t, --workers N       tokio worker threads of the server (TOKIO_WORKER_THREADS;
                         default 1: valgrind runs one thread at a time anyway, and one
                         worker keeps idle-worker spinning out of the counts)
+  -c, --connections N   clients sending at once, each on its connection, each a share
+                        of the requests (default 1: one request at a time)
       --no-build        use the release binaries already built
 
 Output: one markdown table (Ir per request, median of the repetitions, and the
@@ -51,6 +54,7 @@ reps=3
 warmup=200
 replay_keys=100
 workers=1
+connections=1
 build=1
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -60,11 +64,16 @@ while [ $# -gt 0 ]; do
         -w|--warmup) warmup="$2"; shift 2 ;;
         -k|--replay-keys) replay_keys="$2"; shift 2 ;;
         -t|--workers) workers="$2"; shift 2 ;;
+        -c|--connections) connections="$2"; shift 2 ;;
         --no-build) build=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
 done
+if [ $((requests % connections)) -ne 0 ] || [ $((replay_keys % connections)) -ne 0 ]; then
+    echo "--requests and --replay-keys must be multiples of --connections" >&2
+    exit 2
+fi
 if [ "$replay_keys" -gt "$requests" ]; then
     echo "--replay-keys ($replay_keys) must not exceed --requests ($requests)" >&2
     exit 2
@@ -116,6 +125,22 @@ less_sha() {
     echo $(($(total_ir "$1") - sha))
 }
 
+# Sends from every connection at once: connection c uses the key prefix PREFIX<c> and
+# the rest of the arguments as they are (counts are per connection).
+send_each() {
+    local prefix="$1"
+    shift
+    local c
+    local clients=()
+    for c in $(seq 1 "$connections"); do
+        send --prefix "$prefix$c" "$@" &
+        clients+=($!)
+    done
+    for c in "${clients[@]}"; do
+        wait "$c"
+    done
+}
+
 # Counts one phase: instrumentation on, the client's requests, off, and a dump named
 # after the phase; prints how long the requests took.
 counted() {
@@ -123,7 +148,7 @@ counted() {
     shift
     local started=$SECONDS
     callgrind_control -i on "$pid" >/dev/null 2>&1
-    send "$@"
+    send_each "$@"
     callgrind_control -i off "$pid" >/dev/null 2>&1
     callgrind_control -d "$phase" "$pid" >/dev/null 2>&1
     echo $((SECONDS - started))
@@ -161,24 +186,25 @@ measure() {
     # Warm-up, uncounted: fresh keys, and every path the counted phases take (a first
     # retry, a second, cached replays), so that one-time work (lazy statics, pools,
     # prepared statements, maps growing) is done before counting starts.
-    send --prefix warm --count "$warmup"
-    send --prefix warm --count "$warmup"
-    send --prefix warm --count "$warmup"
+    local per=$((requests / connections)) keys=$((replay_keys / connections))
+    send_each warm --count "$warmup"
+    send_each warm --count "$warmup"
+    send_each warm --count "$warmup"
     # 1. Fresh keys.
     local t1 t2 t3
-    t1="$(counted fresh --prefix fresh --count "$requests")"
+    t1="$(counted fresh fresh --count "$per")"
     # 2. The first retry of each of those keys: the store answers it (the replay cache
     #    does not keep this process's own completions unless told to), and the engine
     #    caches the record.
-    t2="$(counted first-retry --prefix fresh --count "$requests")"
+    t2="$(counted first-retry fresh --count "$per")"
     # 3. Cached replays of the last keys: their second retry, uncounted (the cache hashes
     #    the request once to check it against the record, and keeps a copy of it), then
     #    counted ones, all answered by the cache by comparing bytes. The last keys, so
     #    that the phase ends within the cache's 10 s maximum age from their first retry.
-    local first_replayed=$((requests - replay_keys + 1))
-    send --prefix fresh --first "$first_replayed" --count "$replay_keys"
-    t3="$(counted cached-replay --prefix fresh --first "$first_replayed" \
-        --count "$requests" --cycle "$replay_keys")"
+    local first_replayed=$((per - keys + 1))
+    send_each fresh --first "$first_replayed" --count "$keys"
+    t3="$(counted cached-replay fresh --first "$first_replayed" --count "$per" \
+        --cycle "$keys")"
 
     kill -TERM "$pid"
     wait "$pid" || { echo "$variant: the server exited with $?" >&2; return 1; }
@@ -216,8 +242,8 @@ median() {
 }
 
 echo
-echo "callgrind, Ir per request (median of $reps; $requests requests per phase, one connection," \
-    "$workers tokio worker(s), $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+echo "callgrind, Ir per request (median of $reps; $requests requests per phase," \
+    "$connections connection(s), $workers tokio worker(s), $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 echo
 table() {
     local offset="$1" annotate="$2"
