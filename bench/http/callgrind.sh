@@ -43,8 +43,11 @@ Output: one markdown table (Ir per request, median of the repetitions, and the
 difference from bare, for fresh keys, first retries and cached replays), plus the dumps
 and callgrind_annotate's inclusive listing of the median repetition of each phase in
 target/callgrind/ (see README.md here); callgrind_top.py breaks a dump down by function.
-Environment: BENCH_CG_PORT (38180), IDEMPOTENT_BENCH_* store URLs as for run.sh.
-Takes about 1 minute per variant and repetition at the defaults.
+Environment: BENCH_CG_PORT (38180), IDEMPOTENT_BENCH_* store URLs as for run.sh;
+BENCH_CG_SERVER, the server binary (default target/release/idempotent-http-bench: set it
+to another build's, with --no-build, to compare two builds) and BENCH_CG_OUT, where the
+dumps go (default target/callgrind).
+Takes about 15 s per variant and repetition at the defaults (SQLite: 20 s).
 EOF
 }
 
@@ -87,9 +90,9 @@ port="${BENCH_CG_PORT:-38180}"
 addr="127.0.0.1:$port"
 body="$here/wrk/order.json"
 target="$here/target"
-server="$target/release/idempotent-http-bench"
+server="${BENCH_CG_SERVER:-$target/release/idempotent-http-bench}"
 client="$target/release/callgrind_client"
-out="$target/callgrind"
+out="${BENCH_CG_OUT:-$target/callgrind}"
 
 if [ "$build" = 1 ]; then
     cargo build --release --quiet --bin idempotent-http-bench --bin callgrind_client
