@@ -46,7 +46,8 @@ target/callgrind/ (see README.md here); callgrind_top.py breaks a dump down by f
 Environment: BENCH_CG_PORT (38180), IDEMPOTENT_BENCH_* store URLs as for run.sh;
 BENCH_CG_SERVER, the server binary (default target/release/idempotent-http-bench: set it
 to another build's, with --no-build, to compare two builds) and BENCH_CG_OUT, where the
-dumps go (default target/callgrind).
+dumps go (default target/callgrind); BENCH_CG_VALGRIND_ARGS, more callgrind options (say
+--cache-sim=yes: the tables still show Ir, the dumps have the cache model's misses too).
 Takes about 15 s per variant and repetition at the defaults (SQLite: 20 s).
 EOF
 }
@@ -166,7 +167,9 @@ measure() {
     rm -rf "$dir"
     mkdir -p "$dir/data"
     : >"$dir/server.log"
+    # shellcheck disable=SC2086 # BENCH_CG_VALGRIND_ARGS: words on purpose
     TOKIO_WORKER_THREADS="$workers" valgrind --tool=callgrind --instr-atstart=no \
+        ${BENCH_CG_VALGRIND_ARGS:-} \
         --callgrind-out-file="$dir/callgrind.out" \
         "$server" --variant "$variant" --addr "$addr" --data-dir "$dir/data" \
         >"$dir/server.log" 2>&1 &

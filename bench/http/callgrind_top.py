@@ -62,8 +62,9 @@ def base_name(name):
     return re.sub(r"'\d+$", "", name)
 
 
-def parse(path):
-    """Self Ir, inclusive Ir and calls received per function (base names), and totals."""
+def parse(path, event="Ir"):
+    """Self cost, inclusive cost and calls received per function (base names), and
+    totals, of one event (Ir unless told; with --cache-sim=yes also D1mr, DLmw, ...)."""
     self_ir = collections.Counter()
     incl_calls = collections.Counter()  # cost of calls to other functions, by caller
     calls_in = collections.Counter()
@@ -74,6 +75,7 @@ def parse(path):
     fn = None
     cfn = None
     pending_call = None  # count of the call whose cost line comes next
+    column = 1
 
     def resolve(value):
         match = re.match(r"\((\d+)\)(?:\s+(.*))?$", value)
@@ -93,7 +95,7 @@ def parse(path):
             first = line[0]
             if first.isdigit() or first in "+-*":
                 parts = line.split()
-                cost = int(parts[1]) if len(parts) > 1 else 0
+                cost = int(parts[column]) if len(parts) > column else 0
                 if pending_call is not None:
                     count = pending_call
                     pending_call = None
@@ -112,8 +114,13 @@ def parse(path):
                 cfn = resolve(value)
             elif key == "calls":
                 pending_call = int(value.split()[0])
+            elif line.startswith("events:"):
+                events = line.split()[1:]
+                if event not in events:
+                    sys.exit(f"{path}: no event {event} (events: {' '.join(events)})")
+                column = 1 + events.index(event)
             elif line.startswith("totals:"):
-                totals = int(line.split()[1])
+                totals = int(line.split()[column])
     inclusive = collections.Counter()
     for name in set(self_ir) | set(incl_calls):
         inclusive[name] = self_ir[name] + incl_calls[name]
@@ -134,6 +141,8 @@ def main():
     parser.add_argument("--requests", type=int, default=1, help="requests in the dump")
     parser.add_argument("--top", type=int, default=40, help="rows per table (default 40)")
     parser.add_argument("--match", default=DEFAULT_MATCH, help="regex for the inclusive table")
+    parser.add_argument("--event", default="Ir", help="the event to count (default Ir; "
+                        "with --cache-sim=yes also I1mr, D1mr, D1mw, ILmr, DLmr, DLmw)")
     parser.add_argument("--sum", metavar="REGEX", help="print only the total self Ir (not "
                         "per request) of the functions matching REGEX, and exit")
     parser.add_argument("--callers", help="regex: list the callers of the matching functions "
@@ -141,17 +150,17 @@ def main():
     args = parser.parse_args()
     n = args.requests
 
-    self_ir, inclusive, calls_in, totals, edges, edge_calls = parse(args.dump)
+    self_ir, inclusive, calls_in, totals, edges, edge_calls = parse(args.dump, args.event)
     if args.sum:
         pattern = re.compile(args.sum)
         print(sum(cost for name, cost in self_ir.items() if pattern.search(name)))
         return 0
-    print(f"{args.dump}: {totals / n:,.0f} Ir per request")
+    print(f"{args.dump}: {totals / n:,.0f} {args.event} per request")
     if args.base:
-        base_self, _, base_calls, base_totals, base_edges, base_edge_calls = parse(args.base)
-        print(f"{args.base}: {base_totals / n:,.0f} Ir per request; "
+        base_self, _, base_calls, base_totals, base_edges, base_edge_calls = parse(args.base, args.event)
+        print(f"{args.base}: {base_totals / n:,.0f} {args.event} per request; "
               f"difference {(totals - base_totals) / n:,.0f}")
-        print("\nself Ir per request, largest differences from the base first")
+        print(f"\nself {args.event} per request, largest differences from the base first")
         print(f"{'variant':>9} {'base':>9} {'diff':>9} {'calls±':>7}  function")
         diffs = []
         for name in set(self_ir) | set(base_self):
