@@ -294,8 +294,8 @@ pub(crate) fn trials() -> Vec<Trial> {
             a_step_recorded_in_a_transaction_commits_or_rolls_back_with_it,
         ),
         async_trial(
-            "steps_a_takeover_and_a_release_are_one_request_each",
-            steps_a_takeover_and_a_release_are_one_request_each,
+            "each_operation_costs_its_round_trips",
+            each_operation_costs_its_round_trips,
         ),
     ];
     trials.extend(ignored_if(unavailable(), with_database));
@@ -348,7 +348,7 @@ async fn concurrent_starts_migrate_one_fresh_database_once() {
             .expect("migrations table");
     assert_eq!(
         applied,
-        vec![1, 2, 3],
+        vec![1, 2, 3, 4],
         "each migration applied exactly once"
     );
 
@@ -1220,7 +1220,7 @@ async fn upgrades_a_v1_database_in_place() {
             .fetch_all(&mut conn)
             .await
             .unwrap();
-    assert_eq!(applied, vec![1, 2, 3]);
+    assert_eq!(applied, vec![1, 2, 3, 4]);
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
         .fetch_one(&mut conn)
         .await
@@ -1410,12 +1410,13 @@ async fn a_step_past_max_allowed_packet_is_refused_and_the_steps_kept() {
     );
 }
 
-/// Steps cost no round trip beyond their own: recording one is one request, a lease-lost
-/// takeover is the claim's request plus one (its `UPDATE` and the read of the steps
-/// travel together), and a release is one request whether it deletes the record or keeps
-/// it. Counted as statements: sqlx also pings every connection handed back to a pool, in
-/// the background, as it always did after `renew` and `release`.
-async fn steps_a_takeover_and_a_release_are_one_request_each() {
+/// Round trips per operation, counted as the statements the store sends (sqlx also pings
+/// every connection handed back to a pool, in the background): a fresh key's claim, a
+/// replay, a renewal, a step and a completion one each; a takeover two (the insert that
+/// finds the record, then the compare-and-set), with its steps; a release two (the read it
+/// decides on, then the delete or the compare-and-set that keeps the record), whether it
+/// deletes the record or keeps it.
+async fn each_operation_costs_its_round_trips() {
     let database = TestDatabase::new().await;
     let counter = CommandCounter::in_front_of(&database.url()).await;
     // One pooled connection (besides the batchers' own), so every statement below runs
@@ -1427,42 +1428,74 @@ async fn steps_a_takeover_and_a_release_are_one_request_each() {
         .await
         .unwrap();
     let store = MySqlStore::from_pool(pool).await.unwrap();
-    // Opens the connections and prepares the statements, so what follows counts
+    let scope = "acct_alice";
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: Some(bytes::Bytes::from_static(b"{\"id\":1}")),
+    };
+    // Opens the connections and prepares every statement, so what follows counts
     // statements only.
-    let warm = FencingToken::random();
-    store.claim(&claim_request("warm-up", warm)).await.unwrap();
-    let warm_step = step("warm", b"");
-    assert!(
+    for key in ["warm-up-1", "warm-up-2"] {
+        let warm = FencingToken::random();
+        store.claim(&claim_request(key, warm)).await.unwrap();
+        assert!(store.renew(scope, key, warm, LEASE, TTL).await.unwrap());
+        assert!(
+            store
+                .record_step(scope, key, warm, &step("warm", b""))
+                .await
+                .unwrap()
+        );
+        assert!(store.release(scope, key, warm).await.unwrap());
+        let again = must_resume(&store, key, vec![step("warm", b"")]).await;
+        assert!(store.complete(scope, key, again, &response).await.unwrap());
         store
-            .record_step("acct_alice", "warm-up", warm, &warm_step)
+            .claim(&claim_request(key, FencingToken::random()))
             .await
-            .unwrap()
-    );
-    assert!(store.release("acct_alice", "warm-up", warm).await.unwrap());
-    let again = FencingToken::random();
-    store.claim(&claim_request("warm-up", again)).await.unwrap();
-    assert!(store.release("acct_alice", "warm-up", again).await.unwrap());
+            .unwrap();
+        let plain = FencingToken::random();
+        store
+            .claim(&claim_request(&format!("{key}-plain"), plain))
+            .await
+            .unwrap();
+        assert!(
+            store
+                .release(scope, &format!("{key}-plain"), plain)
+                .await
+                .unwrap()
+        );
+    }
+    let mut costs = Vec::new();
+    let mut counted =
+        |what: &'static str, before: usize| costs.push((what, counter.statements() - before));
 
-    let old = FencingToken::random();
-    store.claim(&claim_request("k", old)).await.unwrap();
+    let owner = FencingToken::random();
     let before = counter.statements();
+    let claimed = store.claim(&claim_request("k", owner)).await.unwrap();
+    assert!(matches!(
+        claimed.outcome,
+        ClaimOutcome::Claimed { takeover: None, .. }
+    ));
+    counted("fresh claim", before);
+
+    let before = counter.statements();
+    assert!(store.renew(scope, "k", owner, LEASE, TTL).await.unwrap());
+    counted("renew", before);
+
     let charged = step("charge", b"{}");
+    let before = counter.statements();
     assert!(
         store
-            .record_step("acct_alice", "k", old, &charged)
+            .record_step(scope, "k", owner, &charged)
             .await
             .unwrap()
     );
-    assert_eq!(counter.statements() - before, 1, "recording a step");
+    counted("step", before);
 
     let before = counter.statements();
-    assert!(store.release("acct_alice", "k", old).await.unwrap());
-    assert_eq!(
-        counter.statements() - before,
-        1,
-        "a release that keeps the record"
-    );
-    let info = store.inspect("acct_alice", "k").await.unwrap().unwrap();
+    assert!(store.release(scope, "k", owner).await.unwrap());
+    counted("release keeping the record", before);
+    let info = store.inspect(scope, "k").await.unwrap().unwrap();
     assert!(
         matches!(
             info.state,
@@ -1475,30 +1508,53 @@ async fn steps_a_takeover_and_a_release_are_one_request_each() {
     );
     assert!(
         !store
-            .record_step("acct_alice", "k", old, &step("late", b""))
+            .record_step(scope, "k", owner, &step("late", b""))
             .await
             .unwrap(),
         "the released token is fenced off"
     );
 
     let before = counter.statements();
-    must_resume(&store, "k", vec![charged]).await;
-    assert_eq!(
-        counter.statements() - before,
-        2,
-        "a takeover with its steps"
+    let resumed = must_resume(&store, "k", vec![charged]).await;
+    counted("takeover", before);
+
+    let before = counter.statements();
+    assert!(
+        store
+            .complete(scope, "k", resumed, &response)
+            .await
+            .unwrap()
     );
+    counted("completion", before);
+
+    let before = counter.statements();
+    let replay = store
+        .claim(&claim_request("k", FencingToken::random()))
+        .await
+        .unwrap();
+    assert_eq!(replay.outcome, ClaimOutcome::Replay(response.clone()));
+    counted("replay", before);
 
     let fresh = FencingToken::random();
     store.claim(&claim_request("plain", fresh)).await.unwrap();
     let before = counter.statements();
-    assert!(store.release("acct_alice", "plain", fresh).await.unwrap());
+    assert!(store.release(scope, "plain", fresh).await.unwrap());
+    counted("release deleting the record", before);
+    assert_eq!(store.inspect(scope, "plain").await.unwrap(), None);
+
     assert_eq!(
-        counter.statements() - before,
-        1,
-        "a release that deletes the record"
+        costs,
+        vec![
+            ("fresh claim", 1),
+            ("renew", 1),
+            ("step", 1),
+            ("release keeping the record", 2),
+            ("takeover", 2),
+            ("completion", 1),
+            ("replay", 1),
+            ("release deleting the record", 2),
+        ]
     );
-    assert_eq!(store.inspect("acct_alice", "plain").await.unwrap(), None);
 }
 
 /// `record_step_in` writes on the handler's transaction: rolled back, the step is not
