@@ -18,7 +18,8 @@
 //! it is sent again, a few times at most.
 //!
 //! **Times.** Writes place times at the statement's `UTC_TIMESTAMP(6)`; answers carry the
-//! answering statement's, taken after the record it shows was committed. Both clocks of a
+//! database's clock as the row is produced ([`NOW`]), after the record it shows was
+//! committed, so no record looks to have been written after the instant it is judged at. Both clocks of a
 //! [`StoreNow`] are the database's, in whole milliseconds, as the record's times are.
 
 use async_trait::async_trait;
@@ -49,9 +50,15 @@ const RECORD: &str = "r.state, r.fingerprint, r.fingerprint_version, r.token, r.
         AS lease_expires_at_ms, \
     r.steps, r.status, r.headers, r.body";
 
-/// The database's clock when the row is produced (`{now}` in `sql/`).
-const NOW: &str =
-    "TIMESTAMPDIFF(MICROSECOND, TIMESTAMP('1970-01-01'), UTC_TIMESTAMP(6)) DIV 1000 AS now_ms";
+/// The database's clock when the row is produced (`{now}` in `sql/`): the statement's
+/// `UTC_TIMESTAMP(6)` moved on by the time the statement has run (`SYSDATE(6)` is when it
+/// is evaluated, `NOW(6)` the start; both in the session's zone, so their difference is
+/// not). `UTC_TIMESTAMP(6)` alone is when the request started, which for the insert's
+/// read can precede the commit of a record it shows (the insert before it may have
+/// waited for that record's lock): a lease would then look longer than it is.
+const NOW: &str = "TIMESTAMPDIFF(MICROSECOND, TIMESTAMP('1970-01-01'), \
+    UTC_TIMESTAMP(6) + INTERVAL TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) MICROSECOND) \
+    DIV 1000 AS now_ms";
 
 /// What each [`Change`] sets (`{set}` in `sql/update.sql`), exactly as
 /// [`Record::changed`] defines it: a change of an in-progress record leaves a completed
