@@ -88,8 +88,9 @@
 //! the table, the records of one day lie together and pages fill up, where hashes sent
 //! each new record to a random page, split pages half full and, once the table outgrew
 //! the buffer pool, made claims and replays wait for disk (`bench/scale` measures both).
-//! The `id` is never an input: every statement finds a record by its hash. The claim inserts with a `VALUES` list, so InnoDB hands out
-//! its ids under a mutex rather than the table lock an `INSERT … SELECT` would hold.
+//! The `id` is never an input: every statement finds a record by its hash. The insert
+//! names its rows in a `VALUES` list, so InnoDB hands out their ids under a mutex rather
+//! than the table lock an `INSERT … SELECT` would hold.
 //!
 //! # Migrations
 //!
@@ -98,11 +99,11 @@
 //! share a database with an app's own sqlx migrations). The store holds a named lock
 //! (`GET_LOCK`, keyed by the database name) while it applies them, so instances starting
 //! at once apply them one after the other; v1's DDL uses `IF NOT EXISTS` as well. v2's
-//! `ADD COLUMN`, v3's `ALTER` and v4's (the `version` column and the trigger that keeps an
-//! earlier release's writes moving it during a rolling upgrade) cannot (MySQL 8 has no `IF NOT EXISTS` there): DDL commits
-//! implicitly, so a migration that failed halfway leaves its row in
-//! `_idempotent_migrations` unfinished, and the store refuses to open until an operator
-//! checks the table and deletes that row. (Not sqlx's own migration lock: it asks for
+//! `ADD COLUMN`, v3's `ALTER` and v4's (the `version` column, and the trigger that keeps
+//! an earlier release's writes moving it during a rolling upgrade) cannot (MySQL 8 has no
+//! `IF NOT EXISTS` there): DDL commits implicitly, so a migration that failed halfway
+//! leaves its row in `_idempotent_migrations` unfinished, and the store refuses to open
+//! until an operator checks the table and deletes that row. (Not sqlx's own migration lock: it asks for
 //! `GET_LOCK(name, -1)`, which MariaDB answers at once without taking the lock.) v3
 //! rebuilds the table and blocks writes to it while it copies the rows: upgrade a large
 //! table in a quiet hour.
