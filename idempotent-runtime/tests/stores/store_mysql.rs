@@ -1,7 +1,8 @@
 //! The conformance and transactional suites on [`MySqlStore`], plus what only MySQL has:
 //! connection errors, concurrent migrations, several pools (instances) on one table, the
-//! database clock, replays that write nothing, the in-place upgrade to recorded steps and
-//! how steps meet a takeover, the packet limit and the round trips.
+//! database clock, replays that write nothing, the in-place upgrades (recorded steps from
+//! v1, record versions from v3 with live records), how steps meet a takeover, the packet
+//! limit and the round trips of each operation.
 //!
 //! Needs `IDEMPOTENT_TEST_MYSQL_URL` (e.g. `mysql://root@127.0.0.1:3306/test`; MySQL 8
 //! or MariaDB 10.6+); without it every database test is reported *ignored* (the reason
