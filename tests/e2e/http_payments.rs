@@ -3,15 +3,21 @@
 //! its read endpoints). The contract itself is checked in `tests/contract.rs`, through
 //! the attribute and through `IdempotencyLayer`.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::StatusCode;
+use idempotent_demo::gateway::KeyHandling;
+use idempotent_demo::gateway::api::GatewayClient;
+use idempotent_demo::payments::{Authorise, DEMO_WEBHOOK_SECRET};
+use idempotent_runtime::store::{FencingToken, Forward, RecordedStep, Store, StoreError};
 use idempotent_runtime::testing::{Trial, async_trial};
-
-use idempotent_demo::payments::DEMO_WEBHOOK_SECRET;
 use idempotent_runtime::webhook::WebhookSecret;
 
-use crate::support::{self, payments_app, payments_demo, post_payment, send};
+use crate::support::{
+    self, DemoVariant, payments_app, payments_demo, payments_demo_with, post_payment, send,
+};
 
 const CHARGE: &str = r#"{"amount": 10000, "currency": "BRL"}"#;
 
@@ -44,6 +50,14 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "a_refund_event_delivered_ten_times_mails_one_notice",
             a_refund_event_delivered_ten_times_mails_one_notice,
+        ),
+        async_trial(
+            "a_charge_whose_record_the_store_lost_is_verified_not_repeated",
+            || a_charge_whose_record_the_store_lost(Authorise::AtMostOnce),
+        ),
+        async_trial(
+            "a_charge_whose_record_the_store_lost_is_repeated_at_least_once",
+            || a_charge_whose_record_the_store_lost(Authorise::AtLeastOnce),
         ),
     ]
 }
@@ -249,4 +263,98 @@ async fn a_refund_event_delivered_ten_times_mails_one_notice() {
         1,
         "one refund notice for ten deliveries"
     );
+}
+
+/// A store that fails the first record of the `authorise` step's output (not its
+/// intent) and passes everything else: the store unreachable right after the gateway
+/// charged.
+#[derive(Debug)]
+struct LosesTheChargesRecord {
+    inner: Arc<dyn Store>,
+    /// How many of the charge's output records it has failed.
+    lost: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Forward for LosesTheChargesRecord {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    async fn record_step(
+        &self,
+        scope: &str,
+        key: &str,
+        token: FencingToken,
+        step: &RecordedStep,
+    ) -> Result<bool, StoreError> {
+        let charge_output = step.name == "authorise" && !step.is_intent();
+        if charge_output && self.lost.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(StoreError::backend(std::io::Error::other(
+                "the store is unreachable",
+            )));
+        }
+        self.inner.record_step(scope, key, token, step).await
+    }
+}
+
+/// A gateway without idempotency keys charges, and the store loses the charge's record
+/// (answered `503`; the claim released, its steps kept). The retry: at most once, it
+/// finds the intent, asks the gateway for a charge under the derived key and completes
+/// with it — one charge; at least once (no intent recorded) it charges again — two.
+async fn a_charge_whose_record_the_store_lost(authorise: Authorise) {
+    let dir = tempfile::tempdir().unwrap();
+    let variant = DemoVariant {
+        keys: KeyHandling::Ignore,
+        authorise,
+        wrap_store: Some(Box::new(|store| {
+            Arc::new(LosesTheChargesRecord {
+                inner: store,
+                lost: AtomicUsize::new(0),
+            })
+        })),
+    };
+    let demo = payments_demo_with(
+        dir.path(),
+        Duration::ZERO,
+        |gateway| async move { GatewayClient::new(gateway) },
+        variant,
+    )
+    .await;
+    let lost = send(
+        &demo.app,
+        post_payment("sk_test_alice", Some("lost-1"), CHARGE),
+    )
+    .await;
+    assert_eq!(
+        lost.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        lost.json()
+    );
+    assert_eq!(
+        demo.gateway.all().await.unwrap().len(),
+        1,
+        "charged before the loss"
+    );
+    let retried = send(
+        &demo.app,
+        post_payment("sk_test_alice", Some("lost-1"), CHARGE),
+    )
+    .await;
+    assert_eq!(retried.status, StatusCode::CREATED, "{:?}", retried.json());
+    let charges = demo.gateway.all().await.unwrap();
+    match authorise {
+        Authorise::AtMostOnce => {
+            assert_eq!(charges.len(), 1, "verified, not charged again: {charges:?}");
+            assert_eq!(retried.json()["id"], charges[0].id.as_str());
+        }
+        Authorise::AtLeastOnce => {
+            assert_eq!(
+                charges.len(),
+                2,
+                "charged again without the intent: {charges:?}"
+            )
+        }
+    }
 }

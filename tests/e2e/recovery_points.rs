@@ -240,19 +240,20 @@ fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
         .map(|value| value.trim().parse().expect("a number"))
 }
 
-async fn kill_9_after_a_step_resumes(server: Option<Server>, paused_after: &'static str) {
-    let place = Place::create(server).await;
-    let client = reqwest::Client::new();
-    // The steps the first process recorded, which the second must resume.
-    let recorded: &[&str] = match paused_after {
-        "authorise" => &["authorise"],
-        _ => &["authorise", "ledger"],
-    };
-
-    let (mut first, first_output) = place.start(Some(paused_after), "warn").await;
-    let in_flight = process::charge_in_flight(&client, first.url("/payments"), "crash-1", CHARGE);
-    let pause_line = format!("{PAUSE_LINE} {paused_after} ");
-    process::wait_until("the first demo pauses after the step", || {
+/// Starts the demo with `flags`, its pause hook at `pause`, sends it a charge under
+/// `key`, and kills it (`SIGKILL`) once it has paused there: the client loses its
+/// connection, and the store keeps whatever the request recorded before the hook.
+async fn crash_at(
+    place: &Place,
+    client: &reqwest::Client,
+    pause: &str,
+    flags: &[&str],
+    key: &'static str,
+) {
+    let (mut first, first_output) = place.start_with(Some(pause), "warn", flags).await;
+    let in_flight = process::charge_in_flight(client, first.url("/payments"), key, CHARGE);
+    let pause_line = format!("{PAUSE_LINE} {pause} ");
+    process::wait_until("the first demo pauses at its hook", || {
         let output = first_output.clone();
         let pause_line = pause_line.clone();
         async move { output.has_line_with(&[&pause_line]) }
@@ -263,6 +264,18 @@ async fn kill_9_after_a_step_resumes(server: Option<Server>, paused_after: &'sta
         in_flight.await.unwrap().is_err(),
         "the client lost its connection"
     );
+}
+
+async fn kill_9_after_a_step_resumes(server: Option<Server>, paused_after: &'static str) {
+    let place = Place::create(server).await;
+    let client = reqwest::Client::new();
+    // The steps the first process recorded, which the second must resume.
+    let recorded: &[&str] = match paused_after {
+        "authorise" => &["authorise"],
+        _ => &["authorise", "ledger"],
+    };
+
+    crash_at(&place, &client, paused_after, &[], "crash-1").await;
 
     // Where the crash left things: the gateway authorised, the receipt was not mailed,
     // and the ledger row exists exactly when its step was recorded.
@@ -395,22 +408,7 @@ async fn kill_9_between_the_gateway_call_and_its_record(
     let place = Place::create(server).await;
     let client = reqwest::Client::new();
     let flags = ["--gateway-keys", "ignore", "--authorise", authorise];
-    let (mut first, first_output) = place
-        .start_with(Some("authorise-call"), "warn", &flags)
-        .await;
-    let in_flight = process::charge_in_flight(&client, first.url("/payments"), "lost-1", CHARGE);
-    let pause_line = format!("{PAUSE_LINE} authorise-call ");
-    process::wait_until("the first demo pauses after the gateway call", || {
-        let output = first_output.clone();
-        let pause_line = pause_line.clone();
-        async move { output.has_line_with(&[&pause_line]) }
-    })
-    .await;
-    first.kill();
-    assert!(
-        in_flight.await.unwrap().is_err(),
-        "the client lost its connection"
-    );
+    crash_at(&place, &client, "authorise-call", &flags, "lost-1").await;
     assert_eq!(payments_with(&place.effects(), "authorised").len(), 1);
 
     let (second, _) = place.start_with(None, "warn", &flags).await;

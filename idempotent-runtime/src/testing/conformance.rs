@@ -100,6 +100,7 @@ use crate::store::{
     StoredResponse, Takeover,
 };
 pub use faults::{
+    check_fault_an_unknown_outcome_fails_closed_until_resolved,
     check_fault_an_unrecorded_at_most_once_call_is_verified_not_repeated,
     check_fault_backward_wall_step_keeps_no_lease_alive,
     check_fault_claim_answered_late_does_not_run, check_fault_claim_applied_but_failed_runs_once,
@@ -217,6 +218,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_fault_backward_wall_step_keeps_no_lease_alive,
         check_fault_crash_after_the_ttl_resumes_the_steps,
         check_fault_an_unrecorded_at_most_once_call_is_verified_not_repeated,
+        check_fault_an_unknown_outcome_fails_closed_until_resolved,
         check_steps_recorded_come_back_to_a_takeover,
         check_steps_outputs_round_trip_as_bytes,
         check_steps_are_fenced_by_the_token,

@@ -6,6 +6,7 @@ pub(crate) mod process;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -13,9 +14,9 @@ use axum::body::Body;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use idempotent_demo::database;
-use idempotent_demo::gateway::Gateway;
 use idempotent_demo::gateway::api::{self, GatewayClient};
-use idempotent_runtime::Idempotency;
+use idempotent_demo::gateway::{Gateway, KeyHandling};
+use idempotent_runtime::{Idempotency, Store};
 use tower::ServiceExt;
 
 use idempotent_demo::mailer::Mailer;
@@ -57,11 +58,42 @@ where
     Route: FnOnce(SocketAddr) -> Routed,
     Routed: Future<Output = GatewayClient>,
 {
+    payments_demo_with(dir, latency, route, DemoVariant::default()).await
+}
+
+/// What a test changes in the demo: how its gateway treats keys, how `authorise` runs,
+/// and a wrapper around its store (a fault injector, say).
+#[derive(Default)]
+pub(crate) struct DemoVariant {
+    pub(crate) keys: KeyHandling,
+    pub(crate) authorise: Authorise,
+    pub(crate) wrap_store: Option<WrapStore>,
+}
+
+/// What [`DemoVariant::wrap_store`] does with the demo's store.
+pub(crate) type WrapStore = Box<dyn FnOnce(Arc<dyn Store>) -> Arc<dyn Store>>;
+
+/// [`payments_demo_routed`], as `variant` says.
+pub(crate) async fn payments_demo_with<Route, Routed>(
+    dir: &std::path::Path,
+    latency: Duration,
+    route: Route,
+    variant: DemoVariant,
+) -> PaymentsDemo
+where
+    Route: FnOnce(SocketAddr) -> Routed,
+    Routed: Future<Output = GatewayClient>,
+{
     let url = format!("sqlite://{}", dir.join("payments.db").display());
     let (db, store) = database::open(&url).await.expect("open demo database");
+    let store = match variant.wrap_store {
+        Some(wrap) => wrap(store),
+        None => store,
+    };
     let gateway = Gateway::new(db.clone(), latency)
         .await
-        .expect("gateway schema");
+        .expect("gateway schema")
+        .with_keys(variant.keys);
     let gateway_addr = api::serve(gateway.clone(), ([127, 0, 0, 1], 0).into())
         .await
         .expect("serve the gateway");
@@ -77,7 +109,7 @@ where
         ledger: ledger.clone(),
         pause: PauseAfterStep::default(),
         webhooks: WebhookVerifier::new([DEMO_WEBHOOK_SECRET]).expect("the demo secret parses"),
-        authorise: Authorise::default(),
+        authorise: variant.authorise,
     });
     PaymentsDemo {
         app,

@@ -318,3 +318,59 @@ pub async fn check_fault_an_unrecorded_at_most_once_call_is_verified_not_repeate
         "the retry verified the call instead of making it again"
     );
 }
+
+/// An at-most-once step whose output was lost and whose `verify` cannot tell fails
+/// closed on every retry (`500 step_outcome_unknown`, the call not made again), the
+/// record naming the step; once an operator resolves it, the next retry resumes with
+/// the operator's output.
+pub async fn check_fault_an_unknown_outcome_fails_closed_until_resolved<H: Harness>() {
+    let (_harness, store) = setup::<H>().await;
+    let faulty = Arc::new(Faulty::new(store));
+    let engine = engine(faulty.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let charge = || {
+        let (faulty, calls) = (faulty.clone(), calls.clone());
+        engine.run(&CONFIG, SCOPE, KEY, fp(1), move |key| async move {
+            let authorised = key
+                .step_at_most_once(
+                    "authorise",
+                    || async {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        // The output's record is lost; the claim is released.
+                        faulty.inject(Operation::RecordStep, Fault::Fail);
+                        Ok::<_, StatusCode>("auth_1".to_owned())
+                    },
+                    crate::steps::cannot_verify,
+                )
+                .await;
+            match authorised {
+                Ok(authorisation) => (StatusCode::CREATED, authorisation).into_response(),
+                Err(error) => error.into_response(),
+            }
+        })
+    };
+    assert_eq!(charge().await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    for _ in 0..2 {
+        let refused = charge().await;
+        assert_eq!(refused.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "never called blindly again"
+    );
+    let info = engine
+        .inspect(SCOPE, KEY)
+        .await
+        .expect("inspect")
+        .expect("a live record");
+    assert_eq!(info.unknown_outcomes(), vec!["authorise"]);
+    let resolved = engine
+        .resolve_step(SCOPE, KEY, "authorise", &serde_json::json!("auth_checked"))
+        .await
+        .expect("resolve");
+    assert_eq!(resolved, crate::engine::ResolveOutcome::Resolved);
+    let resumed = charge().await;
+    assert_eq!(resumed.status(), StatusCode::CREATED);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
