@@ -1,7 +1,8 @@
 //! The conformance and transactional suites on [`MySqlStore`], plus what only MySQL has:
 //! connection errors, concurrent migrations, several pools (instances) on one table, the
-//! database clock, replays that write nothing, the in-place upgrade to recorded steps and
-//! how steps meet a takeover, the packet limit and the round trips.
+//! database clock, replays that write nothing, the in-place upgrades (recorded steps from
+//! v1, record versions from v3 with live records), how steps meet a takeover, the packet
+//! limit and the round trips of each operation.
 //!
 //! Needs `IDEMPOTENT_TEST_MYSQL_URL` (e.g. `mysql://root@127.0.0.1:3306/test`; MySQL 8
 //! or MariaDB 10.6+); without it every database test is reported *ignored* (the reason
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idempotent_runtime::store::{MySqlStore, RecordedStep, encode_headers};
+use idempotent_runtime::store::{MySqlStore, RecordedStep, encode_headers, encode_step};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
@@ -282,6 +283,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             upgrades_a_v1_database_in_place,
         ),
         async_trial(
+            "upgrades_a_version_3_database_with_live_records_in_place",
+            upgrades_a_version_3_database_with_live_records_in_place,
+        ),
+        async_trial(
             "a_lease_lost_takeover_answers_with_exactly_the_steps_recorded_before_it",
             a_lease_lost_takeover_answers_with_exactly_the_steps_recorded_before_it,
         ),
@@ -294,8 +299,8 @@ pub(crate) fn trials() -> Vec<Trial> {
             a_step_recorded_in_a_transaction_commits_or_rolls_back_with_it,
         ),
         async_trial(
-            "steps_a_takeover_and_a_release_are_one_request_each",
-            steps_a_takeover_and_a_release_are_one_request_each,
+            "each_operation_costs_its_round_trips",
+            each_operation_costs_its_round_trips,
         ),
     ];
     trials.extend(ignored_if(unavailable(), with_database));
@@ -348,7 +353,7 @@ async fn concurrent_starts_migrate_one_fresh_database_once() {
             .expect("migrations table");
     assert_eq!(
         applied,
-        vec![1, 2, 3],
+        vec![1, 2, 3, 4],
         "each migration applied exactly once"
     );
 
@@ -1220,7 +1225,7 @@ async fn upgrades_a_v1_database_in_place() {
             .fetch_all(&mut conn)
             .await
             .unwrap();
-    assert_eq!(applied, vec![1, 2, 3]);
+    assert_eq!(applied, vec![1, 2, 3, 4]);
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idempotency_records")
         .fetch_one(&mut conn)
         .await
@@ -1275,6 +1280,283 @@ async fn upgrades_a_v1_database_in_place() {
             .await
             .unwrap(),
         "the old token is fenced off"
+    );
+    let _ = conn.close().await;
+}
+
+/// The `version` of the record of `key`.
+async fn version_of(conn: &mut MySqlConnection, key: &str) -> i64 {
+    sqlx::query_scalar("SELECT version FROM idempotency_records WHERE `key` = ?")
+        .bind(key)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// A database at schema v3 (the release before record versions) holding a completed
+/// record, one in progress, one in progress with a step and one a release kept for its
+/// step: the store adds the version column in place, and every record goes on through the
+/// new store. The holders the earlier release's process left (their tokens unknown to
+/// the new store) still renew, record steps and complete; a takeover resumes the steps
+/// recorded before and after the upgrade; and writes in the earlier release's style
+/// (fenced by token only, as an instance not yet upgraded writes) still move the version,
+/// so an upgraded owner's compare-and-set never overwrites them.
+async fn upgrades_a_version_3_database_with_live_records_in_place() {
+    let database = TestDatabase::new().await;
+    let mut conn = MySqlConnection::connect(&database.url()).await.unwrap();
+    let earlier = [
+        (
+            1,
+            "idempotency records",
+            include_str!("../../migrations/mysql/0001_idempotency_records.sql"),
+        ),
+        (
+            2,
+            "recorded steps",
+            include_str!("../../migrations/mysql/0002_recorded_steps.sql"),
+        ),
+        (
+            3,
+            "time ordered rows",
+            include_str!("../../migrations/mysql/0003_time_ordered_rows.sql"),
+        ),
+    ];
+    let mut migrator = Migrator::with_migrations(
+        earlier
+            .into_iter()
+            .map(|(version, description, sql)| {
+                Migration::new(
+                    version,
+                    description.into(),
+                    MigrationType::Simple,
+                    sql.into_sql_str(),
+                    false,
+                )
+            })
+            .collect(),
+    );
+    migrator.dangerous_set_table_name(MySqlStore::MIGRATIONS_TABLE);
+    migrator.set_locking(false);
+    migrator.run(&mut conn).await.expect("schema v3");
+
+    let scope = "acct_alice";
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: Some(bytes::Bytes::from_static(br#"{"id":"pay_1"}"#)),
+    };
+    let (running, stepping) = (FencingToken::random(), FencingToken::random());
+    let (reserve, charge) = (step("reserve", b"r_1"), step("charge", b"ch_1"));
+    // The rows as the v3 store wrote them: (key, state, token, lease left in seconds,
+    // status, steps).
+    let rows = [
+        (
+            "done",
+            "completed",
+            FencingToken::random(),
+            0,
+            Some(201),
+            None,
+        ),
+        ("running", "in_progress", running, 30, None, None),
+        (
+            "stepping",
+            "in_progress",
+            stepping,
+            30,
+            None,
+            Some(encode_step(&reserve)),
+        ),
+        (
+            "released",
+            "in_progress",
+            FencingToken::RELEASED,
+            0,
+            None,
+            Some(encode_step(&reserve)),
+        ),
+    ];
+    for (key, state, token, lease_secs, status, steps) in rows {
+        let completed = status.is_some();
+        sqlx::query(
+            "INSERT INTO idempotency_records
+             (scope_key_sha256, scope, `key`, fingerprint, fingerprint_version, state, token,
+              lease_expires_at, status, headers, body, created_at, expires_at, steps)
+             VALUES (?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? SECOND, ?, ?, ?,
+                     UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, ?)",
+        )
+        .bind(record_id(scope, key))
+        .bind(scope)
+        .bind(key)
+        .bind(&FINGERPRINT.digest[..])
+        .bind(FINGERPRINT.version)
+        .bind(state)
+        .bind(token.0)
+        .bind(lease_secs)
+        .bind(status.map(|s: i16| s))
+        .bind(completed.then(|| encode_headers(&response.headers)))
+        .bind(completed.then(|| response.body.as_deref().unwrap().to_vec()))
+        .bind(steps)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+
+    let store = MySqlStore::connect(&database.url())
+        .await
+        .expect("the store opens and migrates the v3 schema");
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _idempotent_migrations ORDER BY version")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(applied, vec![1, 2, 3, 4]);
+    let versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM idempotency_records ORDER BY `key`")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(versions, vec![0; 4], "every record kept, at version 0");
+    // A record an instance of the earlier release inserts from now on (naming no
+    // version) gets a random one, never a version an earlier record of its key had.
+    for key in ["old-insert-1", "old-insert-2"] {
+        sqlx::query(
+            "INSERT INTO idempotency_records
+             (scope_key_sha256, scope, `key`, fingerprint, fingerprint_version, state, token,
+              lease_expires_at, created_at, expires_at)
+             VALUES (?, ?, ?, ?, ?, 'in_progress', 7, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
+                     UTC_TIMESTAMP(6))",
+        )
+        .bind(record_id(scope, key))
+        .bind(scope)
+        .bind(key)
+        .bind(&FINGERPRINT.digest[..])
+        .bind(FINGERPRINT.version)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    let (first, second) = (
+        version_of(&mut conn, "old-insert-1").await,
+        version_of(&mut conn, "old-insert-2").await,
+    );
+    assert!(
+        first != 0 && second != 0 && first != second,
+        "{first}, {second}"
+    );
+
+    // The completed record replays.
+    let replay = store
+        .claim(&claim_request("done", FencingToken::random()))
+        .await
+        .unwrap();
+    assert_eq!(replay.outcome, ClaimOutcome::Replay(response.clone()));
+
+    // The running one is held; its holder renews and completes it.
+    let duplicate = store
+        .claim(&claim_request("running", FencingToken::random()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(duplicate.outcome, ClaimOutcome::InProgress { .. }),
+        "{duplicate:?}"
+    );
+    assert!(
+        store
+            .renew(scope, "running", running, LEASE, TTL)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .complete(scope, "running", running, &response)
+            .await
+            .unwrap()
+    );
+    let replay = store
+        .claim(&claim_request("running", FencingToken::random()))
+        .await
+        .unwrap();
+    assert_eq!(replay.outcome, ClaimOutcome::Replay(response.clone()));
+
+    // The one with a step: its holder records another, then stops; a takeover resumes
+    // both and completes.
+    assert!(
+        store
+            .record_step(scope, "stepping", stepping, &charge)
+            .await
+            .unwrap()
+    );
+    sqlx::query(
+        "UPDATE idempotency_records SET lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND \
+         WHERE `key` = 'stepping'",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let taker = must_resume(&store, "stepping", vec![reserve.clone(), charge.clone()]).await;
+    assert!(
+        !store
+            .record_step(scope, "stepping", stepping, &charge)
+            .await
+            .unwrap(),
+        "the old holder is fenced off"
+    );
+    assert!(
+        store
+            .complete(scope, "stepping", taker, &response)
+            .await
+            .unwrap()
+    );
+
+    // The released one resumes its step for the same request.
+    let taker = must_resume(&store, "released", vec![reserve.clone()]).await;
+    // An instance of the earlier release renews the new owner's claim its own way (by
+    // token): the version moves, so the owner's next compare-and-set finds it stale,
+    // reads the record and writes on the version it finds.
+    let before = version_of(&mut conn, "released").await;
+    sqlx::query(
+        "UPDATE idempotency_records SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL 30 SECOND \
+         WHERE scope_key_sha256 = ? AND token = ? AND state = 'in_progress'",
+    )
+    .bind(record_id(scope, "released"))
+    .bind(taker.0)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let after = version_of(&mut conn, "released").await;
+    assert_ne!(before, after, "a token-fenced write moves the version");
+    assert!(
+        store
+            .record_step(scope, "released", taker, &charge)
+            .await
+            .unwrap()
+    );
+    // An instance of the earlier release takes the record over its own way (a new token,
+    // no version named): the upgraded owner's next write is refused, where its cached
+    // version would otherwise still have matched.
+    let old_instance = FencingToken::random();
+    sqlx::query(
+        "UPDATE idempotency_records SET token = ?, lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL 30 SECOND \
+         WHERE scope_key_sha256 = ? AND state = 'in_progress'",
+    )
+    .bind(old_instance.0)
+    .bind(record_id(scope, "released"))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        !store
+            .complete(scope, "released", taker, &response)
+            .await
+            .unwrap(),
+        "the earlier release's takeover fences the upgraded owner off"
+    );
+    let info = store.inspect(scope, "released").await.unwrap().unwrap();
+    assert_eq!(
+        info.steps,
+        vec![reserve, charge],
+        "the record as the takeover left it"
     );
     let _ = conn.close().await;
 }
@@ -1410,12 +1692,13 @@ async fn a_step_past_max_allowed_packet_is_refused_and_the_steps_kept() {
     );
 }
 
-/// Steps cost no round trip beyond their own: recording one is one request, a lease-lost
-/// takeover is the claim's request plus one (its `UPDATE` and the read of the steps
-/// travel together), and a release is one request whether it deletes the record or keeps
-/// it. Counted as statements: sqlx also pings every connection handed back to a pool, in
-/// the background, as it always did after `renew` and `release`.
-async fn steps_a_takeover_and_a_release_are_one_request_each() {
+/// Round trips per operation, counted as the statements the store sends (sqlx also pings
+/// every connection handed back to a pool, in the background): a fresh key's claim, a
+/// replay, a renewal, a step and a completion one each; a takeover two (the insert that
+/// finds the record, then the compare-and-set), with its steps; a release two (the read it
+/// decides on, then the delete or the compare-and-set that keeps the record), whether it
+/// deletes the record or keeps it.
+async fn each_operation_costs_its_round_trips() {
     let database = TestDatabase::new().await;
     let counter = CommandCounter::in_front_of(&database.url()).await;
     // One pooled connection (besides the batchers' own), so every statement below runs
@@ -1427,42 +1710,74 @@ async fn steps_a_takeover_and_a_release_are_one_request_each() {
         .await
         .unwrap();
     let store = MySqlStore::from_pool(pool).await.unwrap();
-    // Opens the connections and prepares the statements, so what follows counts
+    let scope = "acct_alice";
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: Some(bytes::Bytes::from_static(b"{\"id\":1}")),
+    };
+    // Opens the connections and prepares every statement, so what follows counts
     // statements only.
-    let warm = FencingToken::random();
-    store.claim(&claim_request("warm-up", warm)).await.unwrap();
-    let warm_step = step("warm", b"");
-    assert!(
+    for key in ["warm-up-1", "warm-up-2"] {
+        let warm = FencingToken::random();
+        store.claim(&claim_request(key, warm)).await.unwrap();
+        assert!(store.renew(scope, key, warm, LEASE, TTL).await.unwrap());
+        assert!(
+            store
+                .record_step(scope, key, warm, &step("warm", b""))
+                .await
+                .unwrap()
+        );
+        assert!(store.release(scope, key, warm).await.unwrap());
+        let again = must_resume(&store, key, vec![step("warm", b"")]).await;
+        assert!(store.complete(scope, key, again, &response).await.unwrap());
         store
-            .record_step("acct_alice", "warm-up", warm, &warm_step)
+            .claim(&claim_request(key, FencingToken::random()))
             .await
-            .unwrap()
-    );
-    assert!(store.release("acct_alice", "warm-up", warm).await.unwrap());
-    let again = FencingToken::random();
-    store.claim(&claim_request("warm-up", again)).await.unwrap();
-    assert!(store.release("acct_alice", "warm-up", again).await.unwrap());
+            .unwrap();
+        let plain = FencingToken::random();
+        store
+            .claim(&claim_request(&format!("{key}-plain"), plain))
+            .await
+            .unwrap();
+        assert!(
+            store
+                .release(scope, &format!("{key}-plain"), plain)
+                .await
+                .unwrap()
+        );
+    }
+    let mut costs = Vec::new();
+    let mut counted =
+        |what: &'static str, before: usize| costs.push((what, counter.statements() - before));
 
-    let old = FencingToken::random();
-    store.claim(&claim_request("k", old)).await.unwrap();
+    let owner = FencingToken::random();
     let before = counter.statements();
+    let claimed = store.claim(&claim_request("k", owner)).await.unwrap();
+    assert!(matches!(
+        claimed.outcome,
+        ClaimOutcome::Claimed { takeover: None, .. }
+    ));
+    counted("fresh claim", before);
+
+    let before = counter.statements();
+    assert!(store.renew(scope, "k", owner, LEASE, TTL).await.unwrap());
+    counted("renew", before);
+
     let charged = step("charge", b"{}");
+    let before = counter.statements();
     assert!(
         store
-            .record_step("acct_alice", "k", old, &charged)
+            .record_step(scope, "k", owner, &charged)
             .await
             .unwrap()
     );
-    assert_eq!(counter.statements() - before, 1, "recording a step");
+    counted("step", before);
 
     let before = counter.statements();
-    assert!(store.release("acct_alice", "k", old).await.unwrap());
-    assert_eq!(
-        counter.statements() - before,
-        1,
-        "a release that keeps the record"
-    );
-    let info = store.inspect("acct_alice", "k").await.unwrap().unwrap();
+    assert!(store.release(scope, "k", owner).await.unwrap());
+    counted("release keeping the record", before);
+    let info = store.inspect(scope, "k").await.unwrap().unwrap();
     assert!(
         matches!(
             info.state,
@@ -1475,30 +1790,53 @@ async fn steps_a_takeover_and_a_release_are_one_request_each() {
     );
     assert!(
         !store
-            .record_step("acct_alice", "k", old, &step("late", b""))
+            .record_step(scope, "k", owner, &step("late", b""))
             .await
             .unwrap(),
         "the released token is fenced off"
     );
 
     let before = counter.statements();
-    must_resume(&store, "k", vec![charged]).await;
-    assert_eq!(
-        counter.statements() - before,
-        2,
-        "a takeover with its steps"
+    let resumed = must_resume(&store, "k", vec![charged]).await;
+    counted("takeover", before);
+
+    let before = counter.statements();
+    assert!(
+        store
+            .complete(scope, "k", resumed, &response)
+            .await
+            .unwrap()
     );
+    counted("completion", before);
+
+    let before = counter.statements();
+    let replay = store
+        .claim(&claim_request("k", FencingToken::random()))
+        .await
+        .unwrap();
+    assert_eq!(replay.outcome, ClaimOutcome::Replay(response.clone()));
+    counted("replay", before);
 
     let fresh = FencingToken::random();
     store.claim(&claim_request("plain", fresh)).await.unwrap();
     let before = counter.statements();
-    assert!(store.release("acct_alice", "plain", fresh).await.unwrap());
+    assert!(store.release(scope, "plain", fresh).await.unwrap());
+    counted("release deleting the record", before);
+    assert_eq!(store.inspect(scope, "plain").await.unwrap(), None);
+
     assert_eq!(
-        counter.statements() - before,
-        1,
-        "a release that deletes the record"
+        costs,
+        vec![
+            ("fresh claim", 1),
+            ("renew", 1),
+            ("step", 1),
+            ("release keeping the record", 2),
+            ("takeover", 2),
+            ("completion", 1),
+            ("replay", 1),
+            ("release deleting the record", 2),
+        ]
     );
-    assert_eq!(store.inspect("acct_alice", "plain").await.unwrap(), None);
 }
 
 /// `record_step_in` writes on the handler's transaction: rolled back, the step is not

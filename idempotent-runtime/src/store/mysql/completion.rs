@@ -1,14 +1,16 @@
 //! The MySQL completion outside a transaction: a whole batch of completions in one
 //! request and one transaction (`sql/complete_batch.sql`, group commit,
-//! `group_commit.rs`), each its own `UPDATE` fenced by its token.
+//! `group_commit.rs`), each its own `Complete` compare-and-set on the record's version
+//! (`sql/update.sql`, as `records.rs` sends it alone).
 
 use sqlx::Either;
 use sqlx::mysql::MySqlConnection;
 
 use super::group_commit::{Answer, Batch, MAX_BATCH_BYTES, Value, inline, run_request};
-use super::{COMPLETE, scope_key_sha256};
+use super::records::{COMPLETE_SET, update_statement};
+use super::scope_key_sha256;
 use crate::store::sql::CompletionColumns;
-use crate::store::{FencingToken, StoreError, StoredResponse};
+use crate::store::{StoreError, StoredResponse};
 
 const COMPLETE_BATCH: &str = include_str!("sql/complete_batch.sql");
 
@@ -17,7 +19,8 @@ pub(super) struct QueuedCompletion {
     id: Vec<u8>,
     scope: String,
     key: String,
-    token: FencingToken,
+    /// The version the completion compares, as the column holds it.
+    version: i64,
     status: i16,
     headers: Vec<u8>,
     /// `None`: over the stored-response cap (`NULL`).
@@ -25,13 +28,13 @@ pub(super) struct QueuedCompletion {
 }
 
 impl QueuedCompletion {
-    /// The completion of the claim `token` holds on `(scope, key)`, recording
-    /// `response`; `None` when the response is too large to travel in a batch's text
+    /// The completion of the record of `(scope, key)` at `version` (as the column holds
+    /// it), recording `response`; `None` when the response is too large to travel in a batch's text
     /// (more than [`MAX_BATCH_BYTES`]): it then runs as a statement of its own, its
     /// values sent as parameters.
     pub(super) fn batchable(
         (scope, key): (&str, &str),
-        token: FencingToken,
+        version: i64,
         response: &StoredResponse,
     ) -> Result<Option<Self>, StoreError> {
         let columns = CompletionColumns::of(response)?;
@@ -39,7 +42,7 @@ impl QueuedCompletion {
             id: scope_key_sha256(scope, key),
             scope: scope.to_owned(),
             key: key.to_owned(),
-            token,
+            version,
             status: columns.status,
             headers: columns.headers,
             // Shared, not copied.
@@ -50,7 +53,7 @@ impl QueuedCompletion {
 }
 
 impl Batch for QueuedCompletion {
-    /// Whether the completion took effect.
+    /// Whether the completion took effect (the record was at its version).
     type Reply = bool;
 
     fn record_id(&self) -> &[u8] {
@@ -65,11 +68,12 @@ impl Batch for QueuedCompletion {
         db: &'c mut MySqlConnection,
         batch: &'c [&'c Self],
     ) -> Result<Vec<Answer<Self>>, sqlx::Error> {
+        let complete = update_statement(COMPLETE_SET, "");
         let mut updates = String::new();
         for completion in batch {
             let body = completion.body.as_deref().map_or(Value::Null, Value::Bytes);
             updates.push_str(&inline(
-                COMPLETE,
+                &complete,
                 &[
                     Value::Int(i64::from(completion.status)),
                     Value::Bytes(&completion.headers),
@@ -77,7 +81,7 @@ impl Batch for QueuedCompletion {
                     Value::Bytes(&completion.id),
                     Value::Bytes(completion.scope.as_bytes()),
                     Value::Bytes(completion.key.as_bytes()),
-                    Value::Int(completion.token.0),
+                    Value::Int(completion.version),
                 ],
             ));
             updates.push_str(";\n");
@@ -107,8 +111,8 @@ impl Batch for QueuedCompletion {
     }
 
     fn rolled_back() -> Option<bool> {
-        // A completion must not be answered "not yours" for a lock conflict: its batch is
-        // sent again.
+        // A completion must not be answered "stale" for a lock conflict: its batch is sent
+        // again.
         None
     }
 }

@@ -1,31 +1,32 @@
-//! Group commit on MySQL: concurrent claims, and concurrent completions, each batched into
+//! Group commit on MySQL: concurrent inserts, and concurrent completions, each batched into
 //! one request to the server — one round trip for the batch, and for completions one
 //! transaction (one redo-log flush).
 //!
-//! A caller sends its claim (or completion) with a reply channel to the store's batcher
+//! A caller sends its insert (or completion) with a reply channel to the store's batcher
 //! for it (the batcher skeleton, `store/sql/batcher.rs`); the batcher takes every item
 //! waiting, up to [`MAX_BATCH`], and sends them as one text-protocol request of several
 //! statements (sqlx connects with `CLIENT_MULTI_STATEMENTS`): the server runs them one
 //! after the other and answers with one result per statement, all in one exchange. While
 //! one batch runs, the next one gathers: batches grow with the load, with no added wait
-//! when there is none (a lone claim runs at once, as a batch of one).
+//! when there is none (a lone insert runs at once, as a batch of one).
 //!
-//! Why the text protocol: a prepared statement holds exactly one statement, so a claim
-//! (an insert, then the read that says what it found) would be two round trips. Every
+//! Why the text protocol: a prepared statement holds exactly one statement, so an insert
+//! (the `INSERT IGNORE`, then the read that says what it found) would be two round trips. Every
 //! value is written into the text as a hexadecimal literal (`X'…'`) or a decimal
 //! integer ([`hex`]), never as quoted text, so no value can change the statement.
 //!
-//! What every claim and completion keeps:
+//! The statements are the register's own, element by element: an insert unless present,
+//! a compare-and-set on the version; nothing is decided here. What every element keeps:
 //!
 //! - **Durable before answered.** Each statement autocommits (the completions' one
 //!   transaction commits) before the reply comes back.
-//! - **The same decisions.** Each element is fenced and judged as it was alone; elements
-//!   are sorted by record (`scope_key_sha256`), so batches of different instances lock
-//!   rows in one order.
+//! - **The same effect as alone.** Each element is the statement it would be alone;
+//!   elements are sorted by record (`scope_key_sha256`), so batches of different
+//!   instances lock rows in one order.
 //! - **A lock conflict runs again.** A batch InnoDB rolled back on a deadlock or a lock
-//!   wait timeout committed nothing: its callers are told so ([`Batch::rolled_back`]) — a
-//!   claim runs again — or, for completions, which are fenced writes, the batch is sent
-//!   again by the rule every fenced write follows (`lock_conflict.rs`).
+//!   wait timeout committed nothing: its callers are told so ([`Batch::rolled_back`]) — an
+//!   insert runs again — or, for completions, the batch is sent again by the rule every
+//!   write follows (`lock_conflict.rs`).
 //! - **One element the server refuses fails alone.** Any other error the server reported
 //!   runs the elements one batch of one each, so only the one at fault gets its error.
 //! - **A lost connection fails its batch.** An I/O error or [`BATCH_TIMEOUT`] answers
@@ -36,7 +37,7 @@
 //! connection of its own — taken from the store's pool and detached from it, so the pool's
 //! setup applies and sqlx's ping of every connection handed back to a pool (a round trip)
 //! does not — and ends when the last clone of the store is dropped; if it is gone (that
-//! runtime shut down), claims and completions fail with an error, never a silent success.
+//! runtime shut down), inserts and completions fail with an error, never a silent success.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -58,7 +59,7 @@ use crate::store::sql::batcher::{self, MAX_BATCH, Waiting};
 pub(super) const MAX_BATCH_BYTES: usize = 512 * 1024;
 
 /// How long one batch may take to get its connection and run: a connection whose server
-/// stopped answering must not hold up every claim for as long as TCP takes to give up.
+/// stopped answering must not hold up every insert for as long as TCP takes to give up.
 pub(super) const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connection idle this long is closed and replaced before its next batch, rather than
@@ -75,7 +76,7 @@ type Queued<B> = batcher::Queued<B, <B as Batch>::Reply>;
 /// the last clone is dropped.
 pub(super) type Batcher<B> = batcher::Batcher<B, <B as Batch>::Reply>;
 
-/// What one batcher batches: claims or completions.
+/// What one batcher batches: inserts or completions.
 pub(super) trait Batch: Send + Sync + Sized + 'static {
     /// What each caller gets back.
     type Reply: Clone + Send + 'static;
@@ -158,7 +159,7 @@ fn hex(sql: &mut String, bytes: &[u8]) {
 }
 
 /// Sends `statements` (one text-protocol request) on `db` — a batcher's connection, or
-/// the pool for a takeover or a release — and collects every result: one `Left` per
+/// and collects every result: one `Left` per
 /// statement, after the rows (`Right`) of a `SELECT`.
 pub(super) async fn run_request<'e>(
     db: impl Executor<'e, Database = MySql>,
@@ -326,7 +327,7 @@ async fn send<B: Batch>(
 }
 
 /// What each caller of a batch whose request failed is told.
-const FAILED: &str = "the batch request this claim or completion was part of failed";
+const FAILED: &str = "the batch request this insert or completion was part of failed";
 
 #[cfg(test)]
 mod tests {

@@ -1,20 +1,19 @@
-//! InnoDB's lock conflicts, and the one rule every fenced write on MySQL follows when it
-//! meets one: send it again.
+//! InnoDB's lock conflicts, and the one rule every write of the register on MySQL follows
+//! when it meets one: send it again.
 //!
-//! A claim batch's duplicate-key check of a key whose records were deleted (released or
+//! An insert batch's duplicate-key check of a key whose record was deleted (released or
 //! forgotten, not yet purged) locks the index entries it scans, up to the next key's
-//! first entry, then inserts before that entry; a fenced `UPDATE` or `DELETE` of that next
-//! key waiting for the same entry closes a cycle, and InnoDB rolls one statement back
-//! (error 1213), often the fenced write, which has done the least. A statement that
-//! waited `innodb_lock_wait_timeout` for a row lock is rolled back too (1205). Claims run
-//! again on their own (`sql::claim_with_retries`). Every fenced write — `renew`,
-//! `record_step`, a completion alone or in a batch, `release`, `forget` — follows
-//! [`Resends`], so a write that lost such a race is sent again, not answered `503` (and
-//! its step run again).
+//! first entry, then inserts before that entry; an `UPDATE` or `DELETE` of that next key
+//! waiting for the same entry closes a cycle, and InnoDB rolls one statement back (error
+//! 1213), often the update, which has done the least. A statement that waited
+//! `innodb_lock_wait_timeout` for a row lock is rolled back too (1205). Every write —
+//! an insert batch, a compare-and-set alone or a batch of completions, a delete — follows
+//! [`Resends`] (an insert batch by answering its callers to insert again), so a write
+//! that lost such a race is sent again, not answered `503` (and its step run again).
 //!
-//! Not the writes inside a handler's transaction (`transaction.rs`): a deadlock rolls back
-//! the whole transaction, the handler's own writes with it, so only the unit of work as a
-//! whole can run again.
+//! Not the writes inside a handler's transaction (`records.rs`' `TxRecords`): a deadlock
+//! rolls back the whole transaction, the handler's own writes with it, so only the unit
+//! of work as a whole can run again.
 
 use sqlx::mysql::MySqlDatabaseError;
 

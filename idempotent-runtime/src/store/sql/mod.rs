@@ -12,14 +12,14 @@ use super::{StoreError, StoredResponse, decode_headers};
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub(crate) mod batcher;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "sqlite")]
 mod claim;
 mod completion;
 mod migrations;
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "sqlite")]
 pub(crate) mod operator;
 
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[cfg(feature = "sqlite")]
 pub(crate) use claim::{Answer, Classified, FoundRow, claim_with_retries, classify};
 
 pub(crate) use super::redact::redact_url;

@@ -1,4 +1,0 @@
--- One claim of claim_batch.sql's read, every value a literal (group_commit::inline).
--- ? position in the batch (0-based), ? scope_key_sha256, ? scope, ? key, ? fingerprint,
--- ? fingerprint version, ? token.
-SELECT ? AS n, ? AS id, ? AS scope, ? AS k, ? AS fingerprint, ? AS version, ? AS token
