@@ -576,6 +576,12 @@ impl StepLog {
                         .not_recorded(name, stored)
                         .expect("an answer other than recorded"));
                 }
+                // An inline retry of this step after its call failed verifies first too.
+                self.progress
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .recorded
+                    .push(intent);
             }
         }
         // The lease may have been lost while the intent or the verify was on its way: the

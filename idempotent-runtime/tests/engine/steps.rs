@@ -887,3 +887,49 @@ async fn an_at_least_once_step_whose_output_was_lost_is_called_again() {
     assert_eq!(text(run(false).await).await.1, "auth_2");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// The call failed (its effect unknown) and the handler retries the step inline: the
+/// retry asks `verify` before calling again, as a later execution would.
+#[tokio::test]
+async fn an_inline_retry_of_an_at_most_once_step_verifies_first() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let (calls, verified) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (c, v) = (calls.clone(), verified.clone());
+    let response = engine
+        .run(
+            &CONFIG,
+            SCOPE,
+            "amo-5",
+            fingerprint(1),
+            move |key| async move {
+                for _ in 0..2 {
+                    let charged = key
+                        .step_at_most_once(
+                            "authorise",
+                            || async {
+                                c.fetch_add(1, Ordering::SeqCst);
+                                Err::<String, _>(StatusCode::GATEWAY_TIMEOUT)
+                            },
+                            || async {
+                                v.fetch_add(1, Ordering::SeqCst);
+                                Ok(Verified::Happened("auth_1".to_owned()))
+                            },
+                        )
+                        .await;
+                    if let Ok(authorisation) = charged {
+                        return (StatusCode::CREATED, authorisation).into_response();
+                    }
+                }
+                StatusCode::BAD_GATEWAY.into_response()
+            },
+        )
+        .await;
+    let (status, body) = text(response).await;
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, "auth_1"));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the retry did not call again"
+    );
+    assert_eq!(verified.load(Ordering::SeqCst), 1);
+}
