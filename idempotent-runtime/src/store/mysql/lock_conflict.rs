@@ -27,7 +27,7 @@ const LOCK_WAIT_TIMEOUT: u16 = 1205;
 
 /// How many times a fenced write is sent when InnoDB rolls it back for a lock conflict;
 /// then the error is the answer, as any store error is (`503`; the lease runs out).
-const FENCED_WRITE_ATTEMPTS: usize = 8;
+const FENCED_WRITE_ATTEMPTS: usize = 12;
 
 /// A deadlock or lock wait timeout: InnoDB rolled the statement back, and the same
 /// statement may well succeed now.
@@ -110,5 +110,17 @@ where
         if !resends.again(&answer) {
             return answer;
         }
+        // Sent again at once, the statements of a deadlock tend to meet in the same
+        // cycle again: a short, random pause lets one of them finish first.
+        tokio::time::sleep(resend_pause(resends.attempt)).await;
     }
+}
+
+/// The pause before resending a write for the `attempt`-th time: up to a millisecond per
+/// attempt so far, drawn at random.
+fn resend_pause(attempt: usize) -> std::time::Duration {
+    let most = u64::try_from(attempt)
+        .unwrap_or(u64::MAX)
+        .saturating_mul(1000);
+    std::time::Duration::from_micros(rand::random_range(0..=most))
 }
