@@ -34,8 +34,8 @@ mod sweeper;
 mod waiting;
 
 pub use builder::IdempotencyBuilder;
-pub use operator::ResolveOutcome;
 pub use function::{Disposition, Failure, Outcome, Refused, StoreUnavailable, Unreadable};
+pub use operator::ResolveOutcome;
 pub use policy::{
     DEFAULT_LEASE, DEFAULT_MAX_DURATION, DEFAULT_MAX_STORED_BODY, DEFAULT_TTL, NEVER_REPLAYED,
     NEVER_REPLAYED_BECAUSE, REPLAYED_HEADER,
