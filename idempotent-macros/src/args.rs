@@ -235,7 +235,11 @@ impl Args {
         self.seen.push(name.clone());
         let mut value = match value {
             Value::Type(ty) => {
-                self.state = Some(ty);
+                if self.mode == Mode::Consumer {
+                    errors.push(handler_only(&meta.path, &name));
+                } else {
+                    self.state = Some(ty);
+                }
                 return Ok(());
             }
             Value::Expr(value) => value,
@@ -333,20 +337,30 @@ impl Args {
                 Ok(())
             }
             _ => {
-                let Some((_, about)) = HANDLER_ONLY.iter().find(|(known, _)| *known == name) else {
+                if !HANDLER_ONLY.iter().any(|(known, _)| *known == name) {
                     return Ok(Some(value));
-                };
-                Err(syn::Error::new_spanned(
-                    path,
-                    format!(
-                        "`{name}` is for Axum handlers ({about}); remove it from this consumer \
-                         function's attribute"
-                    ),
-                ))
+                }
+                Err(handler_only(path, name))
             }
         };
         outcome.map(|()| None)
     }
+}
+
+/// The error for a handler's argument (`state`, `on_server_error`, …) on a consumer
+/// function.
+fn handler_only(path: &syn::Path, name: &str) -> syn::Error {
+    let about = HANDLER_ONLY
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map_or("", |(_, about)| about);
+    syn::Error::new_spanned(
+        path,
+        format!(
+            "`{name}` is for Axum handlers ({about}); remove it from this consumer function's \
+             attribute"
+        ),
+    )
 }
 
 /// How the attribute's `key = …` is written, read before the arguments are parsed: it
@@ -1002,6 +1016,81 @@ mod tests {
         let (args, errors) = parse(quote!(scope = caller ttl = "1h"));
         assert!(!args.complete);
         assert_eq!(errors.len(), 1);
+    }
+
+    /// How `key = …` is written decides, with the function, handler or consumer
+    /// function: only a key expression (or an argument's name) makes a consumer one.
+    #[test]
+    fn key_shapes() {
+        assert_eq!(key_shape(&quote!(scope = c)), KeyShape::Absent);
+        assert_eq!(
+            key_shape(&quote!(scope = c, key = optional)),
+            KeyShape::Policy
+        );
+        assert_eq!(key_shape(&quote!(key = required)), KeyShape::Policy);
+        assert_eq!(key_shape(&quote!(key = "id")), KeyShape::Literal);
+        assert_eq!(
+            key_shape(&quote!(scope = "orders", key = id)),
+            KeyShape::Name("id".to_owned())
+        );
+        assert_eq!(
+            key_shape(&quote!(key = order.id, scope = "o")),
+            KeyShape::Expression
+        );
+        assert_eq!(key_shape(&quote!(key = msg.id())), KeyShape::Expression);
+        // A type's comma is no argument's end that matters: `key` is still found.
+        assert_eq!(
+            key_shape(&quote!(state = AppState<A, B>, key = order.id)),
+            KeyShape::Expression
+        );
+        assert_eq!(key_shape(&quote!(key)), KeyShape::Absent);
+    }
+
+    #[test]
+    fn consumer_arguments() {
+        let mut errors = Vec::new();
+        let args = Args::parse_as(
+            quote!(
+                key = order.id,
+                scope = "orders",
+                payload = order,
+                engine = app.engine,
+                ttl = "1h"
+            ),
+            Mode::Consumer,
+            &mut errors,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(args.key_expr.is_some() && args.scope_expr.is_some());
+        assert!(args.payload.is_some() && args.engine.is_some() && args.ttl.is_some());
+        let mut errors = Vec::new();
+        let args = Args::parse_as(
+            quote!(
+                key = "id",
+                scope = "o",
+                on_server_error = store,
+                state = AppState,
+                key = optional
+            ),
+            Mode::Consumer,
+            &mut errors,
+        );
+        let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 4, "{errors:#?}");
+        assert!(
+            errors[0].contains("the same key for every message"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].contains("`on_server_error` is for Axum handlers"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[2].contains("`state` is for Axum handlers"),
+            "{errors:?}"
+        );
+        assert!(errors[3].contains("duplicate argument `key`"), "{errors:?}");
+        assert!(args.key_expr.is_none());
     }
 
     #[test]

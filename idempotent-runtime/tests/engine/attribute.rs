@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idempotent_runtime::engine::Failure;
+use idempotent_runtime::engine::{Failure, Refused};
 use idempotent_runtime::store::{MemoryStore, SqliteStore};
 use idempotent_runtime::{Idempotency, IdempotencyKey, Outcome, Sqlite, Tx, idempotent};
 use serde::{Deserialize, Serialize};
@@ -319,4 +319,45 @@ async fn a_transactional_function_writes_its_row_once() {
         .await
         .expect("count");
     assert_eq!(rows, 1, "the row is written once");
+}
+
+/// A payload whose JSON cannot be written (a map with keys that are not strings) has no
+/// fingerprint: the call is refused and the body does not run, rather than run under a
+/// key it could not tell duplicates of apart by.
+#[idempotent(key = batch.id, scope = "batches", payload = batch)]
+async fn tally(idempotency: &Idempotency, batch: Batch, probe: Probe) -> Result<usize, String> {
+    probe.runs.fetch_add(1, Ordering::SeqCst);
+    Ok(batch.counts.len())
+}
+
+#[derive(Debug, Serialize)]
+struct Batch {
+    id: u64,
+    counts: std::collections::HashMap<(u8, u8), u32>,
+}
+
+#[tokio::test]
+async fn a_payload_that_does_not_serialise_runs_nothing() {
+    let engine = Idempotency::new(MemoryStore::new());
+    let probe = Probe::new(false);
+    let batch = Batch {
+        id: 1,
+        counts: [((1, 2), 3)].into(),
+    };
+    let refused = tally(&engine, batch, probe.clone()).await;
+    assert!(
+        matches!(&refused, Outcome::Refused(Refused::PayloadUnserialisable(why)) if why.contains("key must be a string")),
+        "{refused:?}"
+    );
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 0);
+    // With string keys the same function runs.
+    let fine = Batch {
+        id: 2,
+        counts: std::collections::HashMap::new(),
+    };
+    assert!(matches!(
+        tally(&engine, fine, probe.clone()).await,
+        Outcome::Ran(0)
+    ));
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 1);
 }
