@@ -27,8 +27,43 @@ pub(crate) const KNOWN: &[&str] = &[
     "fingerprint",
     "exclude_headers",
     "key",
+    "payload",
+    "engine",
     "policy",
     "crate",
+];
+
+/// What the attribute is on: an Axum handler, or a consumer function (a plain `async fn`
+/// whose key is an expression over its arguments: `key = order.id`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Mode {
+    #[default]
+    Handler,
+    Consumer,
+}
+
+/// The arguments only an Axum handler has: what each is about, for the error on a
+/// consumer function.
+const HANDLER_ONLY: &[(&str, &str)] = &[
+    (
+        "state",
+        "the router state; a consumer function finds its engine in an `&Idempotency` \
+         argument or `engine = …`",
+    ),
+    (
+        "on_server_error",
+        "5xx answers; a consumer function's `Err` always releases the key, so a redelivery \
+         runs it again",
+    ),
+    (
+        "fingerprint",
+        "the request body; a consumer function is fingerprinted by the JSON of its \
+         payload: name it with `payload = order`",
+    ),
+    (
+        "exclude_headers",
+        "response headers; a consumer function's output is recorded as JSON",
+    ),
 ];
 
 /// A duration argument: its value and the literal it came from (for spans and messages).
@@ -86,6 +121,16 @@ pub(crate) struct Args {
     pub(crate) policy: Option<Ident>,
     /// `crate = "..."`: the path the runtime crate is reachable under.
     pub(crate) krate: Option<syn::Path>,
+    /// Handler or consumer function (decided before parsing, see `consumer_key`).
+    pub(crate) mode: Mode,
+    /// A consumer function's `key = <expr>`: the message's id.
+    pub(crate) key_expr: Option<Expr>,
+    /// A consumer function's `scope = <expr>`: the key space.
+    pub(crate) scope_expr: Option<Expr>,
+    /// `payload = <expr>`: what a consumer function is fingerprinted by.
+    pub(crate) payload: Option<Expr>,
+    /// `engine = <expr>`: where a consumer function finds its engine.
+    pub(crate) engine: Option<Expr>,
     /// `false` when a syntax error cut parsing short: later arguments are unknown, so a
     /// missing `scope` is not reported on top of it.
     pub(crate) complete: bool,
@@ -95,8 +140,18 @@ pub(crate) struct Args {
 
 impl Args {
     /// Parses the attribute's tokens; every mistake is pushed onto `errors`.
+    #[cfg(test)]
     pub(crate) fn parse(tokens: TokenStream, errors: &mut Vec<syn::Error>) -> Self {
-        let mut args = Self::default();
+        Self::parse_as(tokens, Mode::Handler, errors)
+    }
+
+    /// Parses the attribute's tokens for a handler or a consumer function; every mistake
+    /// is pushed onto `errors`.
+    pub(crate) fn parse_as(tokens: TokenStream, mode: Mode, errors: &mut Vec<syn::Error>) -> Self {
+        let mut args = Self {
+            mode,
+            ..Self::default()
+        };
         let parser = syn::meta::parser(|meta| args.parse_one(&meta, errors));
         match parser.parse2(tokens) {
             Ok(()) => args.complete = true,
@@ -120,6 +175,11 @@ impl Args {
             check_wait(wait, max, errors);
         }
         args
+    }
+
+    /// Whether the attribute sets `name` (even to a refused value).
+    pub(crate) fn sets(&self, name: &str) -> bool {
+        self.seen.iter().any(|seen| seen == name)
     }
 
     fn parse_one(
@@ -173,13 +233,37 @@ impl Args {
             return Ok(());
         }
         self.seen.push(name.clone());
-        let value = match value {
+        let mut value = match value {
             Value::Type(ty) => {
-                self.state = Some(ty);
+                if self.mode == Mode::Consumer {
+                    errors.push(handler_only(&meta.path, &name));
+                } else {
+                    self.state = Some(ty);
+                }
                 return Ok(());
             }
             Value::Expr(value) => value,
         };
+        if self.mode == Mode::Consumer {
+            match self.consumer_value(&name, &meta.path, value) {
+                Ok(None) => return Ok(()),
+                Err(err) => {
+                    errors.push(err);
+                    return Ok(());
+                }
+                Ok(Some(same)) => value = same,
+            }
+        } else if name == "payload" || name == "engine" {
+            // Kept: they say the function is meant as a consumer function, which then
+            // lacks its `key` (reported with the function at hand, see `consumer`).
+            let slot = if name == "payload" {
+                &mut self.payload
+            } else {
+                &mut self.engine
+            };
+            *slot = Some(value);
+            return Ok(());
+        }
         let outcome = match name.as_str() {
             "scope" => scope_value(&value).map(|ident| self.scope = Some(ident)),
             "state" => Err(state_string(&value)),
@@ -205,6 +289,113 @@ impl Args {
             errors.push(err);
         }
         Ok(())
+    }
+
+    /// A consumer function's reading of the arguments that differ from a handler's:
+    /// `Ok(None)` when taken, `Ok(Some(value))` back for the ones read alike
+    /// (durations, `policy`, `crate`).
+    fn consumer_value(
+        &mut self,
+        name: &str,
+        path: &syn::Path,
+        value: Expr,
+    ) -> syn::Result<Option<Expr>> {
+        let outcome = match name {
+            "key" => match string_literal(&value) {
+                // A handler's policy on a consumer function: kept, to be reported with
+                // the function at hand (see `consumer::missing_key`).
+                None if plain_ident(&value)
+                    .is_some_and(|ident| ident == "required" || ident == "optional") =>
+                {
+                    self.key = Some(key_value(&value)?);
+                    Ok(())
+                }
+                Some(lit) => Err(syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`key = {:?}` is the same key for every message: `key` is an expression \
+                         over the function's arguments that gives each message's id, e.g. \
+                         `key = order.id`",
+                        lit.value()
+                    ),
+                )),
+                None => {
+                    self.key_expr = Some(value);
+                    Ok(())
+                }
+            },
+            "scope" => {
+                self.scope_expr = Some(value);
+                Ok(())
+            }
+            "payload" => {
+                self.payload = Some(value);
+                Ok(())
+            }
+            "engine" => {
+                self.engine = Some(value);
+                Ok(())
+            }
+            _ => {
+                if !HANDLER_ONLY.iter().any(|(known, _)| *known == name) {
+                    return Ok(Some(value));
+                }
+                Err(handler_only(path, name))
+            }
+        };
+        outcome.map(|()| None)
+    }
+}
+
+/// The error for a handler's argument (`state`, `on_server_error`, …) on a consumer
+/// function.
+fn handler_only(path: &syn::Path, name: &str) -> syn::Error {
+    let about = HANDLER_ONLY
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map_or("", |(_, about)| about);
+    syn::Error::new_spanned(
+        path,
+        format!(
+            "`{name}` is for Axum handlers ({about}); remove it from this consumer function's \
+             attribute"
+        ),
+    )
+}
+
+/// How the attribute's `key = …` is written, read before the arguments are parsed: it
+/// decides, with the function, whether they are a handler's or a consumer function's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KeyShape {
+    /// No `key`, or `key` without a value.
+    Absent,
+    /// `key = required` / `key = optional`: a handler's key policy.
+    Policy,
+    /// A literal (`key = "id"`, `key = 1`).
+    Literal,
+    /// A single name other than the policies: an argument's, or a misspelt policy.
+    Name(String),
+    /// Any other expression (`key = order.id`, `key = msg.id()`): a consumer's key.
+    Expression,
+}
+
+/// Finds `key = …` among the attribute's top-level arguments and says how it is written.
+pub(crate) fn key_shape(tokens: &TokenStream) -> KeyShape {
+    let trees: Vec<TokenTree> = tokens.clone().into_iter().collect();
+    let mut segments =
+        trees.split(|tree| matches!(tree, TokenTree::Punct(p) if p.as_char() == ','));
+    let Some(segment) = segments.find(|segment| {
+        matches!(segment, [TokenTree::Ident(name), TokenTree::Punct(eq), ..]
+            if name == "key" && eq.as_char() == '=')
+    }) else {
+        return KeyShape::Absent;
+    };
+    match &segment[2..] {
+        [] => KeyShape::Absent,
+        [TokenTree::Ident(name)] if name == "required" || name == "optional" => KeyShape::Policy,
+        [TokenTree::Ident(name)] => KeyShape::Name(name.to_string()),
+        [TokenTree::Literal(_)] => KeyShape::Literal,
+        _ => KeyShape::Expression,
     }
 }
 
@@ -253,6 +444,8 @@ fn example(name: &str) -> &'static str {
         "fingerprint" => "fingerprint = \"raw\"",
         "exclude_headers" => "exclude_headers = [\"x-request-id\"]",
         "key" => "key = optional",
+        "payload" => "payload = order",
+        "engine" => "engine = state.idempotency",
         "policy" => "policy = CREATE_PAYMENT_POLICY",
         _ => "crate = \"idempotent_runtime\"",
     }
@@ -407,7 +600,11 @@ fn key_value(value: &Expr) -> syn::Result<(KeyPolicy, Span)> {
             "optional" => Ok((KeyPolicy::Optional, ident.span())),
             other => Err(syn::Error::new(
                 ident.span(),
-                format!("unknown `key` policy `{other}`: {EXPECTED}"),
+                format!(
+                    "unknown `key` policy `{other}`: {EXPECTED}. On a function that is not an \
+                     Axum handler (a consumer's), `key` is the message's id, an expression over \
+                     its arguments: e.g. `key = msg.id` with an argument `msg`"
+                ),
             )),
         };
     }
@@ -819,6 +1016,81 @@ mod tests {
         let (args, errors) = parse(quote!(scope = caller ttl = "1h"));
         assert!(!args.complete);
         assert_eq!(errors.len(), 1);
+    }
+
+    /// How `key = …` is written decides, with the function, handler or consumer
+    /// function: only a key expression (or an argument's name) makes a consumer one.
+    #[test]
+    fn key_shapes() {
+        assert_eq!(key_shape(&quote!(scope = c)), KeyShape::Absent);
+        assert_eq!(
+            key_shape(&quote!(scope = c, key = optional)),
+            KeyShape::Policy
+        );
+        assert_eq!(key_shape(&quote!(key = required)), KeyShape::Policy);
+        assert_eq!(key_shape(&quote!(key = "id")), KeyShape::Literal);
+        assert_eq!(
+            key_shape(&quote!(scope = "orders", key = id)),
+            KeyShape::Name("id".to_owned())
+        );
+        assert_eq!(
+            key_shape(&quote!(key = order.id, scope = "o")),
+            KeyShape::Expression
+        );
+        assert_eq!(key_shape(&quote!(key = msg.id())), KeyShape::Expression);
+        // A type's comma is no argument's end that matters: `key` is still found.
+        assert_eq!(
+            key_shape(&quote!(state = AppState<A, B>, key = order.id)),
+            KeyShape::Expression
+        );
+        assert_eq!(key_shape(&quote!(key)), KeyShape::Absent);
+    }
+
+    #[test]
+    fn consumer_arguments() {
+        let mut errors = Vec::new();
+        let args = Args::parse_as(
+            quote!(
+                key = order.id,
+                scope = "orders",
+                payload = order,
+                engine = app.engine,
+                ttl = "1h"
+            ),
+            Mode::Consumer,
+            &mut errors,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(args.key_expr.is_some() && args.scope_expr.is_some());
+        assert!(args.payload.is_some() && args.engine.is_some() && args.ttl.is_some());
+        let mut errors = Vec::new();
+        let args = Args::parse_as(
+            quote!(
+                key = "id",
+                scope = "o",
+                on_server_error = store,
+                state = AppState,
+                key = optional
+            ),
+            Mode::Consumer,
+            &mut errors,
+        );
+        let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 4, "{errors:#?}");
+        assert!(
+            errors[0].contains("the same key for every message"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].contains("`on_server_error` is for Axum handlers"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[2].contains("`state` is for Axum handlers"),
+            "{errors:?}"
+        );
+        assert!(errors[3].contains("duplicate argument `key`"), "{errors:?}");
+        assert!(args.key_expr.is_none());
     }
 
     #[test]

@@ -19,7 +19,8 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::ItemFn;
 use syn::spanned::Spanned;
 
-use crate::args::{Args, FingerprintMode, KeyPolicy, OnServerError};
+use crate::args::{self, Args, FingerprintMode, KeyPolicy, KeyShape, Mode, OnServerError};
+use crate::consumer;
 use crate::signature::{self, Handler, ParamKind};
 
 /// Clippy's default `too_many_arguments` threshold.
@@ -29,17 +30,40 @@ const CLIPPY_MAX_ARGS: usize = 7;
 /// function kept (see [`refused`]), or the untouched item when it is no function.
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Vec::new();
-    let args = Args::parse(args, &mut errors);
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
         Err(_) => {
+            // Parsed anyway, for the mistakes in the arguments.
+            let _ = Args::parse_as(args, Mode::Handler, &mut errors);
             errors.push(syn::Error::new(
                 Span::call_site(),
-                "`#[idempotent]` goes on an `async fn` Axum handler",
+                "`#[idempotent]` goes on an `async fn`: an Axum handler, or a consumer \
+                 function with `key = …`",
             ));
             return with_errors(item, errors);
         }
     };
+    // A handler or a consumer function: `key = <expression>` (or the name of an argument)
+    // makes a consumer function, and so does a function that says it is no handler (it
+    // takes the engine); a handler keeps every reading it had (`key = optional`, and a
+    // misspelt policy's error).
+    let not_a_handler = consumer::not_a_handler(&func);
+    let mode = match args::key_shape(&args) {
+        KeyShape::Expression => Mode::Consumer,
+        KeyShape::Name(name) if consumer::has_argument(&func, &name) => Mode::Consumer,
+        _ if not_a_handler.is_some() => Mode::Consumer,
+        _ => Mode::Handler,
+    };
+    let args = Args::parse_as(args, mode, &mut errors);
+    if mode == Mode::Consumer {
+        return consumer::expand(&args, &func, errors);
+    }
+    if not_a_handler.is_some() || args.payload.is_some() || args.engine.is_some() {
+        // Meant as a consumer function, without its key: that one error, not a handler's
+        // (a missing `scope = caller`, extractors).
+        errors.push(consumer::missing_key(&func, &args, not_a_handler));
+        return consumer::refused(&func, &errors);
+    }
     match signature::check(&func, &args, &mut errors) {
         Some(handler) if errors.is_empty() => generate(&args, &handler),
         _ => refused(&func, errors),
@@ -261,7 +285,7 @@ fn generate(args: &Args, handler: &Handler<'_>) -> TokenStream {
 
 /// The `const` handler configuration: only what the attribute sets, the rest is the
 /// engine's default.
-fn config(args: &Args, handler_name: &syn::Ident, p: &TokenStream) -> TokenStream {
+pub(crate) fn config(args: &Args, handler_name: &syn::Ident, p: &TokenStream) -> TokenStream {
     let name = handler_name.to_string();
     let mut config = quote! {
         #p::HandlerConfig::new()

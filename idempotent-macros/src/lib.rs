@@ -2,10 +2,12 @@
 //! re-exports it together with everything the expansion names.
 //!
 //! Layout: `args` parses the attribute's arguments, `signature` checks the
-//! function, `expand` generates the wrapper. Durations (`"24h"`, `"1h 30m"`) are read with
+//! function, `expand` generates the wrapper; `consumer` checks and expands a consumer
+//! function (`key = <expression>`). Durations (`"24h"`, `"1h 30m"`) are read with
 //! `idempotent_policy::duration`, the grammar the runtime reads too.
 
 mod args;
+mod consumer;
 mod expand;
 mod signature;
 #[cfg(test)]
@@ -158,6 +160,59 @@ use proc_macro::TokenStream;
 ///    | #[idempotent(scope = caller, state = AppState)]
 ///    |                                      ^^^^^^^^ `Idempotency` does not implement `FromRef<AppState>`
 /// ```
+///
+/// # On a consumer function
+///
+/// With a key expression, the attribute makes a plain `async fn` (a queue consumer's
+/// function, a job) run once per message id: calling it runs the body through
+/// `Idempotency::once`, and the declared `Result<T, E>` becomes `Outcome<T, E>`.
+///
+/// ```
+/// use idempotent_runtime::store::MemoryStore;
+/// use idempotent_runtime::{Idempotency, IdempotencyKey, Outcome, idempotent};
+///
+/// #[derive(serde::Serialize)]
+/// struct Order {
+///     id: String,
+///     cents: u64,
+/// }
+///
+/// #[idempotent(key = order.id, scope = "orders", ttl = "7d")]
+/// async fn charge(idempotency: &Idempotency, order: Order, key: IdempotencyKey) -> Result<u64, String> {
+///     let _provider_key = key.derive("gateway"); // the same on every run of this order
+///     Ok(order.cents)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let idempotency = Idempotency::new(MemoryStore::new());
+/// let order = || Order { id: "o_1".into(), cents: 1999 };
+/// assert!(matches!(charge(&idempotency, order()).await, Outcome::Ran(1999)));
+/// assert!(matches!(charge(&idempotency, order()).await, Outcome::Replayed(1999)));
+/// # }
+/// ```
+///
+/// - `key = <expr>` (required): the message's id, an expression over the arguments whose
+///   value implements `Display` (`key = order.id`, `key = msg.id()`, `key = id`). A key
+///   expression is what makes a consumer function; a function that takes the engine and
+///   has none is refused, with the fix. (`key = required | optional` stay a handler's.)
+/// - `scope = <expr>` (required): the key space, `scope = "orders"` or an expression
+///   (`scope = order.tenant`).
+/// - `payload = <expr>`: what the key must keep meaning, fingerprinted by its canonical
+///   JSON (`Serialize`); the same key with another payload is `Outcome::KeyReused`.
+///   Default: the one argument besides the engine, the key and the transaction.
+/// - `engine = <expr>`: the engine (`Idempotency`, `&Idempotency` or
+///   `Arc<Idempotency>`), e.g. `engine = app.idempotency`. Default: the argument of type
+///   `&Idempotency` (which the body does not get: it runs detached from the call) or
+///   `Idempotency` (which it does).
+/// - `ttl`, `lease`, `max_duration`, `wait`, `policy`, `crate` as above; a handler's
+///   `state`, `on_server_error`, `fingerprint` and `exclude_headers` are refused.
+///
+/// Every argument is owned and bound to a plain name. `key: IdempotencyKey` gets the
+/// claimed key; `tx: &mut Tx<DB>` runs the body in the transaction its record commits
+/// in (`once_in_transaction`). `T` must be `Serialize + DeserializeOwned` (it is recorded
+/// and replayed); `E` need not be (an `Err` is never recorded: it releases the key). On
+/// an error, the function is kept as written, under its own name.
 ///
 /// `#[axum::debug_handler]` goes below `#[idempotent]`, where it checks the expansion (the
 /// handler Axum routes; give it `state = AppState` unless a `State<AppState>` argument

@@ -287,7 +287,12 @@ fn check_key_policy(args: &Args, params: &[Param<'_>], errors: &mut Vec<syn::Err
 
 /// `Self` in a handler inside an `impl` block: the body moves into a nested function,
 /// where `Self` does not name the outer type (E0401); say so on the first `Self`.
-fn check_no_self(func: &ItemFn, errors: &mut Vec<syn::Error>) {
+pub(crate) fn check_no_self(func: &ItemFn, errors: &mut Vec<syn::Error>) {
+    check_no_self_in(func, "handler", errors);
+}
+
+/// [`check_no_self`] for a function called `what` in the message (`handler`, `function`).
+pub(crate) fn check_no_self_in(func: &ItemFn, what: &str, errors: &mut Vec<syn::Error>) {
     use proc_macro2::{Delimiter, TokenTree};
     // The first `Self` outside a nested `impl`/`trait` block (where it is fine).
     fn first_self(tokens: proc_macro2::TokenStream) -> Option<proc_macro2::Span> {
@@ -323,9 +328,11 @@ fn check_no_self(func: &ItemFn, errors: &mut Vec<syn::Error>) {
     if let Some(span) = found {
         errors.push(syn::Error::new(
             span,
-            "`Self` cannot be used in an `#[idempotent]` handler: the macro moves the body into \
-             a nested function, where `Self` does not name the `impl` block's type. Write the \
-             type's name instead",
+            format!(
+                "`Self` cannot be used in an `#[idempotent]` {what}: the macro moves the body \
+                 into a nested function, where `Self` does not name the `impl` block's type. \
+                 Write the type's name instead"
+            ),
         ));
     }
 }
@@ -531,7 +538,7 @@ fn key_argument_mistake(arg: &PatType, args: &Args) -> Option<String> {
 }
 
 /// `ty` without parentheses or invisible groups around it.
-fn unparen(ty: &Type) -> &Type {
+pub(crate) fn unparen(ty: &Type) -> &Type {
     match ty {
         Type::Group(group) => unparen(&group.elem),
         Type::Paren(paren) => unparen(&paren.elem),
@@ -584,7 +591,7 @@ fn is_str(ty: &Type) -> bool {
 
 /// Classifies an argument by its type; a transaction taken other than by `&mut` is
 /// refused (pushed onto `errors`) and treated as an extractor.
-fn param_kind<'a>(ty: &'a Type, errors: &mut Vec<syn::Error>) -> ParamKind<'a> {
+pub(crate) fn param_kind<'a>(ty: &'a Type, errors: &mut Vec<syn::Error>) -> ParamKind<'a> {
     if is_idempotency_key(ty) || is_optional_key(ty) {
         return ParamKind::Key;
     }
@@ -615,7 +622,7 @@ fn param_kind<'a>(ty: &'a Type, errors: &mut Vec<syn::Error>) -> ParamKind<'a> {
 }
 
 /// `Tx<DB>` under any path (`Tx<Sqlite>`, `idempotent_runtime::Tx<Postgres>`).
-fn is_transaction(ty: &Type) -> bool {
+pub(crate) fn is_transaction(ty: &Type) -> bool {
     match ty {
         Type::Path(path) if path.qself.is_none() => {
             path.path.segments.last().is_some_and(|segment| {
@@ -643,7 +650,7 @@ pub(crate) fn is_idempotency_key(ty: &Type) -> bool {
 
 /// `Option<IdempotencyKey>` under any path (`Option<IdempotencyKey>`,
 /// `std::option::Option<idempotent_runtime::IdempotencyKey>`).
-fn is_optional_key(ty: &Type) -> bool {
+pub(crate) fn is_optional_key(ty: &Type) -> bool {
     match ty {
         Type::Path(path) if path.qself.is_none() => {
             path.path.segments.last().is_some_and(|segment| {
@@ -660,7 +667,7 @@ fn is_optional_key(ty: &Type) -> bool {
 }
 
 /// The span of an `impl Trait` anywhere inside `ty`.
-fn impl_trait_in(ty: &Type) -> Option<proc_macro2::Span> {
+pub(crate) fn impl_trait_in(ty: &Type) -> Option<proc_macro2::Span> {
     impl_trait_where(ty, &|_| true)
 }
 
@@ -705,7 +712,7 @@ fn impl_trait_where(
 }
 
 /// A type as a user would write it, for messages (`Json<Req>`, not `Json < Req >`).
-fn type_to_string(ty: &Type) -> String {
+pub(crate) fn type_to_string(ty: &Type) -> String {
     let text = ty.to_token_stream().to_string();
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();

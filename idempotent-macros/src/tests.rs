@@ -207,7 +207,7 @@ fn misplaced_attribute_is_refused() {
     );
     assert!(text.contains("struct Caller;"), "{text}");
     assert!(
-        text.contains("goes on an `async fn` Axum handler"),
+        text.contains("goes on an `async fn`: an Axum handler, or a consumer function"),
         "{text}"
     );
 }
@@ -598,4 +598,53 @@ fn sub_second_durations_expand_to_milliseconds() {
                 .contains(".lease(::idempotent_runtime::__private::Duration::from_millis(1500))"),
         "{text}"
     );
+}
+
+#[test]
+fn consumer_function_with_engine_argument_and_key() {
+    let text = expand(
+        quote!(key = order.id, scope = "orders", ttl = "24h"),
+        quote! {
+            /// Charges an order once per order id.
+            pub async fn charge(
+                idempotency: &Idempotency,
+                mut order: Order,
+                key: IdempotencyKey,
+            ) -> Result<Receipt, ChargeError> {
+                order.attempts += 1;
+                gateway::charge(&order, &key.derive("gateway")).await
+            }
+        },
+    );
+    insta::assert_snapshot!("consumer_function", text);
+}
+
+#[test]
+fn consumer_function_with_engine_expression_payload_and_transaction() {
+    let text = expand(
+        quote! {
+            key = command.message_id(), scope = command.tenant, payload = command.body,
+            engine = app.idempotency, lease = "10s", policy = LEDGER_POLICY, crate = "renamed",
+        },
+        quote! {
+            #[tracing::instrument(skip(app))]
+            async fn record(app: App, command: Command, tx: &mut Tx<Sqlite>) -> Result<u64, sqlx::Error> {
+                app.ledger.insert(tx, &command.body).await
+            }
+        },
+    );
+    insta::assert_snapshot!("consumer_function_transactional", text);
+}
+
+#[test]
+fn consumer_function_refused_is_kept_as_written() {
+    let text = expand(
+        quote!(scope = "orders"),
+        quote! {
+            async fn charge(idempotency: &Idempotency, order: Order) -> Result<Receipt, ChargeError> {
+                todo!()
+            }
+        },
+    );
+    insta::assert_snapshot!("consumer_function_refused", text);
 }

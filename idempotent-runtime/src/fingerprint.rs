@@ -178,6 +178,33 @@ impl Fingerprint {
             digest: hasher.finalize().into(),
         }
     }
+
+    /// Fingerprints a value by its JSON: [`of_payload`](Self::of_payload) of the
+    /// canonical form (object keys sorted, no insignificant whitespace) of
+    /// `serde_json::to_vec(value)`, so that a map's iteration order (a `HashMap` field)
+    /// does not make the same value two payloads. What `#[idempotent(payload = order)]`
+    /// hands the engine. Fails only when `value` does not serialise (a map with keys
+    /// that are not strings, a `Serialize` impl that fails).
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    ///
+    /// use idempotent_runtime::Fingerprint;
+    ///
+    /// let a: HashMap<&str, u32> = [("tea", 2), ("cake", 1)].into();
+    /// let b: HashMap<&str, u32> = [("cake", 1), ("tea", 2)].into();
+    /// assert_eq!(Fingerprint::of_json(&a).unwrap(), Fingerprint::of_json(&b).unwrap());
+    /// assert_eq!(
+    ///     Fingerprint::of_json(&a).unwrap(),
+    ///     Fingerprint::of_payload(br#"{"cake":1,"tea":2}"#),
+    /// );
+    /// ```
+    pub fn of_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
+        let json = serde_json::to_vec(value)?;
+        // serde_json's own output is always one valid JSON text; the fallback is for
+        // a `Serialize` impl that writes raw values, and keeps the bytes as they are.
+        Ok(Self::of_payload(&canonical_json(&json).unwrap_or(json)))
+    }
 }
 
 /// A request's fingerprint, computed when first needed, with the request it is computed

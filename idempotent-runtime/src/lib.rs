@@ -222,9 +222,13 @@ pub use transaction::Tx;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::config::{HandlerConfig, OnServerError};
+    pub use crate::engine::Outcome;
     pub use crate::fingerprint::FingerprintMode;
+    #[cfg(feature = "sql")]
+    pub use crate::macro_support::once_in_transaction;
     pub use crate::macro_support::{
-        Guard, Hashed, StateGivesEngine, ViaHashed, check_state_gives_engine,
+        Engine, Guard, Hashed, KeyText, Payload, RecordedOutput, ScopeText, StateGivesEngine,
+        ViaHashed, check_state_gives_engine, once,
     };
     pub use crate::scope::Scope;
     pub use axum::response::Response;

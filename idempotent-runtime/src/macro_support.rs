@@ -1,4 +1,5 @@
-//! Macro support: the Axum extractors an `#[idempotent]` expansion adds to a handler.
+//! Macro support: the Axum extractors an `#[idempotent]` expansion adds to a handler,
+//! and what a consumer function's expansion (`#[idempotent(key = …)]`) calls.
 //!
 //! Private to the crate: [`Guard`] (added right after the scope argument) and [`Hashed`]
 //! (wrapping the handler's last extractor) are what the attribute macro generates, named
@@ -13,8 +14,8 @@ use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 
 use crate::config::HandlerConfig;
-use crate::engine::Idempotency;
-use crate::fingerprint::{FingerprintMode, RequestFingerprint};
+use crate::engine::{Idempotency, Outcome, Refused};
+use crate::fingerprint::{Fingerprint, FingerprintMode, RequestFingerprint};
 use crate::key::IdempotencyKey;
 use crate::problem::key_problem;
 use crate::request::{self, Covered, KeyLabel};
@@ -182,4 +183,172 @@ impl<T> Hashed<T> {
     pub fn into_parts(self, mode: FingerprintMode) -> (T, RequestFingerprint) {
         (self.value, self.covered.fingerprint(mode))
     }
+}
+
+// Consumer functions: `#[idempotent(key = …, scope = …)]` on a plain `async fn`. The
+// expansion evaluates the attribute's expressions through these traits, each spanned on
+// the user's expression, so that a value of the wrong type is reported there with the
+// fix (`on_unimplemented`), and the blanket impls are `do_not_recommend`ed so that the
+// message is this trait's rather than the bound behind it.
+
+/// The value of `key = …`: the message's id, as text.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent(key = …)]`: the key must be text or a number, and `{Self}` is not",
+    label = "`{Self}` does not implement `Display`",
+    note = "`key` is the message's id, an expression over the function's arguments whose value implements `Display` (a `String`, `&str`, `u64`, `Uuid`…): e.g. `key = order.id`"
+)]
+pub trait KeyText {
+    /// The key's text.
+    fn key_text(&self) -> String;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: std::fmt::Display + ?Sized> KeyText for T {
+    fn key_text(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// The value of `scope = …` on a consumer function: the key space, as text.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent(scope = …)]`: the scope must be text, and `{Self}` is not",
+    label = "`{Self}` does not implement `Display`",
+    note = "on a consumer function `scope` names the key space the ids are unique in: a string (`scope = \"orders\"`) or an expression over the arguments whose value implements `Display` (`scope = order.tenant`)"
+)]
+pub trait ScopeText {
+    /// The scope's text.
+    fn scope_text(&self) -> String;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: std::fmt::Display + ?Sized> ScopeText for T {
+    fn scope_text(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// The value of `payload = …` (or the function's one message argument): what the key
+/// must keep meaning, fingerprinted by its JSON ([`Fingerprint::of_json`]).
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]`: the payload `{Self}` cannot be fingerprinted",
+    label = "`{Self}` does not implement `serde::Serialize`",
+    note = "the payload's JSON is what a key must keep meaning (the same key with another payload is `Outcome::KeyReused`): derive `serde::Serialize` for `{Self}`, or name another argument with `payload = …`"
+)]
+pub trait Payload {
+    /// The payload's fingerprint, or serde's message when it does not serialise.
+    fn payload_fingerprint(&self) -> Result<Fingerprint, String>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + ?Sized> Payload for T {
+    fn payload_fingerprint(&self) -> Result<Fingerprint, String> {
+        Fingerprint::of_json(self).map_err(|err| err.to_string())
+    }
+}
+
+/// The value of `engine = …`: an [`Idempotency`], however it is held. (Its impls are
+/// not recommended in errors: the note names them, and the fix.)
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent(engine = …)]`: `{Self}` is not the engine",
+    label = "expected an `Idempotency`, found `{Self}`",
+    note = "write `engine = state.idempotency` (an `Idempotency`, `&Idempotency` or `Arc<Idempotency>`), or drop `engine` and take `idempotency: &Idempotency` as an argument"
+)]
+pub trait Engine {
+    /// The engine.
+    fn engine(&self) -> &Idempotency;
+}
+
+#[diagnostic::do_not_recommend]
+impl Engine for Idempotency {
+    fn engine(&self) -> &Idempotency {
+        self
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: Engine + ?Sized> Engine for &T {
+    fn engine(&self) -> &Idempotency {
+        (**self).engine()
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: Engine + ?Sized> Engine for std::sync::Arc<T> {
+    fn engine(&self) -> &Idempotency {
+        (**self).engine()
+    }
+}
+
+/// The `T` of a consumer function's `Result<T, E>`: recorded as JSON, replayed to every
+/// duplicate.
+#[diagnostic::on_unimplemented(
+    message = "`#[idempotent]`: the output `{Self}` cannot be recorded and replayed",
+    label = "`{Self}` is not `Serialize + DeserializeOwned`",
+    note = "the `Ok` value of an `#[idempotent(key = …)]` function is stored as JSON and handed to every duplicate: derive `serde::Serialize` and `serde::Deserialize` for `{Self}`; the `Err` value is never stored and need not be"
+)]
+pub trait RecordedOutput: serde::Serialize + serde::de::DeserializeOwned {}
+
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned> RecordedOutput for T {}
+
+/// Runs a consumer function's body through [`Idempotency::once`]; a payload that did not
+/// serialise runs nothing ([`Refused::PayloadUnserialisable`]). `T` first: the expansion
+/// names it (spanned on the user's `T`), so a `T` that cannot be recorded is reported
+/// there.
+pub async fn once<T, E, F, Fut>(
+    engine: &Idempotency,
+    config: &HandlerConfig,
+    scope: &str,
+    key: &str,
+    payload: Result<Fingerprint, String>,
+    function: F,
+) -> Outcome<T, E>
+where
+    T: RecordedOutput + Send + 'static,
+    E: Send + 'static,
+    F: FnOnce(IdempotencyKey) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+{
+    match payload {
+        Ok(fingerprint) => engine.once(config, scope, key, fingerprint, function).await,
+        Err(error) => unserialisable(error),
+    }
+}
+
+/// Runs a transactional consumer function's body through
+/// [`Idempotency::once_in_transaction`]; see [`once`].
+#[cfg(feature = "sql")]
+pub async fn once_in_transaction<T, E, DB, F, Fut>(
+    engine: &Idempotency,
+    config: &HandlerConfig,
+    scope: &str,
+    key: &str,
+    payload: Result<Fingerprint, String>,
+    function: F,
+) -> Outcome<T, E>
+where
+    T: RecordedOutput + Send + 'static,
+    E: Send + 'static,
+    DB: crate::transaction::TxDatabase,
+    F: FnOnce(IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
+    Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
+{
+    match payload {
+        Ok(fingerprint) => {
+            engine
+                .once_in_transaction(config, scope, key, fingerprint, function)
+                .await
+        }
+        Err(error) => unserialisable(error),
+    }
+}
+
+fn unserialisable<T, E>(error: String) -> Outcome<T, E> {
+    tracing::error!(
+        event = "refused",
+        reason = "payload_unserialisable",
+        error = %error,
+        "the payload of an #[idempotent] function does not serialise; nothing ran"
+    );
+    Outcome::Refused(Refused::PayloadUnserialisable(error))
 }

@@ -112,6 +112,52 @@ mod expansion_passes_clippy {
         Ok(StatusCode::CREATED)
     }
 
+    #[derive(serde::Serialize)]
+    struct Order {
+        id: String,
+        cents: u64,
+    }
+
+    /// A consumer function (`key = …`): the engine as an argument, the one value the
+    /// payload, the claimed key for a downstream key.
+    #[idempotent(key = order.id, scope = "orders", ttl = "24h")]
+    async fn charge(
+        idempotency: &Idempotency,
+        order: Order,
+        key: IdempotencyKey,
+    ) -> Result<(u64, String), String> {
+        Ok((order.cents, key.derive("gateway")))
+    }
+
+    /// A transactional consumer function with the engine and scope from expressions.
+    #[idempotent(engine = idempotency, key = order.id, scope = tenant, payload = order)]
+    async fn book(
+        idempotency: Idempotency,
+        tenant: String,
+        order: Order,
+        tx: &mut Tx<Sqlite>,
+    ) -> Result<u64, String> {
+        sqlx::query("INSERT INTO ledger (tenant, id) VALUES (?, ?)")
+            .bind(tenant)
+            .bind(order.id)
+            .execute(tx.conn())
+            .await
+            .map_err(|err| err.to_string())?;
+        let _ = idempotency.header_name();
+        Ok(order.cents)
+    }
+
+    #[test]
+    fn consumer_functions_return_outcomes() {
+        let engine = Idempotency::new(MemoryStore::new());
+        let order = || Order {
+            id: "o_1".to_owned(),
+            cents: 1,
+        };
+        let _charging = charge(&engine, order());
+        let _booking = book(engine.clone(), "acme".to_owned(), order());
+    }
+
     #[test]
     fn handlers_route() {
         let _app: Router = Router::new()

@@ -294,6 +294,10 @@ pub enum Refused {
     ScopeEmpty,
     /// A transactional function on an engine whose store is not of its database (named).
     TransactionUnsupported(&'static str),
+    /// The payload an `#[idempotent(key = …)]` function is fingerprinted by did not
+    /// serialise to JSON (serde's message): without a fingerprint the engine could not
+    /// tell a duplicate from another payload under the same key.
+    PayloadUnserialisable(String),
 }
 
 impl fmt::Display for Refused {
@@ -304,6 +308,9 @@ impl fmt::Display for Refused {
                 f,
                 "a {database} transaction was asked of an engine whose store is not a {database} store"
             ),
+            Self::PayloadUnserialisable(error) => {
+                write!(f, "the payload does not serialise to JSON: {error}")
+            }
         }
     }
 }

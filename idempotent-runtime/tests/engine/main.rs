@@ -2,6 +2,7 @@
 //! typed entry point (`Idempotency::once`) and the replay cache, under the standard test
 //! harness (no server involved, so nothing is reported ignored).
 
+mod attribute;
 mod engine;
 mod function;
 mod replay_cache;
