@@ -77,15 +77,28 @@ async fn node(url: &str) -> MultiplexedConnection {
 }
 
 /// The primary (`redis://host:port/`) that owns `key`'s slot, whether or not the key
-/// exists: the others answer `MOVED`.
+/// exists: as the first listed primary that answers says — itself, or the node its
+/// `MOVED` names. A node the list leaves out while the cluster converges after a
+/// failover (flagged `fail?` for a moment) is still found through the others' redirects.
 async fn owner_of(primaries: &[String], key: &str) -> String {
     for primary in primaries {
-        let found: redis::RedisResult<i64> = redis::cmd("EXISTS")
-            .arg(key)
-            .query_async(&mut node(primary).await)
-            .await;
-        if found.is_ok() {
-            return primary.clone();
+        // A node killed a moment ago may still be listed: ask the next one.
+        let Ok(mut conn) = redis::Client::open(primary.as_str())
+            .expect("a node URL")
+            .get_multiplexed_async_connection()
+            .await
+        else {
+            continue;
+        };
+        let found: redis::RedisResult<i64> =
+            redis::cmd("EXISTS").arg(key).query_async(&mut conn).await;
+        match found {
+            Ok(_) => return primary.clone(),
+            Err(err) => {
+                if let Some((address, _slot)) = err.redirect_node() {
+                    return format!("redis://{address}/");
+                }
+            }
         }
     }
     panic!("no primary holds {key}");
