@@ -8,8 +8,9 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{Either, Row};
 
 use super::group_commit::{Answer, Batch, Value, inline, run_request};
-use super::records::{now_of, record_of, spliced, to_column};
+use super::records::spliced;
 use crate::fingerprint::Fingerprint;
+use crate::store::sql::{now_of, record_of, to_column};
 use crate::store::{FencingToken, Inserted, Record, StoreError};
 
 /// One claim's insert, owned so it can wait for its batch.

@@ -23,7 +23,7 @@
 //! [`StoreNow`] are the database's, in whole milliseconds, as the record's times are.
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlArguments, MySqlConnection, MySqlPool, MySqlRow};
+use sqlx::mysql::{MySqlArguments, MySqlConnection, MySqlPool};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, MySql, Row, SqlSafeStr, SqlStr};
 
@@ -32,8 +32,7 @@ use super::group_commit::{self, Batcher};
 use super::insert::QueuedInsert;
 use super::lock_conflict::resend_on_lock_conflict;
 use super::{micros, scope_key_sha256};
-use crate::fingerprint::Fingerprint;
-use crate::store::sql::{CompletionColumns, decode_completed};
+use crate::store::sql::{CompletionColumns, now_of, record_of, to_column};
 use crate::store::{
     Change, FencingToken, Inserted, KeyedRecord, Record, RecordBody, RecordStore, StoreError,
     StoreNow, TxRecords, Updated,
@@ -435,77 +434,9 @@ fn text(bytes: Vec<u8>) -> Result<String, StoreError> {
     String::from_utf8(bytes).map_err(|_| StoreError::Corrupt("a scope or key is not UTF-8".into()))
 }
 
-/// The record a statement's row shows (`{record}`); `None`: none.
-pub(super) fn record_of(row: &MySqlRow) -> Result<Option<Record>, StoreError> {
-    let Some(state) = row.try_get::<Option<String>, _>("state")? else {
-        return Ok(None);
-    };
-    let digest: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint = Fingerprint {
-        version: row.try_get("fingerprint_version")?,
-        digest: digest
-            .try_into()
-            .map_err(|_| StoreError::Corrupt("a fingerprint digest is not 32 bytes".into()))?,
-    };
-    let body = match state.as_str() {
-        "in_progress" => RecordBody::InProgress {
-            lease_expires_at: row.try_get("lease_expires_at_ms")?,
-            steps: row
-                .try_get::<Option<Vec<u8>>, _>("steps")?
-                .map(bytes::Bytes::from)
-                .unwrap_or_default(),
-        },
-        "completed" => RecordBody::Completed(decode_completed(
-            row.try_get::<Option<i16>, _>("status")?.map(i64::from),
-            row.try_get("headers")?,
-            row.try_get("body")?,
-        )?),
-        other => {
-            return Err(StoreError::Corrupt(format!(
-                "unknown record state {other:?}"
-            )));
-        }
-    };
-    Ok(Some(Record {
-        fingerprint,
-        token: FencingToken(row.try_get("token")?),
-        version: from_column(row.try_get("version")?),
-        created_at: row.try_get("created_at_ms")?,
-        expires_at: row.try_get("expires_at_ms")?,
-        body,
-    }))
-}
-
-/// The database's clock a statement's row carries (`{now}`).
-pub(super) fn now_of(row: &MySqlRow) -> Result<StoreNow, StoreError> {
-    let millis: i64 = row.try_get("now_ms")?;
-    Ok(StoreNow {
-        wall_millis: millis,
-        lease_millis: millis,
-    })
-}
-
-/// A version as the `BIGINT` column holds it: the same 64 bits.
-pub(super) fn to_column(version: u64) -> i64 {
-    i64::from_ne_bytes(version.to_ne_bytes())
-}
-
-/// A `BIGINT` column's version.
-fn from_column(version: i64) -> u64 {
-    u64::from_ne_bytes(version.to_ne_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn versions_keep_their_64_bits_in_the_column() {
-        for version in [0, 1, u64::MAX, 1 << 63, (1 << 63) - 1] {
-            assert_eq!(from_column(to_column(version)), version);
-        }
-        assert_eq!(to_column(u64::MAX), -1);
-    }
 
     #[test]
     fn every_statement_has_its_parameters_spliced() {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::types::PgInterval;
-use sqlx::postgres::{PgArguments, PgConnection, PgPool, PgRow};
+use sqlx::postgres::{PgArguments, PgConnection, PgPool};
 use sqlx::query::Query;
 use sqlx::{Postgres, Row, SqlStr};
 
@@ -32,10 +32,10 @@ use super::group::{self, Batch, Batcher, element_of};
 use super::notify::Notifier;
 use super::schema::{Schema, Statements};
 use crate::fingerprint::Fingerprint;
-use crate::store::sql::{CompletionColumns, decode_completed};
+use crate::store::sql::{CompletionColumns, from_column, now_of, record_of, to_column};
 use crate::store::{
-    Capabilities, Change, FencingToken, Inserted, KeyedRecord, Record, RecordBody, RecordStore,
-    StoreError, StoreNow, TxRecords, Updated,
+    Capabilities, Change, FencingToken, Inserted, KeyedRecord, Record, RecordStore, StoreError,
+    StoreNow, TxRecords, Updated,
 };
 
 /// TTLs and leases are clamped to this (1000 years) so `now() + interval` stays inside
@@ -455,66 +455,6 @@ impl Batch for QueuedCompletion {
     }
 }
 
-/// The record a statement's row shows (`{record}` in `sql/`); `None`: none.
-fn record_of(row: &PgRow) -> Result<Option<Record>, StoreError> {
-    let Some(state) = row.try_get::<Option<String>, _>("state")? else {
-        return Ok(None);
-    };
-    let digest: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint = Fingerprint {
-        version: row.try_get("fingerprint_version")?,
-        digest: digest
-            .try_into()
-            .map_err(|_| StoreError::Corrupt("a fingerprint digest is not 32 bytes".into()))?,
-    };
-    let body = match state.as_str() {
-        "in_progress" => RecordBody::InProgress {
-            lease_expires_at: row.try_get("lease_expires_at_ms")?,
-            steps: row
-                .try_get::<Option<Vec<u8>>, _>("steps")?
-                .map(bytes::Bytes::from)
-                .unwrap_or_default(),
-        },
-        "completed" => RecordBody::Completed(decode_completed(
-            row.try_get::<Option<i16>, _>("status")?.map(i64::from),
-            row.try_get("headers")?,
-            row.try_get("body")?,
-        )?),
-        other => {
-            return Err(StoreError::Corrupt(format!(
-                "unknown record state {other:?}"
-            )));
-        }
-    };
-    Ok(Some(Record {
-        fingerprint,
-        token: FencingToken(row.try_get("token")?),
-        version: from_column(row.try_get("version")?),
-        created_at: row.try_get("created_at_ms")?,
-        expires_at: row.try_get("expires_at_ms")?,
-        body,
-    }))
-}
-
-/// The database's clock a statement's row carries (`{now}` in `sql/`).
-fn now_of(row: &PgRow) -> Result<StoreNow, StoreError> {
-    let millis: i64 = row.try_get("now_ms")?;
-    Ok(StoreNow {
-        wall_millis: millis,
-        lease_millis: millis,
-    })
-}
-
-/// A version as the `bigint` column holds it: the same 64 bits.
-fn to_column(version: u64) -> i64 {
-    i64::from_ne_bytes(version.to_ne_bytes())
-}
-
-/// A `bigint` column's version.
-fn from_column(version: i64) -> u64 {
-    u64::from_ne_bytes(version.to_ne_bytes())
-}
-
 /// A `Duration` as a Postgres interval of whole microseconds, clamped (see
 /// [`MAX_INTERVAL_MICROS`]).
 fn interval(duration: Duration) -> PgInterval {
@@ -537,13 +477,5 @@ mod tests {
             1_500_000
         );
         assert_eq!(interval(Duration::MAX).microseconds, MAX_INTERVAL_MICROS);
-    }
-
-    #[test]
-    fn versions_keep_their_64_bits_in_the_column() {
-        for version in [0, 1, u64::MAX, 1 << 63, (1 << 63) - 1] {
-            assert_eq!(from_column(to_column(version)), version);
-        }
-        assert_eq!(to_column(u64::MAX), -1);
     }
 }

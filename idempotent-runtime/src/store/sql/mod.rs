@@ -1,6 +1,7 @@
 //! What every SQL store shares, whatever its dialect: the claim of the stores that
 //! still decide in their own statements (`claim.rs`: a found record classified by the
-//! takeover rule, the retry loop), completed-row decoding, the fenced completion's
+//! takeover rule, the retry loop), completed-row decoding, the registers' record rows
+//! (`record_row.rs`: Postgres and MySQL), the fenced completion's
 //! parameters, migrator construction and the check that the embedded migrations are the
 //! files in `migrations/<dialect>/`, URL redaction for messages, the operator tools over
 //! a dialect's two statements (`operator.rs`), and the skeleton of the stores' batching
@@ -18,6 +19,8 @@ mod completion;
 mod migrations;
 #[cfg(feature = "sqlite")]
 pub(crate) mod operator;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod record_row;
 
 #[cfg(feature = "sqlite")]
 pub(crate) use claim::{Answer, Classified, FoundRow, claim_with_retries, classify};
@@ -30,6 +33,10 @@ pub(crate) use completion::bind_completion;
 #[cfg(test)]
 pub(crate) use migrations::assert_embedded_migrations_match;
 pub(crate) use migrations::{EmbeddedMigration, migrator};
+#[cfg(feature = "postgres")]
+pub(crate) use record_row::from_column;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use record_row::{now_of, record_of, to_column};
 
 /// A completed record's columns as the response to replay.
 pub(crate) fn decode_completed(
