@@ -1,5 +1,5 @@
-//! Compile-time tests of `#[idempotent]`: handlers that must compile (and build a router)
-//! and mistakes that must be refused with a helpful, well-placed error.
+//! Compile-time tests of `#[idempotent]`: mistakes that must be refused with a helpful,
+//! well-placed error (the handlers that must compile are `pass.rs`).
 //!
 //! Regenerate the expected errors with `TRYBUILD=overwrite cargo test -p
 //! idempotent-ui-tests`, then read every changed `.stderr`: each error must point at the
@@ -7,8 +7,9 @@
 
 #[test]
 fn ui() {
+    // Only mistakes here: the cases that must compile are test targets (`pass.rs`), so
+    // trybuild checks without generating code.
     let t = trybuild::TestCases::new();
-    t.pass("tests/ui/pass/*.rs");
     t.compile_fail("tests/ui/fail/*.rs");
 }
 

@@ -28,8 +28,16 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = StatusCode;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let value = parts.headers.get("x-account").ok_or(StatusCode::UNAUTHORIZED)?;
-        Ok(Caller(value.to_str().map_err(|_| StatusCode::UNAUTHORIZED)?.to_owned()))
+        let value = parts
+            .headers
+            .get("x-account")
+            .ok_or(StatusCode::UNAUTHORIZED)?;
+        Ok(Caller(
+            value
+                .to_str()
+                .map_err(|_| StatusCode::UNAUTHORIZED)?
+                .to_owned(),
+        ))
     }
 }
 
@@ -49,7 +57,7 @@ impl Orders {
     }
 }
 
-fn main() {
+pub(crate) fn main() {
     let state = AppState {
         engine: Idempotency::new(MemoryStore::new()),
     };

@@ -40,7 +40,12 @@ struct App {
 /// The engine from an argument, a numeric key, an explicit payload, an owned engine
 /// passed on to the body, `mut` arguments.
 #[idempotent(engine = app.idempotency, key = id, scope = tenant, payload = (id, &lines))]
-async fn import(app: App, tenant: String, id: u64, mut lines: Vec<String>) -> Result<usize, String> {
+async fn import(
+    app: App,
+    tenant: String,
+    id: u64,
+    mut lines: Vec<String>,
+) -> Result<usize, String> {
     let _ = (app.idempotency, tenant, id);
     lines.sort();
     Ok(lines.len())
@@ -48,7 +53,11 @@ async fn import(app: App, tenant: String, id: u64, mut lines: Vec<String>) -> Re
 
 /// The inbox: a transaction argument.
 #[idempotent(key = order.id, scope = "ledger", policy = BOOK_POLICY)]
-async fn book(idempotency: Idempotency, order: Order, tx: &mut Tx<Sqlite>) -> Result<(), sqlx::Error> {
+async fn book(
+    idempotency: Idempotency,
+    order: Order,
+    tx: &mut Tx<Sqlite>,
+) -> Result<(), sqlx::Error> {
     let _ = idempotency.header_name();
     sqlx::query("INSERT INTO ledger (id) VALUES (?)")
         .bind(order.id)
@@ -57,13 +66,18 @@ async fn book(idempotency: Idempotency, order: Order, tx: &mut Tx<Sqlite>) -> Re
         .map(drop)
 }
 
-fn main() {
+pub(crate) fn main() {
     // What the calls return, by type.
     fn outcome<T, E, F: Future<Output = Outcome<T, E>>>(_: F) {}
     let engine = Idempotency::new(idempotent_runtime::store::MemoryStore::new());
-    let order = || Order { id: "o_1".into(), cents: 1 };
+    let order = || Order {
+        id: "o_1".into(),
+        cents: 1,
+    };
     outcome::<Receipt, GatewayDown, _>(charge(&engine, order()));
-    let app = App { idempotency: Arc::new(engine.clone()) };
+    let app = App {
+        idempotency: Arc::new(engine.clone()),
+    };
     outcome::<usize, String, _>(import(app, "acme".into(), 7, Vec::new()));
     outcome::<(), sqlx::Error, _>(book(engine, order()));
     let _ = BOOK_POLICY;

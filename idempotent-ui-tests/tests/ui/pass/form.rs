@@ -2,8 +2,8 @@
 
 use std::borrow::Cow;
 
-use axum::Router;
 use axum::Form;
+use axum::Router;
 use axum::extract::{FromRef, FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
@@ -65,10 +65,13 @@ pub async fn subscribe(
     }
     plan.truncate(64);
     account.id.make_ascii_lowercase();
-    Ok(Redirect::to(&format!("{}/{}?plan={plan}", app.prefix, account.id)))
+    Ok(Redirect::to(&format!(
+        "{}/{}?plan={plan}",
+        app.prefix, account.id
+    )))
 }
 
-fn main() {
+pub(crate) fn main() {
     let state = AppState {
         engine: Idempotency::new(MemoryStore::new()),
         prefix: "/subscriptions",

@@ -75,7 +75,7 @@ async fn refund(caller: Caller, key: idempotent_runtime::IdempotencyKey) -> Stri
     format!("{}:{}", caller.0, key.derive("refund"))
 }
 
-fn main() {
+pub(crate) fn main() {
     let state = AppState {
         engine: Idempotency::new(MemoryStore::new()),
     };

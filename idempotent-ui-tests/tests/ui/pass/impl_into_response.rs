@@ -58,7 +58,7 @@ pub(crate) async fn cancel_order(caller: Caller, body: String) -> impl IntoRespo
     (StatusCode::OK, caller.0).into_response()
 }
 
-fn main() {
+pub(crate) fn main() {
     // `Idempotency` is itself the router state: `FromRef<T> for T` is axum's blanket impl.
     let engine = Idempotency::new(MemoryStore::new());
     let _app: Router = Router::new()

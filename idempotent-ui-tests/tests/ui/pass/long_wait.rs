@@ -18,7 +18,10 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = StatusCode;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let account = parts.headers.get("x-account").ok_or(StatusCode::UNAUTHORIZED)?;
+        let account = parts
+            .headers
+            .get("x-account")
+            .ok_or(StatusCode::UNAUTHORIZED)?;
         let account = account.to_str().map_err(|_| StatusCode::UNAUTHORIZED)?;
         Ok(Self(account.to_owned()))
     }
@@ -42,7 +45,7 @@ async fn reconcile(caller: Caller) -> StatusCode {
     StatusCode::CREATED
 }
 
-fn main() {
+pub(crate) fn main() {
     let engine = Idempotency::builder(MemoryStore::new())
         .default_max_duration(Duration::from_secs(10 * 60))
         .build();

@@ -60,7 +60,7 @@ async fn touch(State(_app): State<AppState>, account: AccountId) {
     let _ = account;
 }
 
-fn main() {
+pub(crate) fn main() {
     let state = AppState {
         engine: Idempotency::new(MemoryStore::new()),
     };

@@ -51,7 +51,10 @@ async fn create(
     Json(amount): Json<u64>,
 ) -> Result<(StatusCode, String), StatusCode> {
     let downstream = key.map_or_else(|| "unprotected".to_owned(), |key| key.derive("charge"));
-    Ok((StatusCode::CREATED, format!("{} {amount} {downstream}", caller.0)))
+    Ok((
+        StatusCode::CREATED,
+        format!("{} {amount} {downstream}", caller.0),
+    ))
 }
 
 #[idempotent(scope = caller, key = optional)]
@@ -65,7 +68,7 @@ async fn required(caller: Caller, key: IdempotencyKey) -> String {
     format!("{} {key}", caller.0)
 }
 
-fn main() {
+pub(crate) fn main() {
     let state = AppState {
         engine: Idempotency::new(MemoryStore::new()),
     };

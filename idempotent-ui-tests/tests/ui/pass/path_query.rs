@@ -64,7 +64,7 @@ async fn capture(
     (StatusCode::OK, Json(body))
 }
 
-fn main() {
+pub(crate) fn main() {
     let state = AppState {
         engine: Idempotency::new(MemoryStore::new()),
     };

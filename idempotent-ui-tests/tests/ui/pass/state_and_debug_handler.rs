@@ -65,8 +65,10 @@ async fn transactional(caller: Caller, tx: &mut Tx<Sqlite>) -> Result<StatusCode
     Ok(StatusCode::CREATED)
 }
 
-fn main() {
-    let state = AppState { engine: Idempotency::new(MemoryStore::new()) };
+pub(crate) fn main() {
+    let state = AppState {
+        engine: Idempotency::new(MemoryStore::new()),
+    };
     let _app: Router = Router::new()
         .route("/named", post(named_state))
         .route("/checked", post(checked))

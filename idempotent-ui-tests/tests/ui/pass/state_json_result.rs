@@ -100,7 +100,7 @@ async fn create_payment(
     Ok((StatusCode::CREATED, headers, Json(payment)))
 }
 
-fn main() {
+pub(crate) fn main() {
     let state = AppState {
         engine: Idempotency::new(MemoryStore::new()),
         currency: Arc::from("BRL"),

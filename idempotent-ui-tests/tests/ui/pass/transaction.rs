@@ -84,7 +84,7 @@ async fn deposit(
     Ok((StatusCode::CREATED, caller.0))
 }
 
-fn main() {
+pub(crate) fn main() {
     let state = AppState {
         engine: Idempotency::new(MemoryStore::new()),
     };
