@@ -26,8 +26,10 @@ pub struct DemoArgs {
     #[arg(long, env = "DATABASE_URL", default_value = "sqlite://payments.db")]
     pub database_url: String,
 
-    /// With a `redis://` store only: the SQL database the payments demo's gateway keeps
-    /// its charges in (Redis holds only idempotency records). Every process of the demo
+    /// With a `redis://` store: the SQL database the payments demo's gateway keeps its
+    /// charges in (Redis holds only idempotency records). With an `sqlite://` store: where
+    /// the charge consumer's gateway keeps its charges (the consumer's inbox holds the
+    /// store file's write lock while it calls the gateway). Every process of the demo
     /// should name the same one.
     #[arg(
         long,

@@ -40,8 +40,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::DemoArgs;
 use crate::database::{self, Database};
-use crate::gateway::GatewayError;
 use crate::gateway::api::GatewayClient;
+use crate::gateway::{self, Gateway, GatewayError};
 use crate::payments::PauseAfterStep;
 use crate::serve::BoxError;
 
@@ -278,7 +278,7 @@ impl Charges {
         };
         match charged {
             Ok(charged) => {
-                tracing::info!(command = %command.id, outcome = "ran", charge = %charged.charge, "acknowledged");
+                tracing::info!(command = %command.id, outcome = %"ran", charge = %charged.charge, "acknowledged");
                 Reply::Acknowledge
             }
             Err(error) => {
@@ -361,21 +361,21 @@ fn reply_to(id: &str, outcome: &Outcome<Charged, ChargeError>) -> Reply {
     };
     match outcome.disposition() {
         Disposition::Acknowledge => {
-            tracing::info!(command = %id, outcome = what, "acknowledged");
+            tracing::info!(command = %id, outcome = %what, "acknowledged");
             Reply::Acknowledge
         }
         Disposition::Redeliver(after) => {
             let after = after.unwrap_or(RETRY_DELAY);
             match outcome {
                 Outcome::Failed(failure) => {
-                    tracing::info!(command = %id, outcome = what, %failure, ?after, "to be redelivered")
+                    tracing::info!(command = %id, outcome = %what, %failure, ?after, "to be redelivered")
                 }
-                _ => tracing::info!(command = %id, outcome = what, ?after, "to be redelivered"),
+                _ => tracing::info!(command = %id, outcome = %what, ?after, "to be redelivered"),
             }
             Reply::Redeliver(after)
         }
         Disposition::Reject => {
-            tracing::warn!(command = %id, outcome = what, "the id belongs to another command; rejecting it");
+            tracing::warn!(command = %id, outcome = %what, "the id belongs to another command; rejecting it");
             Reply::Reject
         }
     }
@@ -383,6 +383,10 @@ fn reply_to(id: &str, outcome: &Outcome<Charged, ChargeError>) -> Reply {
 
 /// Starts the consumers `args` asks for (`--consume-nats`, `--consume-rabbitmq`), each in
 /// a task of its own, once connected; nothing when neither is set.
+///
+/// With an SQLite store the consumer's gateway keeps its charges in
+/// `--gateway-database-url` (a fake provider of its own, on loopback): the inbox holds the
+/// file's one write lock while a command runs, gateway call included.
 ///
 /// # Errors
 ///
@@ -406,9 +410,25 @@ pub async fn start(
                 .into(),
         );
     }
+    let gateway = match db {
+        // The inbox holds an SQLite file's one write lock while the function runs, so a
+        // gateway writing to the same file would wait for it until its busy timeout; a
+        // provider keeps a database of its own, and so does the consumer's fake one here.
+        Database::Sqlite(_) => {
+            let charges_db = database::open_tables(&args.gateway_database_url).await?;
+            let own = Gateway::new(charges_db, args.gateway_latency())
+                .await?
+                .with_keys(args.gateway_keys);
+            let addr = gateway::api::serve(own, ([127, 0, 0, 1], 0).into()).await?;
+            tracing::info!(%addr, database = %database::redact_url(&args.gateway_database_url),
+                "the charge consumer's fake gateway listens");
+            GatewayClient::new(addr)
+        }
+        _ => gateway.clone(),
+    };
     let charges = Charges::new(
         idempotency.clone(),
-        gateway.clone(),
+        gateway,
         db.clone(),
         PauseAfterStep::new(args.pause_after_step.as_deref()),
         args.dedupe,
