@@ -6,9 +6,10 @@
 //! same derived key, which the gateway deduplicates). Every test runs again with the
 //! demo's `--dedupe off` and shows the duplicates the protection prevents.
 //!
-//! Needs `IDEMPOTENT_TEST_NATS_URL` / `IDEMPOTENT_TEST_RABBITMQ_URL` (and the demo's
-//! `nats` / `rabbitmq` features); the store is an SQLite file, and Postgres with
-//! `IDEMPOTENT_TEST_POSTGRES_URL`. Otherwise the tests are reported ignored.
+//! Built with the demo's `nats` or `rabbitmq` feature; needs `IDEMPOTENT_TEST_NATS_URL` /
+//! `IDEMPOTENT_TEST_RABBITMQ_URL` (a broker whose feature is off or whose variable is
+//! unset has its tests reported ignored). The store is an SQLite file, and Postgres with
+//! `IDEMPOTENT_TEST_POSTGRES_URL`.
 #![allow(dead_code)] // a build without a broker's feature leaves some of it unused
 
 use std::future::Future;
@@ -490,7 +491,7 @@ impl Channel {
                 }
             }
             #[allow(unreachable_patterns)]
-            _ => panic!("built without the `{}` feature", broker.name()),
+            _ => panic!("{name}: built without the `{}` feature", broker.name()),
         }
     }
 

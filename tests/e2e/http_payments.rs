@@ -185,6 +185,7 @@ async fn listing_and_fetching_payments() {
 
 /// The demo's ledger rows for `payment`.
 async fn ledger_rows(ledger: &idempotent_demo::payments::Ledger, payment: &str) -> i64 {
+    #[allow(irrefutable_let_patterns)] // a build with SQLite alone
     let idempotent_demo::database::Database::Sqlite(pool) = ledger.database() else {
         panic!("the in-process demo runs on SQLite");
     };

@@ -12,6 +12,7 @@
 #[cfg(feature = "postgres")]
 mod chaos;
 mod client;
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
 mod consumers;
 mod contract;
 mod http_payments;
@@ -33,6 +34,7 @@ fn main() {
         trials.extend(module.into_iter().map(|trial| trial.with_kind(kind)));
     };
     add("client", client::trials());
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
     add("consumers", consumers::trials());
     add("contract", contract::trials());
     add("http_payments", http_payments::trials());
