@@ -473,3 +473,87 @@ pub async fn start(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The handler on an SQLite store in `dir`, its gateway on a file of its own; and the
+    /// store's pool, to count the rows.
+    async fn charges(dir: &std::path::Path, dedupe: Dedupe) -> (Charges, sqlx::SqlitePool) {
+        let url = format!("sqlite://{}", dir.join("payments.db").display());
+        let (db, store) = database::open(&url).await.expect("open the store");
+        let gateway_db =
+            database::open_tables(&format!("sqlite://{}", dir.join("gateway.db").display()))
+                .await
+                .expect("open the gateway's file");
+        let gateway = Gateway::new(gateway_db, Duration::ZERO)
+            .await
+            .expect("gateway schema");
+        let addr = gateway::api::serve(gateway, ([127, 0, 0, 1], 0).into())
+            .await
+            .expect("serve the gateway");
+        #[allow(irrefutable_let_patterns)] // a build with SQLite alone
+        let Database::Sqlite(pool) = db.clone() else {
+            unreachable!("an sqlite:// URL")
+        };
+        let idempotency = Idempotency::builder_shared(store).build();
+        let charges = Charges::new(
+            idempotency,
+            GatewayClient::new(addr),
+            db,
+            PauseAfterStep::default(),
+            dedupe,
+        )
+        .await
+        .expect("the consumer's table");
+        (charges, pool)
+    }
+
+    async fn rows(pool: &sqlx::SqlitePool, command: &str) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM demo_consumed_charges WHERE command_id = $1")
+            .bind(command)
+            .fetch_one(pool)
+            .await
+            .expect("count rows")
+    }
+
+    const COMMAND: &str = r#"{"id":"cmd_1","account":"acct_a","amount":10000,"currency":"BRL"}"#;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_command_runs_once_per_id_and_what_cannot_run_is_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let (charges, pool) = charges(dir.path(), Dedupe::On).await;
+        for _delivery in 0..2 {
+            assert_eq!(charges.handle(COMMAND.as_bytes()).await, Reply::Acknowledge);
+        }
+        assert_eq!(rows(&pool, "cmd_1").await, 1);
+        let other = COMMAND.replace("10000", "20000");
+        assert_eq!(charges.handle(other.as_bytes()).await, Reply::Reject);
+        assert_eq!(charges.handle(b"not a command").await, Reply::Reject);
+        assert_eq!(rows(&pool, "cmd_1").await, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn without_dedupe_every_delivery_writes_a_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let (charges, pool) = charges(dir.path(), Dedupe::Off).await;
+        for _delivery in 0..2 {
+            assert_eq!(charges.handle(COMMAND.as_bytes()).await, Reply::Acknowledge);
+        }
+        assert_eq!(rows(&pool, "cmd_1").await, 2);
+    }
+
+    /// The gateway down (its magic amount): nothing recorded, redelivered after a while.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_gateway_outage_is_redelivered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (charges, pool) = charges(dir.path(), Dedupe::On).await;
+        let down = COMMAND.replace("10000", &crate::gateway::UNAVAILABLE_AMOUNT.to_string());
+        assert!(matches!(
+            charges.handle(down.as_bytes()).await,
+            Reply::Redeliver(_)
+        ));
+        assert_eq!(rows(&pool, "cmd_1").await, 0);
+    }
+}
