@@ -25,8 +25,9 @@ use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use crate::support::process::{Instance, Output, Server, TestBackend};
 
 const DEMO: &str = env!("CARGO_BIN_EXE_payments-demo");
-/// Short, so a test waits little for a dead consumer's lease.
-const LEASE: &str = "4s";
+/// Short, so a test waits little for a dead consumer's lease; long enough that the
+/// restarted consumer, started under a loaded machine, still finds it held.
+const LEASE: &str = "6s";
 /// How long a test waits for a condition before it fails (a working consumer meets it in
 /// seconds; the bound only keeps a broken one from hanging the run).
 const SETTLE_WITHIN: Duration = Duration::from_secs(60);
