@@ -13,6 +13,9 @@
 //! - `GET /openapi.json` — the API in OpenAPI 3.1, `POST /payments` with its published
 //!   idempotency policy (key header, problem answers, TTL and lease as configured).
 //!
+//! With `--consume-nats` or `--consume-rabbitmq` it also consumes charge commands from a
+//! queue, once per command id ([`crate::consumer`]).
+//!
 //! `POST /payments` runs three steps, each a recovery point: a later execution of the same
 //! request (a retry after a crash, once the lease has run out) gets each recorded output
 //! back instead of running the step again:
