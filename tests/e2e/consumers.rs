@@ -8,8 +8,8 @@
 //!
 //! Built with the demo's `nats` or `rabbitmq` feature; needs `IDEMPOTENT_TEST_NATS_URL` /
 //! `IDEMPOTENT_TEST_RABBITMQ_URL` (a broker whose feature is off or whose variable is
-//! unset has its tests reported ignored). The store is an SQLite file, and Postgres with
-//! `IDEMPOTENT_TEST_POSTGRES_URL`.
+//! unset has its tests reported ignored). The store is an SQLite file, and Postgres and
+//! MySQL with `IDEMPOTENT_TEST_POSTGRES_URL` and `IDEMPOTENT_TEST_MYSQL_URL`.
 #![allow(dead_code)] // a build without a broker's feature leaves some of it unused
 
 use std::future::Future;
@@ -99,7 +99,12 @@ pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = Vec::new();
     for broker in [Broker::Nats, Broker::RabbitMq] {
         // Off only on SQLite: showing the duplicates once is enough.
-        for (store, dedupe) in [(None, true), (Some(Server::Postgres), true), (None, false)] {
+        for (store, dedupe) in [
+            (None, true),
+            (Some(Server::Postgres), true),
+            (Some(Server::MySql), true),
+            (None, false),
+        ] {
             let case = Case {
                 broker,
                 store,
@@ -247,11 +252,12 @@ impl Place {
         .await
     }
 
-    /// The calls that reached the gateway (each test charges one account).
+    /// The calls that reached the gateway (every call carries a key; each test charges one
+    /// account).
     async fn calls(&self) -> i64 {
         Self::count(
             self.gateway_tables().await,
-            "SELECT COUNT(*) FROM demo_gateway_calls WHERE $1 = $1",
+            "SELECT COUNT(*) FROM demo_gateway_calls WHERE downstream_key <> $1",
             "",
         )
         .await
