@@ -8,6 +8,7 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use idempotent_runtime::duration;
 
+use crate::consumer::Dedupe;
 use crate::gateway::KeyHandling;
 use crate::payments::Authorise;
 
@@ -25,8 +26,10 @@ pub struct DemoArgs {
     #[arg(long, env = "DATABASE_URL", default_value = "sqlite://payments.db")]
     pub database_url: String,
 
-    /// With a `redis://` store only: the SQL database the payments demo's gateway keeps
-    /// its charges in (Redis holds only idempotency records). Every process of the demo
+    /// With a `redis://` store: the SQL database the payments demo's gateway keeps its
+    /// charges in (Redis holds only idempotency records). With an `sqlite://` store: where
+    /// the charge consumer's gateway keeps its charges (the consumer's inbox holds the
+    /// store file's write lock while it calls the gateway). Every process of the demo
     /// should name the same one.
     #[arg(
         long,
@@ -84,14 +87,15 @@ pub struct DemoArgs {
 
     /// Test hook of the payments demo, off by default: after `POST /payments` has recorded
     /// the named step (`authorise`, `ledger` or `receipt`) — or, for `authorise-call`,
-    /// after the gateway answered and before that answer is recorded — print `paused after
-    /// step NAME` to stderr and wait forever, so a test can `kill -9` the process at a
-    /// known point.
+    /// after the gateway answered and before that answer is recorded; for
+    /// `consumed-charge`, after a consumed charge command's gateway call and row, before
+    /// they commit with its record — print `paused after step NAME` to stderr and wait
+    /// forever, so a test can `kill -9` the process at a known point.
     #[arg(
         long,
         env = "PAYMENTS_DEMO_PAUSE_AFTER_STEP",
         value_name = "STEP",
-        value_parser = ["authorise-call", "authorise", "ledger", "receipt"]
+        value_parser = ["authorise-call", "authorise", "ledger", "receipt", "consumed-charge"]
     )]
     pub pause_after_step: Option<String>,
 
@@ -107,6 +111,43 @@ pub struct DemoArgs {
     /// again; for comparison with `--gateway-keys ignore`).
     #[arg(long, env = "PAYMENTS_DEMO_AUTHORISE", value_enum, default_value_t = Authorise::AtMostOnce)]
     pub authorise: Authorise,
+
+    /// Payments demo (feature `nats`): consume charge commands from the JetStream of the
+    /// NATS server at this URL (e.g. `nats://127.0.0.1:4222`), from the stream
+    /// `--nats-stream`. Off by default.
+    #[arg(long, env = "PAYMENTS_DEMO_CONSUME_NATS", value_name = "URL")]
+    pub consume_nats: Option<String>,
+
+    /// The JetStream stream the charge commands are in (created if missing); publish them
+    /// to the subject `STREAM.commands`.
+    #[arg(long, env = "PAYMENTS_DEMO_NATS_STREAM", default_value = "CHARGES")]
+    pub nats_stream: String,
+
+    /// How long JetStream waits for a charge command's acknowledgement before delivering
+    /// it again (to another process, after a crash). Set when the stream's consumer is
+    /// created.
+    #[arg(long, env = "PAYMENTS_DEMO_NATS_ACK_WAIT", default_value = "30s", value_parser = duration::parse)]
+    pub nats_ack_wait: Duration,
+
+    /// Payments demo (feature `rabbitmq`): consume charge commands from the RabbitMQ
+    /// broker at this URL (e.g. `amqp://guest:guest@127.0.0.1:5672/%2f`), from the queue
+    /// `--rabbitmq-queue`. Off by default.
+    #[arg(long, env = "PAYMENTS_DEMO_CONSUME_RABBITMQ", value_name = "URL")]
+    pub consume_rabbitmq: Option<String>,
+
+    /// The RabbitMQ queue the charge commands are in (declared if missing).
+    #[arg(long, env = "PAYMENTS_DEMO_RABBITMQ_QUEUE", default_value = "charges")]
+    pub rabbitmq_queue: String,
+
+    /// How many charge commands each consumer handles at once.
+    #[arg(long, env = "PAYMENTS_DEMO_CONSUMER_CONCURRENCY", default_value_t = 16)]
+    pub consumer_concurrency: usize,
+
+    /// Whether the charge consumer runs each command once per id (`on`) or every delivery
+    /// as it comes, with a gateway key of its own (`off`: what the protection prevents,
+    /// for comparison).
+    #[arg(long, env = "PAYMENTS_DEMO_DEDUPE", value_enum, default_value_t = Dedupe::On)]
+    pub dedupe: Dedupe,
 }
 
 /// Where the database URL came from.
@@ -220,6 +261,22 @@ mod tests {
         assert_eq!(args.pause_after_step.as_deref(), Some("ledger"));
         let bad = DemoArgs::try_from_iter(["demo", "--pause-after-step", "charge"]).unwrap_err();
         assert_eq!(bad.kind(), clap::error::ErrorKind::InvalidValue);
+    }
+
+    #[test]
+    fn the_consumer_is_off_and_deduplicates_unless_told_otherwise() {
+        let args = DemoArgs::try_from_iter(["demo"]).unwrap();
+        assert_eq!((args.consume_nats, args.consume_rabbitmq), (None, None));
+        assert_eq!(args.dedupe, Dedupe::On);
+        let args =
+            DemoArgs::try_from_iter(["demo", "--dedupe", "off", "--nats-ack-wait", "2s"]).unwrap();
+        assert_eq!(
+            (args.dedupe, args.nats_ack_wait),
+            (Dedupe::Off, Duration::from_secs(2))
+        );
+        let args =
+            DemoArgs::try_from_iter(["demo", "--pause-after-step", "consumed-charge"]).unwrap();
+        assert_eq!(args.pause_after_step.as_deref(), Some("consumed-charge"));
     }
 
     #[test]

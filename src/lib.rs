@@ -5,6 +5,8 @@
 //!
 //! - [`payments`]: the payments API over a fake gateway and a fake mailer, in three steps
 //!   (recovery points);
+//! - [`consumer`]: the payments demo's charge consumer (NATS JetStream, RabbitMQ): one
+//!   gateway charge per command under a derived key, one ledger row through the inbox;
 //! - [`ledger`]: a transactional handler (SQLite, with twins for Postgres and MySQL);
 //! - `chaos` (feature `postgres`): the chaos check of the payments demo;
 //! - [`fault_proxy`]: a TCP proxy that drops requests and cuts answers, for the chaos
@@ -24,6 +26,7 @@ pub mod auth;
 #[cfg(feature = "postgres")]
 pub mod chaos;
 pub mod cli;
+pub mod consumer;
 pub mod database;
 pub mod fault_proxy;
 pub mod gateway;

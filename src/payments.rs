@@ -13,6 +13,9 @@
 //! - `GET /openapi.json` — the API in OpenAPI 3.1, `POST /payments` with its published
 //!   idempotency policy (key header, problem answers, TTL and lease as configured).
 //!
+//! With `--consume-nats` or `--consume-rabbitmq` it also consumes charge commands from a
+//! queue, once per command id ([`crate::consumer`]).
+//!
 //! `POST /payments` runs three steps, each a recovery point: a later execution of the same
 //! request (a retry after a crash, once the lease has run out) gets each recorded output
 //! back instead of running the step again:
@@ -603,7 +606,7 @@ impl PauseAfterStep {
 
     /// Prints `paused after step STEP` to stderr and never completes when `step` is the
     /// one to pause after; completes at once otherwise.
-    async fn after(&self, step: &str) {
+    pub(crate) async fn after(&self, step: &str) {
         if self.step.as_deref() == Some(step) {
             eprintln!("{PAUSE_LINE} {step} (PAYMENTS_DEMO_PAUSE_AFTER_STEP): waiting to be killed");
             std::future::pending::<()>().await;
@@ -772,6 +775,9 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
     let gateway_addr =
         crate::gateway::api::serve(gateway.clone(), ([127, 0, 0, 1], 0).into()).await?;
     tracing::info!(%gateway_addr, "the fake payment gateway listens");
+    let gateway_client = GatewayClient::new(gateway_addr);
+    // Charge commands from NATS or RabbitMQ, when asked for: the same gateway and database.
+    crate::consumer::start(&args, &idempotency, &gateway_client, &db).await?;
     let ledger = Ledger::new(db, !database::is_key_value_store(&args.database_url)).await?;
     if let Some(step) = &args.pause_after_step {
         tracing::warn!(%step, "test hook: every POST /payments stops after this step");
@@ -779,7 +785,7 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
     let app = router(AppState {
         idempotency: idempotency.clone(),
         gateway,
-        gateway_client: GatewayClient::new(gateway_addr),
+        gateway_client,
         mailer: Mailer::new(effects),
         ledger,
         pause: PauseAfterStep::new(args.pause_after_step.as_deref()),

@@ -52,6 +52,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             a_refund_event_delivered_ten_times_mails_one_notice,
         ),
         async_trial(
+            "a_forged_first_delivery_is_401_and_stores_nothing",
+            a_forged_first_delivery_is_401_and_stores_nothing,
+        ),
+        async_trial(
             "a_charge_whose_record_the_store_lost_is_verified_not_repeated",
             || a_charge_whose_record_the_store_lost(Authorise::AtMostOnce),
         ),
@@ -185,6 +189,7 @@ async fn listing_and_fetching_payments() {
 
 /// The demo's ledger rows for `payment`.
 async fn ledger_rows(ledger: &idempotent_demo::payments::Ledger, payment: &str) -> i64 {
+    #[allow(irrefutable_let_patterns)] // a build with SQLite alone
     let idempotent_demo::database::Database::Sqlite(pool) = ledger.database() else {
         panic!("the in-process demo runs on SQLite");
     };
@@ -263,6 +268,22 @@ async fn a_refund_event_delivered_ten_times_mails_one_notice() {
         1,
         "one refund notice for ten deliveries"
     );
+}
+
+/// A forged delivery before any genuine one: `401`, and nothing stored under its id: the
+/// genuine delivery after it runs (not a replay) and mails the one notice.
+async fn a_forged_first_delivery_is_401_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = payments_demo(dir.path(), Duration::ZERO).await;
+    let forged = "whsec_Zm9yZ2VkLWJ5LXNvbWVib2R5LWVsc2U=";
+    let answer = send(&demo.app, refund_event("evt_2", forged)).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(answer.json()["code"], "webhook_unverified");
+    assert_eq!(demo.mailer.sent(), 0, "a forgery mails nothing");
+    let genuine = send(&demo.app, refund_event("evt_2", DEMO_WEBHOOK_SECRET)).await;
+    assert_eq!(genuine.status, StatusCode::OK, "{:?}", genuine.json());
+    assert!(!genuine.replayed(), "the forgery left no record to replay");
+    assert_eq!(demo.mailer.sent(), 1);
 }
 
 /// A store that fails the first record of the `authorise` step's output (not its

@@ -1,8 +1,8 @@
 //! The end-to-end tests of the demo apps, in one binary so the dependency tree is linked
 //! once: the HTTP contract on both protections, the payments and ledger demos in-process
 //! and as real processes, several instances on one database, outages, recovery points under
-//! `kill -9`, the chaos check, the client half through a fault proxy and the published
-//! OpenAPI document under a fuzzer (schemathesis).
+//! `kill -9`, the charge consumer on NATS and RabbitMQ, the chaos check, the client half
+//! through a fault proxy and the published OpenAPI document under a fuzzer (schemathesis).
 //! They run through libtest-mimic (`idempotent_runtime::testing`), so a test whose server
 //! is not configured shows as ignored, never passed.
 //!
@@ -12,6 +12,8 @@
 #[cfg(feature = "postgres")]
 mod chaos;
 mod client;
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+mod consumers;
 mod contract;
 mod http_payments;
 mod ledger;
@@ -32,6 +34,8 @@ fn main() {
         trials.extend(module.into_iter().map(|trial| trial.with_kind(kind)));
     };
     add("client", client::trials());
+    #[cfg(any(feature = "nats", feature = "rabbitmq"))]
+    add("consumers", consumers::trials());
     add("contract", contract::trials());
     add("http_payments", http_payments::trials());
     add("ledger", ledger::trials());
