@@ -506,9 +506,9 @@ async fn three_steps<H: Harness, DB: Ledger>(
                     return StatusCode::BAD_GATEWAY.into_response();
                 }
                 let ledger = key
-                    .atomic_step::<DB, _, _, _, _>("ledger", |mut tx: Tx<DB>| async move {
-                        let written = DB::insert(&mut tx, "acct_alice").await;
-                        (written.map(|()| 7u32).map_err(|e| e.to_string()), tx)
+                    .atomic_step("ledger", async |tx: &mut Tx<DB>| {
+                        let written = DB::insert(tx, "acct_alice").await;
+                        written.map(|()| 7u32).map_err(|e| e.to_string())
                     })
                     .await;
                 if let Err(error) = ledger {
@@ -584,9 +584,9 @@ pub(crate) async fn check_atomic_step_rolls_back_unless_recorded<H: Harness, DB:
             FINGERPRINT,
             |key| async move {
                 let result = key
-                    .atomic_step::<DB, u32, _, _, _>("ledger", |mut tx: Tx<DB>| async move {
-                        DB::insert(&mut tx, "acct_alice").await.expect("insert");
-                        (Err(StatusCode::CONFLICT), tx)
+                    .atomic_step("ledger", async |tx: &mut Tx<DB>| {
+                        DB::insert(tx, "acct_alice").await.expect("insert");
+                        Err::<u32, _>(StatusCode::CONFLICT)
                     })
                     .await;
                 match result {
@@ -611,13 +611,10 @@ pub(crate) async fn check_atomic_step_rolls_back_unless_recorded<H: Harness, DB:
                 let forgotten = engine.forget("acct_alice", "atomic-lost", true).await;
                 assert!(forgotten.is_ok(), "{forgotten:?}");
                 let result = key
-                    .atomic_step::<DB, u32, StatusCode, _, _>(
-                        "ledger",
-                        |mut tx: Tx<DB>| async move {
-                            DB::insert(&mut tx, "acct_alice").await.expect("insert");
-                            (Ok(1), tx)
-                        },
-                    )
+                    .atomic_step("ledger", async |tx: &mut Tx<DB>| {
+                        DB::insert(tx, "acct_alice").await.expect("insert");
+                        Ok::<u32, StatusCode>(1)
+                    })
                     .await;
                 match result {
                     Err(error @ idempotent_runtime::StepError::LeaseLost { .. }) => {
@@ -680,19 +677,16 @@ pub(crate) async fn check_steps_refused_inside_an_atomic_step<H: Harness, DB: Le
             FINGERPRINT,
             |key| async move {
                 let outer = key
-                    .atomic_step::<DB, bool, StatusCode, _, _>("ledger", |mut tx: Tx<DB>| {
-                        let key = &key;
-                        async move {
-                            DB::insert(&mut tx, "acct_alice").await.expect("insert");
-                            let nested = key
-                                .step("receipt", || async { Ok::<_, StatusCode>(1u32) })
-                                .await;
-                            let refused = matches!(
-                                nested,
-                                Err(idempotent_runtime::StepError::InsideTransaction { .. })
-                            );
-                            (Ok(refused), tx)
-                        }
+                    .atomic_step("ledger", async |tx: &mut Tx<DB>| {
+                        DB::insert(tx, "acct_alice").await.expect("insert");
+                        let nested = key
+                            .step("receipt", || async { Ok::<_, StatusCode>(1u32) })
+                            .await;
+                        let refused = matches!(
+                            nested,
+                            Err(idempotent_runtime::StepError::InsideTransaction { .. })
+                        );
+                        Ok::<bool, StatusCode>(refused)
                     })
                     .await;
                 match outer {
