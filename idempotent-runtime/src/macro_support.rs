@@ -336,7 +336,7 @@ where
     match payload {
         Ok(fingerprint) => {
             engine
-                .once_in_transaction(config, scope, key, fingerprint, function)
+                .once_in_transaction_owned(config, scope, key, fingerprint.into(), function)
                 .await
         }
         Err(error) => unserialisable(error),

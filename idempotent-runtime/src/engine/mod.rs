@@ -312,6 +312,10 @@ impl Idempotency {
     /// [`Outcome::Refused`] without running (check at startup with
     /// [`supports_transactions`](Self::supports_transactions)).
     ///
+    /// `function` is an async closure that borrows the transaction; it must own what it
+    /// uses (`async move`), and its future must be `Send`, because the engine finishes it
+    /// in a task when the caller stops waiting.
+    ///
     /// ```
     /// use idempotent_runtime::store::SqliteStore;
     /// use idempotent_runtime::transaction::Tx;
@@ -329,13 +333,12 @@ impl Idempotency {
     /// let idempotency = Idempotency::new(store);
     /// let outcome = idempotency
     ///     .once_in_transaction(&HandlerConfig::new(), "orders", "msg-1",
-    ///         Fingerprint::of_payload(b"100"), |key, mut tx: Tx<Sqlite>| async move {
-    ///             let written = sqlx::query("INSERT INTO ledger VALUES (?, 100)")
+    ///         Fingerprint::of_payload(b"100"), async |key, tx: &mut Tx<Sqlite>| {
+    ///             sqlx::query("INSERT INTO ledger VALUES (?, 100)")
     ///                 .bind(key.as_str())
     ///                 .execute(tx.conn())
-    ///                 .await
-    ///                 .map(|_| 100);
-    ///             (written, tx)
+    ///                 .await?;
+    ///             Ok(100)
     ///         })
     ///     .await;
     /// assert!(matches!(outcome, Outcome::<i64, sqlx::Error>::Ran(100)));
@@ -343,7 +346,7 @@ impl Idempotency {
     /// # }
     /// ```
     #[cfg(feature = "sql")]
-    pub async fn once_in_transaction<DB, F, Fut, T, E>(
+    pub async fn once_in_transaction<DB, F, T, E>(
         &self,
         config: &HandlerConfig,
         scope: &str,
@@ -353,12 +356,40 @@ impl Idempotency {
     ) -> Outcome<T, E>
     where
         DB: crate::transaction::TxDatabase,
+        F: AsyncFnOnce(IdempotencyKey, &mut crate::transaction::Tx<DB>) -> Result<T, E>
+            + for<'tx> crate::transaction::TxFunction<'tx, DB, T, E>
+            + Send
+            + 'static,
+        T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        E: Send + 'static,
+    {
+        // The engine's transactional path takes the transaction back with the result.
+        let function = move |key, mut tx: crate::transaction::Tx<DB>| async move {
+            let result = function(key, &mut tx).await;
+            (result, tx)
+        };
+        self.once_in_transaction_owned(config, scope, key, fingerprint.into(), function)
+            .await
+    }
+
+    /// [`once_in_transaction`](Self::once_in_transaction) for a function that takes the
+    /// transaction and gives it back with its result: the attribute's expansion.
+    #[cfg(feature = "sql")]
+    pub(crate) async fn once_in_transaction_owned<DB, F, Fut, T, E>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: RequestFingerprint,
+        function: F,
+    ) -> Outcome<T, E>
+    where
+        DB: crate::transaction::TxDatabase,
         F: FnOnce(IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
         Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
         T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
         E: Send + 'static,
     {
-        let fingerprint = fingerprint.into();
         function::once_in_transaction(&self.inner, config, scope, key, fingerprint, function).await
     }
 

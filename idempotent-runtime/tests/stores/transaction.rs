@@ -711,21 +711,20 @@ async fn inbox<H: Harness, DB: Ledger>(
     let runs = setup.runs.clone();
     setup
         .engine
-        .once_in_transaction::<DB, _, _, _, _>(
+        .once_in_transaction(
             &WAITING,
             "inbox",
             key,
             Fingerprint::of_payload(b"deposit 100"),
-            move |key, mut tx| async move {
+            async move |key, tx: &mut Tx<DB>| {
                 let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                let written = DB::insert(&mut tx, key.as_str()).await;
-                let result = match (written, then) {
+                let written = DB::insert(tx, key.as_str()).await;
+                match (written, then) {
                     (Err(err), _) => Err(err.to_string()),
                     (Ok(()), Then::Created) => Ok((key.as_str().to_owned(), run as i64)),
                     (Ok(()), Then::Err | Then::ServerError) => Err("refused after writing".into()),
                     (Ok(()), Then::Panic) => panic!("function bug after writing"),
-                };
-                (result, tx)
+                }
             },
         )
         .await
