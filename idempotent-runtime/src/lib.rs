@@ -178,6 +178,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod problem;
 pub mod rejection;
+mod rendering;
 mod request;
 pub mod scope;
 mod sharded;

@@ -44,7 +44,7 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let engine = Idempotency::from_ref(state);
         let key = request::read_key(parts, &engine, KEY_OPTIONAL, KeyLabel::Route)
-            .map_err(|err| key_problem(&err).into_response())?;
+            .map_err(|err| engine.rendered(key_problem(&err).into_answer()))?;
         Ok(Self { engine, key })
     }
 }
@@ -162,6 +162,7 @@ pub struct ViaHashed<M>(std::marker::PhantomData<M>);
 
 impl<S, T, M> FromRequest<S, ViaHashed<M>> for Hashed<T>
 where
+    Idempotency: FromRef<S>,
     S: Send + Sync,
     T: FromRequest<S, M>,
 {
@@ -169,7 +170,9 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (parts, body) = req.into_parts();
-        let (rebuilt, covered) = request::read_body(parts, body).await?;
+        let (rebuilt, covered) = request::read_body(parts, body)
+            .await
+            .map_err(|refused| Idempotency::from_ref(state).rendered(refused))?;
         let value = T::from_request(rebuilt, state)
             .await
             .map_err(IntoResponse::into_response)?;

@@ -112,6 +112,8 @@ struct Inner {
     replay_cache: Option<ReplayCache>,
     /// How the sweeper deletes expired records.
     sweep_pace: sweeper::SweepPace,
+    /// How the library's own problem answers reach the client.
+    problems: crate::rendering::ProblemRenderer,
 }
 
 impl Idempotency {
@@ -183,7 +185,15 @@ impl Idempotency {
         Fut: Future<Output = R> + Send + 'static,
         R: IntoResponse + 'static,
     {
-        protocol::run(&self.inner, config, scope, key, fingerprint.into(), handler).await
+        let response =
+            protocol::run(&self.inner, config, scope, key, fingerprint.into(), handler).await;
+        self.rendered(response)
+    }
+
+    /// `response` with a problem the library made itself rendered as the application
+    /// asked ([`IdempotencyBuilder::render_problems`]); anything else as it is.
+    pub(crate) fn rendered(&self, response: Response) -> Response {
+        self.inner.problems.render(response)
     }
 
     /// Runs `handler` without idempotency protection: what `key = optional` (and
@@ -228,7 +238,10 @@ impl Idempotency {
         E: IntoResponse + 'static,
     {
         let fingerprint = fingerprint.into();
-        protocol::run_in_transaction(&self.inner, config, scope, key, fingerprint, handler).await
+        let response =
+            protocol::run_in_transaction(&self.inner, config, scope, key, fingerprint, handler)
+                .await;
+        self.rendered(response)
     }
 
     /// Runs `function` at most once for `(scope, key)` and `fingerprint`, and hands every

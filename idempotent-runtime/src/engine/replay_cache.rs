@@ -66,7 +66,6 @@ use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -217,10 +216,8 @@ impl CachedReplay {
                 .expect("headers this process encoded decode");
             super::answers::replay_parts(&stored)
         });
-        let mut response = Response::new(Body::from(body.clone()));
-        *response.status_mut() = *status;
-        *response.headers_mut() = headers.clone();
-        response
+        let body_kept = self.stored.body.is_some();
+        super::answers::assembled(*status, headers.clone(), body.clone(), body_kept)
     }
 
     /// The record this copy was made from.
