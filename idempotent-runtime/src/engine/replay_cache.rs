@@ -23,7 +23,7 @@
 //!
 //! The cache's clock is the store's own clock when the store keeps time in this process
 //! ([`Capabilities::clock`](crate::store::Capabilities::clock): the memory and SQLite stores, and a
-//! test's [`ManualClock`](crate::ManualClock) moves both alike), and otherwise a
+//! test's [`ManualClock`](crate::clock::ManualClock) moves both alike), and otherwise a
 //! monotonic clock: a database server's clock runs at the same rate, so a remaining life
 //! it measured is at most as long on ours. A server clock that *jumps* forward can make a
 //! record expire early; the maximum entry age below bounds how long the cache can then

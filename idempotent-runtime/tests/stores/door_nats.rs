@@ -12,13 +12,14 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, Consumer, pull};
 use async_nats::jetstream::{self, Context, stream};
 use futures_util::StreamExt;
+use idempotent_runtime::clock::ManualClock;
 use idempotent_runtime::doors::nats::{
     Handled, JetStreamDoor, MissingKey, ORIGINAL_SUBJECT_HEADER, REJECTED_HEADER, Reply,
 };
 use idempotent_runtime::store::MemoryStore;
 use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
-use idempotent_runtime::{HandlerConfig, Idempotency, IdempotencyKey, ManualClock, Outcome, Store};
+use idempotent_runtime::{HandlerConfig, Idempotency, IdempotencyKey, Outcome, Store};
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_NATS_URL";
 

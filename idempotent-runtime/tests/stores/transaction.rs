@@ -11,11 +11,11 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use idempotent_runtime::engine::Failure;
 use idempotent_runtime::store::{ClaimAnswer, Forward};
-use idempotent_runtime::transaction::{TxDatabase, TxStore};
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency, Outcome,
-    Store, StoreError, StoredResponse, Takeover, Tx, TxSupport,
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover, TxSupport,
 };
+use idempotent_runtime::transaction::{TxDatabase, TxStore};
+use idempotent_runtime::{Fingerprint, HandlerConfig, Idempotency, Outcome, Store, StoreError, Tx};
 
 use idempotent_runtime::testing::conformance::Harness;
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
