@@ -60,6 +60,11 @@ impl ProblemRenderer {
         Self(Some(Arc::new(render)))
     }
 
+    /// Whether the application gave a renderer.
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// `response` as the client gets it: a library problem rendered by the application's
     /// renderer, with the library's status and every header the library set except the
     /// body's type and length (`Retry-After`, `Idempotent-Replayed`, `Location`, …);

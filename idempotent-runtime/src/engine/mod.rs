@@ -196,6 +196,11 @@ impl Idempotency {
         self.inner.problems.render(response)
     }
 
+    /// The application's renderer of the library's problems, if it gave one.
+    pub(crate) fn problem_renderer(&self) -> Option<&crate::rendering::ProblemRenderer> {
+        Some(&self.inner.problems).filter(|renderer| renderer.is_set())
+    }
+
     /// Runs `handler` without idempotency protection: what `key = optional` (and
     /// [`IdempotencyLayer::key_optional`](crate::layer::IdempotencyLayer::key_optional))
     /// do with a request that carries no key. Nothing is claimed, stored or replayed, and
