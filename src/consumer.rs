@@ -251,11 +251,10 @@ impl Charges {
                 SCOPE,
                 &id,
                 fingerprint,
-                move |key, mut tx: Tx<DB>| async move {
-                    let charged = charges
+                async move |key, tx: &mut Tx<DB>| {
+                    charges
                         .charge::<DB>(&command, &key.derive("charge"), tx.conn())
-                        .await;
-                    (charged, tx)
+                        .await
                 },
             )
             .await;

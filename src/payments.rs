@@ -46,7 +46,7 @@ use http::{HeaderValue, StatusCode, header};
 use idempotent_runtime::openapi::PublishedPolicy;
 use idempotent_runtime::rejection::AsProblem;
 use idempotent_runtime::steps::Verified;
-use idempotent_runtime::transaction::TxDatabase;
+use idempotent_runtime::transaction::{Tx, TxDatabase};
 use idempotent_runtime::webhook::WebhookVerifier;
 use idempotent_runtime::{
     Idempotency, IdempotencyKey, IdempotencyLayer, Problem, StepError, idempotent,
@@ -339,7 +339,7 @@ async fn write_atomically(
     }
 }
 
-/// `atomic_step::<DB>("ledger", …)` inserting `entry` with `insert` (in `DB`'s dialect).
+/// `atomic_step("ledger", …)` inserting `entry` with `insert` (in `DB`'s dialect).
 async fn atomic_ledger_step<DB>(
     key: &IdempotencyKey,
     insert: &str,
@@ -352,8 +352,8 @@ where
     for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
-    key.atomic_step::<DB, _, _, _, _>("ledger", |mut tx| async move {
-        let written = sqlx::query::<DB>(sqlx::AssertSqlSafe(insert.to_owned()))
+    key.atomic_step("ledger", async |tx: &mut Tx<DB>| {
+        sqlx::query::<DB>(sqlx::AssertSqlSafe(insert.to_owned()))
             .bind(entry.id.clone())
             .bind(entry.payment.clone())
             .bind(entry.account.clone())
@@ -361,9 +361,9 @@ where
             .bind(entry.currency.clone())
             .bind(entry.created_at)
             .execute(tx.conn())
-            .await;
-        let result = written.map(|_| entry.id.clone()).map_err(ApiError::from);
-        (result, tx)
+            .await
+            .map_err(ApiError::from)?;
+        Ok(entry.id.clone())
     })
     .await
 }

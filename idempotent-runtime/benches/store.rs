@@ -13,9 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idempotent_runtime::store::MemoryStore;
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse,
-};
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken, StoredResponse};
+use idempotent_runtime::{Fingerprint, Store};
 use tokio::runtime::Runtime;
 
 /// Requests in flight at once in the concurrent benchmark (the HTTP benchmark's wrk

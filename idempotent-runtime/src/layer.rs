@@ -392,7 +392,10 @@ where
         let (inner, shared) = (self.inner.clone(), self.shared.clone());
         let request = request.map(Body::new);
         if shared.methods.contains(request.method()) {
-            Box::pin(async move { Ok(protect(&shared, inner, request).await) })
+            Box::pin(async move {
+                let response = protect(&shared, inner, request).await;
+                Ok(shared.engine.rendered(response))
+            })
         } else {
             Box::pin(async move { Ok(call_inner(inner, request).await) })
         }
@@ -433,7 +436,7 @@ where
                 .run_unprotected(config, call_inner(inner, request))
                 .await;
         }
-        Err(err) => return key_problem(&err).into_response(),
+        Err(err) => return key_problem(&err).into_answer(),
     };
     let (request, covered) = match request::read_body(parts, body).await {
         Ok(read) => read,
@@ -471,7 +474,7 @@ where
                 reason = %unverified,
                 "webhook delivery refused before the claim"
             );
-            return unverified.into_response();
+            return unverified.problem().into_answer();
         }
     };
     run(shared, inner, &scope, &key, request, covered).await
@@ -522,5 +525,5 @@ fn scope_missing() -> Response {
         "Idempotency scope missing",
         "The server could not tell whose idempotency key this is, so the request was not processed. This is a server misconfiguration; retrying will not help.",
     )
-    .into_response()
+    .into_answer()
 }

@@ -178,6 +178,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod problem;
 pub mod rejection;
+mod rendering;
 mod request;
 pub mod scope;
 mod sharded;
@@ -190,15 +191,16 @@ pub mod transaction;
 #[cfg(feature = "webhooks")]
 pub mod webhook;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+// The root holds what an application names; what only a store's author (or a test of
+// the engine) needs stays in its module: `store::`, `clock::`, `fingerprint::`, `key::`.
 pub use config::{HandlerConfig, OnServerError};
 pub use engine::{Idempotency, IdempotencyBuilder, Outcome};
+pub use fingerprint::{Fingerprint, FingerprintMode};
+pub use idempotent_macros::idempotent;
 // The attribute's duration grammar, for durations an application reads at run time
 // (flags, environment variables), so that both accept the same text.
-pub use fingerprint::{Fingerprint, FingerprintMode, RequestFingerprint};
-pub use idempotent_macros::idempotent;
 pub use idempotent_policy::duration;
-pub use key::{IdempotencyKey, KeyError};
+pub use key::IdempotencyKey;
 pub use layer::IdempotencyLayer;
 pub use problem::Problem;
 pub use rejection::AsProblem;
@@ -210,10 +212,7 @@ pub use sqlx::Postgres;
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
 pub use steps::StepError;
-pub use store::{
-    Capabilities, ClaimAnswer, ClaimOutcome, ClaimRequest, FencingToken, ForgetOutcome, Forward,
-    RecordInfo, RecordState, Store, StoreError, StoredResponse, Takeover, TxSupport,
-};
+pub use store::{ForgetOutcome, RecordInfo, RecordState, Store, StoreError};
 #[cfg(feature = "sql")]
 pub use transaction::Tx;
 

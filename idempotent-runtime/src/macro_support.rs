@@ -18,6 +18,7 @@ use crate::engine::{Idempotency, Outcome, Refused};
 use crate::fingerprint::{Fingerprint, FingerprintMode, RequestFingerprint};
 use crate::key::IdempotencyKey;
 use crate::problem::key_problem;
+use crate::rendering::ProblemRenderer;
 use crate::request::{self, Covered, KeyLabel};
 
 /// The argument the expansion adds right after the scope argument: the parsed
@@ -44,7 +45,11 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let engine = Idempotency::from_ref(state);
         let key = request::read_key(parts, &engine, KEY_OPTIONAL, KeyLabel::Route)
-            .map_err(|err| key_problem(&err).into_response())?;
+            .map_err(|err| engine.rendered(key_problem(&err).into_answer()))?;
+        // For `Hashed`, which reads the body after this and has no engine of its own.
+        if let Some(renderer) = engine.problem_renderer() {
+            parts.extensions.insert(renderer.clone());
+        }
         Ok(Self { engine, key })
     }
 }
@@ -169,7 +174,15 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (parts, body) = req.into_parts();
-        let (rebuilt, covered) = request::read_body(parts, body).await?;
+        // The application's renderer, which the guard (extracted first) left there.
+        let renderer = parts.extensions.get::<ProblemRenderer>().cloned();
+        let (rebuilt, covered) =
+            request::read_body(parts, body)
+                .await
+                .map_err(|refused| match renderer {
+                    Some(renderer) => renderer.render(refused),
+                    None => refused,
+                })?;
         let value = T::from_request(rebuilt, state)
             .await
             .map_err(IntoResponse::into_response)?;
@@ -336,7 +349,7 @@ where
     match payload {
         Ok(fingerprint) => {
             engine
-                .once_in_transaction(config, scope, key, fingerprint, function)
+                .once_in_transaction_owned(config, scope, key, fingerprint.into(), function)
                 .await
         }
         Err(error) => unserialisable(error),

@@ -16,7 +16,10 @@
 //!   (handler panicked, interrupted at its maximum duration, misconfigured) and `503`
 //!   (store unreachable, with `Retry-After`). A response the operation documents already,
 //!   such as its own `400`, keeps its content and gains the problem codes in its
-//!   description;
+//!   description. An engine that renders these answers in the application's own error
+//!   envelope ([`IdempotencyBuilder::render_problems`](crate::IdempotencyBuilder::render_problems))
+//!   has them described with the envelope's schema instead, through
+//!   [`PublishedPolicy::problem_content`];
 //! - the `Idempotent-Replayed` header on the operation's own responses (those that are
 //!   stored and replayed: all of them, except 5xx unless `on_server_error = store`) and on
 //!   the `500` (an interrupted request's answer is recorded and replayed);
@@ -65,6 +68,7 @@
 //! assert!(post["responses"]["409"]["headers"]["Retry-After"].is_object());
 //! ```
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -92,6 +96,25 @@ pub const EXTENSION: &str = "x-idempotency";
 pub struct PublishedPolicy {
     engine: Idempotency,
     operations: Vec<Protected>,
+    problems: ProblemContent,
+}
+
+/// How the library's own answers are described: their media type and schema component.
+#[derive(Debug, Clone)]
+struct ProblemContent {
+    media_type: String,
+    /// The schema component's name; `None`: the [`Problem`] component, added by `apply`.
+    schema: Option<String>,
+}
+
+impl ProblemContent {
+    /// The schema component's name.
+    fn schema_name(&self) -> Cow<'_, str> {
+        match &self.schema {
+            Some(name) => Cow::Borrowed(name),
+            None => Problem::name(),
+        }
+    }
 }
 
 /// One operation and the policy it runs with.
@@ -123,7 +146,30 @@ impl PublishedPolicy {
         Self {
             engine: engine.clone(),
             operations: Vec::new(),
+            problems: ProblemContent {
+                media_type: PROBLEM_JSON.to_owned(),
+                schema: None,
+            },
         }
+    }
+
+    /// Describes the library's own answers in the application's error envelope rather
+    /// than as problem+json: as `media_type` (e.g. `application/json`) with the schema
+    /// component named `schema` — for an engine that renders them so
+    /// ([`IdempotencyBuilder::render_problems`](crate::IdempotencyBuilder::render_problems)).
+    /// The document holds that component already (e.g. the envelope's
+    /// `#[derive(ToSchema)]` listed in `components(schemas(…))`); the [`Problem`]
+    /// component is then not added.
+    pub fn problem_content(
+        mut self,
+        media_type: impl Into<String>,
+        schema: impl Into<String>,
+    ) -> Self {
+        self.problems = ProblemContent {
+            media_type: media_type.into(),
+            schema: Some(schema.into()),
+        };
+        self
     }
 
     /// Adds the operation `method` `path` (as the document spells it, e.g.
@@ -145,7 +191,8 @@ impl PublishedPolicy {
     /// Writes the policy into `doc`: every named operation gains the key parameter, the
     /// problem responses, the `Idempotent-Replayed` header and the policy (see the
     /// [module docs](self)); the [`Problem`] schema joins the components unless one of
-    /// that name is there already. An operation that carries an [`EXTENSION`] already is
+    /// that name is there already (or the answers are described in the application's
+    /// own envelope, [`problem_content`](Self::problem_content)). An operation that carries an [`EXTENSION`] already is
     /// left as it is: applying twice is applying once.
     ///
     /// # Errors
@@ -160,11 +207,13 @@ impl PublishedPolicy {
                 });
             }
         }
-        let components = doc.components.get_or_insert_with(Components::new);
-        components
-            .schemas
-            .entry(Problem::name().into_owned())
-            .or_insert_with(Problem::schema);
+        if self.problems.schema.is_none() {
+            let components = doc.components.get_or_insert_with(Components::new);
+            components
+                .schemas
+                .entry(Problem::name().into_owned())
+                .or_insert_with(Problem::schema);
+        }
         for protected in &self.operations {
             let policy = self.effective(&protected.config);
             let operation =
@@ -185,6 +234,7 @@ impl PublishedPolicy {
             wait: self.engine.wait_for(config),
             fingerprint: config.fingerprint,
             on_server_error: config.on_server_error,
+            problems: self.problems.clone(),
         }
     }
 }
@@ -250,6 +300,7 @@ struct Effective {
     wait: Option<Duration>,
     fingerprint: FingerprintMode,
     on_server_error: OnServerError,
+    problems: ProblemContent,
 }
 
 impl Effective {
@@ -462,10 +513,10 @@ impl Effective {
         add_sentence(&mut response.description, description);
         response
             .content
-            .entry(PROBLEM_JSON.to_owned())
+            .entry(self.problems.media_type.clone())
             .or_insert_with(|| {
                 ContentBuilder::new()
-                    .schema(Some(Ref::from_schema_name(Problem::name())))
+                    .schema(Some(Ref::from_schema_name(self.problems.schema_name())))
                     .build()
             });
         if retry_after {
@@ -647,6 +698,37 @@ mod tests {
             .apply(&mut doc)
             .unwrap();
         serde_json::to_value(&doc).unwrap()
+    }
+
+    /// An application that renders the library's answers in its own envelope describes
+    /// them with its schema: no problem+json, and no `Problem` component.
+    #[test]
+    fn the_library_answers_in_the_applications_envelope() {
+        let engine = Idempotency::new(MemoryStore::new());
+        let mut doc = document();
+        PublishedPolicy::new(&engine)
+            .problem_content("application/json", "ErrorEnvelope")
+            .operation(Method::POST, "/orders", HandlerConfig::new())
+            .apply(&mut doc)
+            .unwrap();
+        let doc = serde_json::to_value(&doc).unwrap();
+        let responses = &doc["paths"]["/orders"]["post"]["responses"];
+        for status in ["409", "413", "422", "500", "503"] {
+            let content = &responses[status]["content"];
+            assert_eq!(
+                content["application/json"]["schema"]["$ref"], "#/components/schemas/ErrorEnvelope",
+                "{status}"
+            );
+            assert!(content.get(PROBLEM_JSON).is_none(), "{status}");
+        }
+        assert!(
+            responses["409"]["headers"]["Retry-After"].is_object(),
+            "the headers stay the engine's"
+        );
+        assert!(
+            doc["components"]["schemas"].get("Problem").is_none(),
+            "{doc}"
+        );
     }
 
     #[test]

@@ -93,8 +93,7 @@ where
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ExtractorRejection;
 
-/// `rejection` as problem+json (see [`AsProblem`]); for other glue that answers an
-/// extractor's rejection, e.g. `Hashed`'s own body read.
+/// `rejection` as problem+json (see [`AsProblem`]).
 pub(crate) async fn problem_from(rejection: Response) -> Response {
     let is_problem = rejection
         .headers()

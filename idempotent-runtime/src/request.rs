@@ -7,16 +7,17 @@
 use axum::RequestExt;
 use axum::body::{Body, Bytes};
 use axum::extract::{MatchedPath, Request};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::BytesMut;
 use http::request::Parts;
-use http::{Method, Uri};
+use http::{Method, StatusCode, Uri};
 use http_body_util::BodyExt;
 
 use crate::engine::Idempotency;
 use crate::fingerprint::{FingerprintMode, RequestFingerprint};
 use crate::key::{self, KeyError};
 use crate::metrics::{self, Outcome, UNNAMED};
+use crate::problem::{Problem, codes, sentence};
 
 /// The `handler` label a refused key counts under.
 #[derive(Debug, Clone, Copy)]
@@ -103,7 +104,14 @@ async fn buffer_body(parts: Parts, body: Body) -> Result<(Parts, Bytes), Respons
         .into_parts();
     match read_whole(body).await {
         Ok(bytes) => Ok((parts, bytes)),
-        Err(err) => Err(crate::rejection::problem_from(body_refused(&err)).await),
+        Err(err) => {
+            let mut refused = body_refused(&err).into_answer();
+            // Refused before the handler ran, as an extractor's rejection is.
+            refused
+                .extensions_mut()
+                .insert(crate::rejection::ExtractorRejection);
+            Err(refused)
+        }
     }
 }
 
@@ -138,17 +146,26 @@ async fn read_whole(mut body: Body) -> Result<Bytes, axum::Error> {
 
 /// What axum's `Bytes` extractor answers for a body that failed while buffering: `413`
 /// when a length limit (axum's or `tower_http`'s) cut it off, `400` otherwise.
-fn body_refused(err: &axum::Error) -> Response {
+fn body_refused(err: &axum::Error) -> Problem {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(cause) = source {
         if cause.is::<http_body_util::LengthLimitError>() {
-            let message = "Failed to buffer the request body: length limit exceeded";
-            return (http::StatusCode::PAYLOAD_TOO_LARGE, message).into_response();
+            return Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                codes::PAYLOAD_TOO_LARGE,
+                "Payload Too Large",
+                "Failed to buffer the request body: length limit exceeded.",
+            );
         }
         source = cause.source();
     }
-    let message = format!("Failed to buffer the request body: {err}");
-    (http::StatusCode::BAD_REQUEST, message).into_response()
+    let detail = format!("Failed to buffer the request body: {err}");
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        codes::BAD_REQUEST,
+        "Bad Request",
+        sentence(&detail).unwrap_or(detail),
+    )
 }
 
 /// The URI the client sent. Behind `Router::nest` the request's URI has lost its prefix
@@ -214,8 +231,8 @@ mod tests {
         let limited = Body::new(http_body_util::Limited::new(body, 5));
         let err = read_whole(limited).await.unwrap_err();
         assert_eq!(
-            body_refused(&err).status(),
-            http::StatusCode::PAYLOAD_TOO_LARGE
+            body_refused(&err).status,
+            http::StatusCode::PAYLOAD_TOO_LARGE.as_u16()
         );
         let within = Body::new(http_body_util::Limited::new(
             framed(&[Some("ab"), Some("cd")]),

@@ -624,17 +624,16 @@ impl StepLog {
     /// Runs atomic step `name` of `(scope, key)` in a transaction on database `DB` (see
     /// [`IdempotencyKey::atomic_step`](crate::IdempotencyKey::atomic_step)).
     #[cfg(feature = "sql")]
-    pub(crate) async fn run_atomic<DB, T, E, Fut>(
+    pub(crate) async fn run_atomic<DB, T, E>(
         &self,
         scope: &str,
         key: &str,
         name: &str,
-        step: impl FnOnce(Tx<DB>) -> Fut,
+        step: impl AsyncFnOnce(&mut Tx<DB>) -> Result<T, E>,
     ) -> Result<T, StepError<E>>
     where
         DB: TxDatabase,
         T: Serialize + DeserializeOwned,
-        Fut: Future<Output = (Result<T, E>, Tx<DB>)>,
     {
         let ran = self.run_atomic_once(scope, key, name, step).await;
         self.noted(ran)
@@ -642,17 +641,16 @@ impl StepLog {
 
     /// [`run_atomic`](Self::run_atomic), before its failure is noted.
     #[cfg(feature = "sql")]
-    async fn run_atomic_once<DB, T, E, Fut>(
+    async fn run_atomic_once<DB, T, E>(
         &self,
         scope: &str,
         key: &str,
         name: &str,
-        step: impl FnOnce(Tx<DB>) -> Fut,
+        step: impl AsyncFnOnce(&mut Tx<DB>) -> Result<T, E>,
     ) -> Result<T, StepError<E>>
     where
         DB: TxDatabase,
         T: Serialize + DeserializeOwned,
-        Fut: Future<Output = (Result<T, E>, Tx<DB>)>,
     {
         if let Start::Resume(output) = self.start(name)? {
             return self.resume(name, &output);
@@ -678,13 +676,13 @@ impl StepLog {
             .map_err(store_failed)?;
         // The store may bound how long a transaction holds its lock (SQLite's one
         // writer); past it the step is dropped with its transaction, which rolls back.
-        let ran = match tx_store.max_hold() {
-            Some(hold) => tokio::time::timeout(hold, step(Tx::new(begun.transaction)))
+        let mut tx = Tx::new(begun.transaction);
+        let result = match tx_store.max_hold() {
+            Some(hold) => tokio::time::timeout(hold, step(&mut tx))
                 .await
                 .map_err(|_| store_failed(StoreError::Timeout(hold)))?,
-            None => step(Tx::new(begun.transaction)).await,
+            None => step(&mut tx).await,
         };
-        let (result, tx) = ran;
         let mut transaction = tx.into_inner();
         let output = match result {
             Ok(output) => output,

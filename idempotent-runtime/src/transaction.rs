@@ -20,6 +20,8 @@
 
 use std::time::Duration;
 
+use crate::key::IdempotencyKey;
+
 pub use crate::store::{TxDatabase, TxStore};
 
 /// The transaction an `#[idempotent]` handler writes through. Run statements on
@@ -99,6 +101,28 @@ impl<DB: TxDatabase> Tx<DB> {
     pub(crate) fn into_inner(self) -> sqlx::Transaction<'static, DB> {
         self.inner
     }
+}
+
+/// A transactional function, `async |key, tx: &mut Tx<DB>| …`, whose future is `Send`:
+/// implemented by every such closure, and never named by an application.
+///
+/// The engine finishes a function whose caller stopped waiting in a task of its own, so
+/// its future must be `Send`; stable Rust cannot yet say that of an `AsyncFnOnce`'s
+/// future, and this trait says it through the closure's `FnOnce` side instead.
+pub trait TxFunction<'tx, DB: TxDatabase, T, E>:
+    FnOnce(IdempotencyKey, &'tx mut Tx<DB>) -> Self::Running
+{
+    /// The future of one call, borrowing the transaction.
+    type Running: Future<Output = Result<T, E>> + Send + 'tx;
+}
+
+impl<'tx, DB, T, E, F, Running> TxFunction<'tx, DB, T, E> for F
+where
+    DB: TxDatabase,
+    F: FnOnce(IdempotencyKey, &'tx mut Tx<DB>) -> Running,
+    Running: Future<Output = Result<T, E>> + Send + 'tx,
+{
+    type Running = Running;
 }
 
 /// How long a transactional handler may wait for its connection before the request is

@@ -295,6 +295,13 @@ impl WebhookError {
 
 impl IntoResponse for WebhookError {
     fn into_response(self) -> Response {
+        self.problem().into_response()
+    }
+}
+
+impl WebhookError {
+    /// The problem a delivery refused for this error is answered with.
+    pub(crate) fn problem(&self) -> Problem {
         let detail = crate::problem::sentence(&self.to_string()).unwrap_or_default();
         let problem = match self {
             Self::Id => Problem::new(
@@ -310,7 +317,7 @@ impl IntoResponse for WebhookError {
                 format!("{detail} Nothing was processed or stored."),
             ),
         };
-        problem.with_reason(self.reason()).into_response()
+        problem.with_reason(self.reason())
     }
 }
 

@@ -86,6 +86,27 @@ pub const REJECTED_HEADER: &str = "Idempotent-Rejected";
 /// The header a dead-lettered message carries: the subject it was delivered on.
 pub const ORIGINAL_SUBJECT_HEADER: &str = "Idempotent-Original-Subject";
 
+/// A transactional message function, `async |key, message, tx: &mut Tx<DB>| …`, whose
+/// future is `Send`: implemented by every such closure, and never named by an application
+/// (see [`TxFunction`](crate::transaction::TxFunction) for why it exists).
+#[cfg(feature = "sql")]
+pub trait MessageTxFunction<'tx, DB: TxDatabase, T, E>:
+    FnOnce(IdempotencyKey, async_nats::Message, &'tx mut Tx<DB>) -> Self::Running
+{
+    /// The future of one call, borrowing the transaction.
+    type Running: Future<Output = Result<T, E>> + Send + 'tx;
+}
+
+#[cfg(feature = "sql")]
+impl<'tx, DB, T, E, F, Running> MessageTxFunction<'tx, DB, T, E> for F
+where
+    DB: TxDatabase,
+    F: FnOnce(IdempotencyKey, async_nats::Message, &'tx mut Tx<DB>) -> Running,
+    Running: Future<Output = Result<T, E>> + Send + 'tx,
+{
+    type Running = Running;
+}
+
 /// Where a message's scope comes from: message ids are unique within it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum ScopeFrom {
@@ -344,14 +365,13 @@ impl JetStreamDoor {
     ///
     /// # async fn inbox(door: JetStreamDoor, consumer: Consumer<pull::Config>) -> Result<(), Box<dyn std::error::Error>> {
     /// // One ledger row per message id, committed with its record before the ack.
-    /// door.run_in_transaction(&consumer, |key, message, mut tx: Tx<Sqlite>| async move {
+    /// door.run_in_transaction(&consumer, async |key, message, tx: &mut Tx<Sqlite>| {
     ///     let written = sqlx::query("INSERT INTO ledger (message, payload) VALUES (?, ?)")
     ///         .bind(key.as_str().to_owned())
     ///         .bind(message.payload.to_vec())
     ///         .execute(tx.conn())
-    ///         .await
-    ///         .map(|done| done.rows_affected());
-    ///     (written, tx)
+    ///         .await?;
+    ///     Ok::<_, sqlx::Error>(written.rows_affected())
     /// })
     /// .await?;
     /// # Ok(())
@@ -362,15 +382,19 @@ impl JetStreamDoor {
     ///
     /// [`NatsDoorError::Messages`] when the consumer's message stream cannot be opened.
     #[cfg(feature = "sql")]
-    pub async fn run_in_transaction<DB, F, Fut, T, E>(
+    pub async fn run_in_transaction<DB, F, T, E>(
         &self,
         consumer: &Consumer<pull::Config>,
         function: F,
     ) -> Result<(), NatsDoorError>
     where
         DB: TxDatabase,
-        F: Fn(IdempotencyKey, async_nats::Message, Tx<DB>) -> Fut + Clone + Send + Sync + 'static,
-        Fut: Future<Output = (Result<T, E>, Tx<DB>)> + Send + 'static,
+        F: AsyncFnOnce(IdempotencyKey, async_nats::Message, &mut Tx<DB>) -> Result<T, E>
+            + for<'tx> MessageTxFunction<'tx, DB, T, E>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
         T: Serialize + DeserializeOwned + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
@@ -498,15 +522,17 @@ impl JetStreamDoor {
     ///
     /// As [`handle`](Self::handle).
     #[cfg(feature = "sql")]
-    pub async fn handle_in_transaction<DB, F, Fut, T, E>(
+    pub async fn handle_in_transaction<DB, F, T, E>(
         &self,
         message: jetstream::Message,
         function: F,
     ) -> Result<Handled<T, E>, NatsDoorError>
     where
         DB: TxDatabase,
-        F: FnOnce(IdempotencyKey, async_nats::Message, Tx<DB>) -> Fut + Send + 'static,
-        Fut: Future<Output = (Result<T, E>, Tx<DB>)> + Send + 'static,
+        F: AsyncFnOnce(IdempotencyKey, async_nats::Message, &mut Tx<DB>) -> Result<T, E>
+            + for<'tx> MessageTxFunction<'tx, DB, T, E>
+            + Send
+            + 'static,
         T: Serialize + DeserializeOwned + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
@@ -532,12 +558,15 @@ impl JetStreamDoor {
         };
         let outcome = self
             .idempotency
-            .once_in_transaction(
+            .once_in_transaction_owned(
                 &self.config,
                 &delivery.scope,
                 &key,
-                Fingerprint::of_payload(&message.payload),
-                move |key, tx| function(key, inner, tx),
+                Fingerprint::of_payload(&message.payload).into(),
+                move |key, mut tx: Tx<DB>| async move {
+                    let result = function(key, inner, &mut tx).await;
+                    (result, tx)
+                },
             )
             .await;
         self.answer_outcome(&message, &delivery.scope, &key, outcome)
@@ -547,7 +576,7 @@ impl JetStreamDoor {
     /// Runs a keyless message's transactional function unprotected, in a transaction of
     /// the store's database; `None` when none could be begun (logged).
     #[cfg(feature = "sql")]
-    async fn unprotected_transaction<DB, F, Fut, T, E>(
+    async fn unprotected_transaction<DB, F, T, E>(
         &self,
         key: IdempotencyKey,
         message: async_nats::Message,
@@ -555,8 +584,7 @@ impl JetStreamDoor {
     ) -> Option<Result<T, E>>
     where
         DB: TxDatabase,
-        F: FnOnce(IdempotencyKey, async_nats::Message, Tx<DB>) -> Fut,
-        Fut: Future<Output = (Result<T, E>, Tx<DB>)>,
+        F: for<'tx> MessageTxFunction<'tx, DB, T, E>,
     {
         let tx_store = self
             .idempotency
@@ -580,7 +608,8 @@ impl JetStreamDoor {
             }
         };
         let _permit = begun.permit;
-        let (result, tx) = function(key, message, Tx::new(begun.transaction)).await;
+        let mut tx = Tx::new(begun.transaction);
+        let result = function(key, message, &mut tx).await;
         let ended = match &result {
             Ok(_) => tx.into_inner().commit().await,
             Err(_) => tx.into_inner().rollback().await,

@@ -1,10 +1,10 @@
 //! The answers the engine gives itself: replays, `409`, `422`, `503`, `500`, all but
-//! replays as problem+json.
+//! replays as problem+json, marked as the library's (see [`crate::rendering`]).
 
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 
@@ -34,10 +34,25 @@ const REPLAYED: HeaderName = HeaderName::from_static(REPLAYED_HEADER);
 /// Rebuilds a stored response, marked as a replay.
 pub(super) fn replay(stored: StoredResponse) -> Response {
     let (status, headers, body) = replay_parts(&stored);
+    assembled(status, headers, body, stored.body.is_some())
+}
+
+/// A response of these parts; one whose stored body was not kept carries the library's
+/// problem saying so, which an application's renderer may give its own body.
+pub(super) fn assembled(
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    body_kept: bool,
+) -> Response {
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
-    response
+    if body_kept {
+        response
+    } else {
+        crate::rendering::mark(response, body_not_kept(status))
+    }
 }
 
 /// What [`replay`] answers, in parts: for the replay cache, which builds them once.
@@ -50,10 +65,21 @@ pub(super) fn replay_parts(stored: &StoredResponse) -> (StatusCode, HeaderMap, B
 /// Rebuilds a stored response (a body that was not kept becomes a problem document).
 pub(super) fn stored_answer(stored: StoredResponse) -> Response {
     let (status, headers, body) = stored_parts(&stored);
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
-    response
+    assembled(status, headers, body, stored.body.is_some())
+}
+
+/// The problem a response whose body was not kept is answered with.
+fn body_not_kept(status: StatusCode) -> Problem {
+    Problem::new(
+        status,
+        codes::RESPONSE_NOT_STORED,
+        "Response not stored",
+        "The original request completed with this status, but its body was not kept \
+         (larger than the idempotency store keeps, still streaming at the handler's \
+         maximum duration, or failed while it was sent), so it cannot be replayed. \
+         The operation was not run again; fetch the resource (see Location, if \
+         present) instead.",
+    )
 }
 
 /// The status, headers and body a stored response is answered with.
@@ -62,19 +88,7 @@ fn stored_parts(stored: &StoredResponse) -> (StatusCode, HeaderMap, Bytes) {
     let body_kept = stored.body.is_some();
     let body = match &stored.body {
         Some(body) => body.clone(),
-        None => {
-            let problem = Problem::new(
-                status,
-                codes::RESPONSE_NOT_STORED,
-                "Response not stored",
-                "The original request completed with this status, but its body was not kept \
-                 (larger than the idempotency store keeps, still streaming at the handler's \
-                 maximum duration, or failed while it was sent), so it cannot be replayed. \
-                 The operation was not run again; fetch the resource (see Location, if \
-                 present) instead.",
-            );
-            Bytes::from(problem.to_json())
-        }
+        None => Bytes::from(body_not_kept(status).to_json()),
     };
     let mut headers = HeaderMap::with_capacity(stored.headers.len() + 2);
     for (name, value) in &stored.headers {
@@ -107,7 +121,7 @@ pub(super) fn transaction_unsupported(database: &str) -> Response {
             "This handler writes through a {database} transaction, but the idempotency engine's store is not a {database} store. Nothing was run."
         ),
     )
-    .into_response()
+    .into_answer()
 }
 
 #[cfg(feature = "sql")]
@@ -118,7 +132,7 @@ pub(super) fn transaction_aborted() -> Response {
         "Transaction aborted",
         "The handler's database transaction failed (a statement failed and was not recovered with a savepoint, or the database refused the commit); nothing was written. It is safe to retry with the same key.",
     )
-    .into_response()
+    .into_answer()
 }
 
 #[cfg(feature = "sql")]
@@ -130,7 +144,7 @@ pub(super) fn lease_lost() -> Response {
         "This request's claim on the idempotency key was taken over by a retry before it could commit; its writes were rolled back. Retry with the same key.",
     )
     .with_retry_after(1)
-    .into_response()
+    .into_answer()
 }
 
 pub(super) fn in_progress(retry_after: Duration) -> Response {
@@ -142,7 +156,7 @@ pub(super) fn in_progress(retry_after: Duration) -> Response {
         "A request with this idempotency key is still being processed. Retry with the same key after Retry-After seconds.",
     )
     .with_retry_after(secs)
-    .into_response()
+    .into_answer()
 }
 
 /// The record of a handler interrupted at its maximum duration.
@@ -175,7 +189,7 @@ pub(super) fn scope_empty() -> Response {
         "Idempotency scope missing",
         "The server could not tell whose idempotency key this is (its scope is empty), so the request was not processed. This is a server misconfiguration; retrying will not help.",
     )
-    .into_response()
+    .into_answer()
 }
 
 pub(super) fn key_reused() -> Response {
@@ -185,7 +199,7 @@ pub(super) fn key_reused() -> Response {
         "Idempotency key reused",
         "This idempotency key was already used for a different request (method, path, query or body differ). Use a new key for a new operation.",
     )
-    .into_response()
+    .into_answer()
 }
 
 pub(super) fn store_unavailable() -> Response {
@@ -196,7 +210,7 @@ pub(super) fn store_unavailable() -> Response {
         "The request was not processed because its idempotency key could not be checked. Retry with the same key.",
     )
     .with_retry_after(1)
-    .into_response()
+    .into_answer()
 }
 
 /// The answer to a handler that panicked.
@@ -211,5 +225,5 @@ pub(super) fn internal_error(detail: &str) -> Response {
         "Internal server error",
         detail,
     )
-    .into_response()
+    .into_answer()
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::response::Response;
 use http::HeaderName;
 
 use super::policy::{DEFAULT_LEASE, DEFAULT_MAX_DURATION, DEFAULT_MAX_STORED_BODY, DEFAULT_TTL};
@@ -11,6 +12,8 @@ use super::replay_cache::{ReplayCache, ReplayCacheConfig};
 use super::sweeper::SweepPace;
 use super::{Idempotency, Inner, retry_after};
 use crate::metrics;
+use crate::problem::Problem;
+use crate::rendering::ProblemRenderer;
 use crate::store::Store;
 
 /// Configures an [`Idempotency`] engine.
@@ -40,6 +43,7 @@ impl IdempotencyBuilder {
                 tracker: tokio_util::task::TaskTracker::new(),
                 replay_cache: None,
                 sweep_pace: SweepPace::DEFAULT,
+                problems: ProblemRenderer::default(),
             },
             replay_cache: Some(ReplayCacheConfig::new()),
         }
@@ -178,6 +182,46 @@ impl IdempotencyBuilder {
     /// time the deletes themselves take.
     pub fn sweep_pause(mut self, pause: Duration) -> Self {
         self.inner.sweep_pace.pause = pause;
+        self
+    }
+
+    /// Renders the answers the library makes itself — a missing or invalid key (`400`),
+    /// a request still in progress (`409`), a key reused (`422`), a body over the limit
+    /// (`413`), the store unavailable (`503`), a webhook that fails verification (`401`),
+    /// … — in the application's own error envelope instead of problem+json (the
+    /// default). `render` gets the [`Problem`] (its `code` is the stable one in
+    /// [`codes`](crate::problem::codes)) and makes the response's body.
+    ///
+    /// Whatever `render` returns, the answer keeps the library's status and headers
+    /// (`Retry-After`, `Idempotent-Replayed`, `Location`, …; only `Content-Type` and
+    /// `Content-Length` are the renderer's), since clients retry by them. It applies to
+    /// every HTTP path: the attribute, the [layer](crate::IdempotencyLayer) (and its
+    /// webhooks) and [`Idempotency::run`]. Not rendered: what a handler returns itself
+    /// (a [`StepError`](crate::StepError) it answers with, an
+    /// [`AsProblem`](crate::AsProblem) rejection), which the application renders as it
+    /// likes, and a replay of a recorded answer, which is replayed as recorded.
+    ///
+    /// ```
+    /// use axum::Json;
+    /// use axum::response::IntoResponse;
+    /// use idempotent_runtime::Idempotency;
+    /// use idempotent_runtime::store::MemoryStore;
+    ///
+    /// let idempotency = Idempotency::builder(MemoryStore::new())
+    ///     .render_problems(|problem| {
+    ///         let body = serde_json::json!({
+    ///             "error": { "code": problem.code, "message": problem.detail }
+    ///         });
+    ///         Json(body).into_response()
+    ///     })
+    ///     .build();
+    /// # drop(idempotency);
+    /// ```
+    pub fn render_problems(
+        mut self,
+        render: impl Fn(Problem) -> Response + Send + Sync + 'static,
+    ) -> Self {
+        self.inner.problems = ProblemRenderer::new(render);
         self
     }
 

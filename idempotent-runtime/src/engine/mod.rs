@@ -112,6 +112,8 @@ struct Inner {
     replay_cache: Option<ReplayCache>,
     /// How the sweeper deletes expired records.
     sweep_pace: sweeper::SweepPace,
+    /// How the library's own problem answers reach the client.
+    problems: crate::rendering::ProblemRenderer,
 }
 
 impl Idempotency {
@@ -183,7 +185,20 @@ impl Idempotency {
         Fut: Future<Output = R> + Send + 'static,
         R: IntoResponse + 'static,
     {
-        protocol::run(&self.inner, config, scope, key, fingerprint.into(), handler).await
+        let response =
+            protocol::run(&self.inner, config, scope, key, fingerprint.into(), handler).await;
+        self.rendered(response)
+    }
+
+    /// `response` with a problem the library made itself rendered as the application
+    /// asked ([`IdempotencyBuilder::render_problems`]); anything else as it is.
+    pub(crate) fn rendered(&self, response: Response) -> Response {
+        self.inner.problems.render(response)
+    }
+
+    /// The application's renderer of the library's problems, if it gave one.
+    pub(crate) fn problem_renderer(&self) -> Option<&crate::rendering::ProblemRenderer> {
+        Some(&self.inner.problems).filter(|renderer| renderer.is_set())
     }
 
     /// Runs `handler` without idempotency protection: what `key = optional` (and
@@ -228,7 +243,10 @@ impl Idempotency {
         E: IntoResponse + 'static,
     {
         let fingerprint = fingerprint.into();
-        protocol::run_in_transaction(&self.inner, config, scope, key, fingerprint, handler).await
+        let response =
+            protocol::run_in_transaction(&self.inner, config, scope, key, fingerprint, handler)
+                .await;
+        self.rendered(response)
     }
 
     /// Runs `function` at most once for `(scope, key)` and `fingerprint`, and hands every
@@ -312,6 +330,10 @@ impl Idempotency {
     /// [`Outcome::Refused`] without running (check at startup with
     /// [`supports_transactions`](Self::supports_transactions)).
     ///
+    /// `function` is an async closure that borrows the transaction; it must own what it
+    /// uses (`async move`), and its future must be `Send`, because the engine finishes it
+    /// in a task when the caller stops waiting.
+    ///
     /// ```
     /// use idempotent_runtime::store::SqliteStore;
     /// use idempotent_runtime::transaction::Tx;
@@ -329,13 +351,12 @@ impl Idempotency {
     /// let idempotency = Idempotency::new(store);
     /// let outcome = idempotency
     ///     .once_in_transaction(&HandlerConfig::new(), "orders", "msg-1",
-    ///         Fingerprint::of_payload(b"100"), |key, mut tx: Tx<Sqlite>| async move {
-    ///             let written = sqlx::query("INSERT INTO ledger VALUES (?, 100)")
+    ///         Fingerprint::of_payload(b"100"), async |key, tx: &mut Tx<Sqlite>| {
+    ///             sqlx::query("INSERT INTO ledger VALUES (?, 100)")
     ///                 .bind(key.as_str())
     ///                 .execute(tx.conn())
-    ///                 .await
-    ///                 .map(|_| 100);
-    ///             (written, tx)
+    ///                 .await?;
+    ///             Ok(100)
     ///         })
     ///     .await;
     /// assert!(matches!(outcome, Outcome::<i64, sqlx::Error>::Ran(100)));
@@ -343,7 +364,7 @@ impl Idempotency {
     /// # }
     /// ```
     #[cfg(feature = "sql")]
-    pub async fn once_in_transaction<DB, F, Fut, T, E>(
+    pub async fn once_in_transaction<DB, F, T, E>(
         &self,
         config: &HandlerConfig,
         scope: &str,
@@ -353,12 +374,40 @@ impl Idempotency {
     ) -> Outcome<T, E>
     where
         DB: crate::transaction::TxDatabase,
+        F: AsyncFnOnce(IdempotencyKey, &mut crate::transaction::Tx<DB>) -> Result<T, E>
+            + for<'tx> crate::transaction::TxFunction<'tx, DB, T, E>
+            + Send
+            + 'static,
+        T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        E: Send + 'static,
+    {
+        // The engine's transactional path takes the transaction back with the result.
+        let function = move |key, mut tx: crate::transaction::Tx<DB>| async move {
+            let result = function(key, &mut tx).await;
+            (result, tx)
+        };
+        self.once_in_transaction_owned(config, scope, key, fingerprint.into(), function)
+            .await
+    }
+
+    /// [`once_in_transaction`](Self::once_in_transaction) for a function that takes the
+    /// transaction and gives it back with its result: the attribute's expansion.
+    #[cfg(feature = "sql")]
+    pub(crate) async fn once_in_transaction_owned<DB, F, Fut, T, E>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: RequestFingerprint,
+        function: F,
+    ) -> Outcome<T, E>
+    where
+        DB: crate::transaction::TxDatabase,
         F: FnOnce(IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
         Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
         T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
         E: Send + 'static,
     {
-        let fingerprint = fingerprint.into();
         function::once_in_transaction(&self.inner, config, scope, key, fingerprint, function).await
     }
 

@@ -23,7 +23,7 @@
 //!
 //! The cache's clock is the store's own clock when the store keeps time in this process
 //! ([`Capabilities::clock`](crate::store::Capabilities::clock): the memory and SQLite stores, and a
-//! test's [`ManualClock`](crate::ManualClock) moves both alike), and otherwise a
+//! test's [`ManualClock`](crate::clock::ManualClock) moves both alike), and otherwise a
 //! monotonic clock: a database server's clock runs at the same rate, so a remaining life
 //! it measured is at most as long on ours. A server clock that *jumps* forward can make a
 //! record expire early; the maximum entry age below bounds how long the cache can then
@@ -66,7 +66,6 @@ use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -217,10 +216,8 @@ impl CachedReplay {
                 .expect("headers this process encoded decode");
             super::answers::replay_parts(&stored)
         });
-        let mut response = Response::new(Body::from(body.clone()));
-        *response.status_mut() = *status;
-        *response.headers_mut() = headers.clone();
-        response
+        let body_kept = self.stored.body.is_some();
+        super::answers::assembled(*status, headers.clone(), body.clone(), body_kept)
     }
 
     /// The record this copy was made from.

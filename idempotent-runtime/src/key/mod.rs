@@ -301,9 +301,10 @@ impl IdempotencyKey {
     /// together — an atomic phase — or neither does: a crash, an `Err` or a lost claim
     /// rolls the step's writes back, and a retry runs it again from the start.
     ///
-    /// `step` takes the transaction and gives it back with its result, as a transactional
-    /// handler does. Everything else is as for [`step`](Self::step); a store of another
-    /// database answers [`StepError::TransactionUnsupported`].
+    /// `step` is an async closure that borrows the transaction (`&mut Tx<DB>`) and returns
+    /// the step's result; the engine commits or rolls back after it. Everything else is as
+    /// for [`step`](Self::step); a store of another database answers
+    /// [`StepError::TransactionUnsupported`].
     ///
     /// ```
     /// # #[cfg(feature = "sqlite")]
@@ -312,31 +313,26 @@ impl IdempotencyKey {
     ///
     /// /// Writes one ledger row for the payment; its id is the step's output.
     /// async fn ledger(key: &IdempotencyKey, payment: &str, amount: i64) -> Result<i64, StepError<sqlx::Error>> {
-    ///     key.atomic_step::<Sqlite, _, _, _, _>("ledger", |mut tx: Tx<Sqlite>| async move {
-    ///         let row: Result<(i64,), sqlx::Error> = sqlx::query_as(
+    ///     key.atomic_step("ledger", async |tx: &mut Tx<Sqlite>| {
+    ///         let (id,): (i64,) = sqlx::query_as(
     ///             "INSERT INTO ledger (payment, amount) VALUES ($1, $2) RETURNING id",
     ///         )
-    ///         .bind(payment.to_owned())
+    ///         .bind(payment)
     ///         .bind(amount)
     ///         .fetch_one(tx.conn())
-    ///         .await;
-    ///         (row.map(|(id,)| id), tx)
+    ///         .await?;
+    ///         Ok(id)
     ///     })
     ///     .await
     /// }
     /// # }
     /// ```
     #[cfg(feature = "sql")]
-    pub async fn atomic_step<DB, T, E, F, Fut>(
-        &self,
-        name: &str,
-        step: F,
-    ) -> Result<T, StepError<E>>
+    pub async fn atomic_step<DB, T, E, F>(&self, name: &str, step: F) -> Result<T, StepError<E>>
     where
         DB: TxDatabase,
         T: Serialize + DeserializeOwned,
-        F: FnOnce(Tx<DB>) -> Fut,
-        Fut: Future<Output = (Result<T, E>, Tx<DB>)>,
+        F: AsyncFnOnce(&mut Tx<DB>) -> Result<T, E>,
     {
         match &self.steps {
             Some(log) => {

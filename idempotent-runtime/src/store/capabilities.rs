@@ -26,7 +26,7 @@ use crate::clock::Clock;
 /// ```
 /// use std::sync::Arc;
 ///
-/// use idempotent_runtime::ManualClock;
+/// use idempotent_runtime::clock::ManualClock;
 /// use idempotent_runtime::store::Capabilities;
 ///
 /// let clock = Arc::new(ManualClock::new());

@@ -3,7 +3,7 @@
 //! [`Store::forget`](super::Store::forget) did).
 //!
 //! Both are judged at one instant of the store's own clock (the database's for Postgres
-//! and MySQL, the server's `TIME` for Redis, the injected [`Clock`](crate::Clock) for
+//! and MySQL, the server's `TIME` for Redis, the injected [`Clock`](crate::clock::Clock) for
 //! memory and SQLite), like every other store decision.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -10,7 +10,8 @@
 //!
 //! use idempotent_runtime::store::MemoryStore;
 //! use idempotent_runtime::testing::conformance::{self, Harness};
-//! use idempotent_runtime::{ManualClock, Store};
+//! use idempotent_runtime::Store;
+//! use idempotent_runtime::clock::ManualClock;
 //!
 //! struct MyHarness {
 //!     store: Arc<MemoryStore>,

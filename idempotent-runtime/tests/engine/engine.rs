@@ -10,9 +10,10 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::BodyExt;
 use idempotent_runtime::store::{ClaimAnswer, Forward, MemoryStore};
+use idempotent_runtime::store::{ClaimRequest, FencingToken, StoredResponse};
 use idempotent_runtime::{
-    ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig, Idempotency,
-    OnServerError, RecordInfo, RecordState, Store, StoreError, StoredResponse,
+    Fingerprint, ForgetOutcome, HandlerConfig, Idempotency, OnServerError, RecordInfo, RecordState,
+    Store, StoreError,
 };
 use tokio::sync::Notify;
 
@@ -656,7 +657,7 @@ async fn completion_is_retried_until_the_store_answers() {
 // tokio's paused time.
 #[tokio::test(start_paused = true)]
 async fn sweeper_purges_expired_records() {
-    let clock = idempotent_runtime::ManualClock::new();
+    let clock = idempotent_runtime::clock::ManualClock::new();
     let store = MemoryStore::with_clock(Arc::new(clock.clone()));
     let engine = Idempotency::new(store.clone());
     let store_len = move |_: &Idempotency| store.len();
@@ -716,7 +717,7 @@ impl Forward for RecordedPurges {
 // Paused tokio time: the pauses between batches are measured exactly.
 #[tokio::test(start_paused = true)]
 async fn the_sweeper_deletes_in_its_configured_batches_and_pauses_between_them() {
-    let clock = idempotent_runtime::ManualClock::new();
+    let clock = idempotent_runtime::clock::ManualClock::new();
     let store = Arc::new(RecordedPurges {
         inner: MemoryStore::with_clock(Arc::new(clock.clone())),
         calls: std::sync::Mutex::default(),
@@ -1457,20 +1458,20 @@ struct TokioClock {
 impl TokioClock {
     fn store() -> Arc<dyn Store> {
         let clock = TokioClock {
-            base_millis: idempotent_runtime::SystemClock.now_millis(),
+            base_millis: idempotent_runtime::clock::SystemClock.now_millis(),
             start: tokio::time::Instant::now(),
         };
         Arc::new(MemoryStore::with_clock(Arc::new(clock)))
     }
 }
 
-impl idempotent_runtime::Clock for TokioClock {
+impl idempotent_runtime::clock::Clock for TokioClock {
     fn now_millis(&self) -> i64 {
         self.base_millis + i64::try_from(self.start.elapsed().as_millis()).unwrap()
     }
 }
 
-use idempotent_runtime::Clock as _;
+use idempotent_runtime::clock::Clock as _;
 use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
 
 /// Two engines over one store, each with the lease `lease`; the first sees the store

@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idempotent_runtime::clock::ManualClock;
 use idempotent_runtime::engine::{Disposition, Failure, StoreUnavailable};
 use idempotent_runtime::store::{MemoryStore, SqliteStore};
 use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
-use idempotent_runtime::{
-    Fingerprint, HandlerConfig, Idempotency, IdempotencyKey, ManualClock, Outcome, Store,
-};
+use idempotent_runtime::{Fingerprint, HandlerConfig, Idempotency, IdempotencyKey, Outcome, Store};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, oneshot};
 

@@ -4,6 +4,7 @@
 
 mod attribute;
 mod engine;
+mod error_envelope;
 mod function;
 mod replay_cache;
 mod steps;

@@ -10,11 +10,12 @@ use async_trait::async_trait;
 use axum::response::Response;
 use http::StatusCode;
 use http_body_util::BodyExt;
+use idempotent_runtime::clock::ManualClock;
 use idempotent_runtime::engine::ReplayCacheConfig;
 use idempotent_runtime::store::{Capabilities, ClaimAnswer, Forward, MemoryStore};
+use idempotent_runtime::store::{ClaimRequest, FencingToken, StoredResponse};
 use idempotent_runtime::{
-    ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig, Idempotency,
-    ManualClock, OnServerError, Store, StoreError, StoredResponse,
+    Fingerprint, ForgetOutcome, HandlerConfig, Idempotency, OnServerError, Store, StoreError,
 };
 
 const CONFIG: HandlerConfig = HandlerConfig::new().ttl(Duration::from_secs(600));

@@ -478,7 +478,7 @@ impl idempotent_runtime::store::Forward for StepsFail {
         &self,
         _: &str,
         _: &str,
-        _: idempotent_runtime::FencingToken,
+        _: idempotent_runtime::store::FencingToken,
         _: &idempotent_runtime::store::RecordedStep,
     ) -> Result<bool, idempotent_runtime::StoreError> {
         Err(idempotent_runtime::StoreError::backend(

@@ -12,13 +12,14 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, Consumer, pull};
 use async_nats::jetstream::{self, Context, stream};
 use futures_util::StreamExt;
+use idempotent_runtime::clock::ManualClock;
 use idempotent_runtime::doors::nats::{
     Handled, JetStreamDoor, MissingKey, ORIGINAL_SUBJECT_HEADER, REJECTED_HEADER, Reply,
 };
 use idempotent_runtime::store::MemoryStore;
 use idempotent_runtime::testing::faults::{Fault, Faulty, Operation};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
-use idempotent_runtime::{HandlerConfig, Idempotency, IdempotencyKey, ManualClock, Outcome, Store};
+use idempotent_runtime::{HandlerConfig, Idempotency, IdempotencyKey, Outcome, Store};
 
 const URL_VAR: &str = "IDEMPOTENT_TEST_NATS_URL";
 
@@ -695,28 +696,26 @@ async fn check_the_inbox_writes_each_message_once() {
             let (consumer, failed_once) = (consumer.clone(), failed_once.clone());
             tokio::spawn(async move {
                 let _ = door
-                    .run_in_transaction(&consumer, move |key, message, mut tx: Tx<Sqlite>| {
-                        let failed_once = failed_once.clone();
-                        async move {
+                    .run_in_transaction(
+                        &consumer,
+                        async move |key, message, tx: &mut Tx<Sqlite>| {
                             let cents: i64 = String::from_utf8_lossy(&message.payload)
                                 .parse()
                                 .expect("cents");
-                            let written = sqlx::query("INSERT INTO ledger VALUES (?, ?)")
+                            sqlx::query("INSERT INTO ledger VALUES (?, ?)")
                                 .bind(key.as_str().to_owned())
                                 .bind(cents)
                                 .execute(tx.conn())
-                                .await;
-                            if let Err(err) = written {
-                                return (Err(err.to_string()), tx);
-                            }
+                                .await
+                                .map_err(|err| err.to_string())?;
                             if key.as_str() == "order-2"
                                 && failed_once.fetch_add(1, Ordering::SeqCst) == 0
                             {
-                                return (Err("the gateway timed out".to_owned()), tx);
+                                return Err("the gateway timed out".to_owned());
                             }
-                            (Ok(cents), tx)
-                        }
-                    })
+                            Ok(cents)
+                        },
+                    )
                     .await;
             })
         })

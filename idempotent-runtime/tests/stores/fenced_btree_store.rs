@@ -7,12 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use idempotent_runtime::clock::{Clock, ManualClock};
 use idempotent_runtime::store::{
     Capabilities, Change, Fenced, Inserted, KeyedRecord, Record, RecordStore, StoreNow, Updated,
 };
 use idempotent_runtime::testing::Trial;
 use idempotent_runtime::testing::conformance::{self, Harness};
-use idempotent_runtime::{Clock, ManualClock, Store, StoreError};
+use idempotent_runtime::{Store, StoreError};
 
 /// Records by `(scope, key)`.
 type Records = BTreeMap<(String, String), Record>;

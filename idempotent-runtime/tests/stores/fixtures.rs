@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idempotent_runtime::store::RecordedStep;
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoredResponse, Takeover,
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover,
 };
+use idempotent_runtime::{Fingerprint, Store};
 
 pub(crate) const FINGERPRINT: Fingerprint = Fingerprint {
     version: 1,

@@ -34,11 +34,9 @@ use idempotent_runtime::metrics::{
     HANDLER_DURATION, Outcome, REQUESTS_TOTAL, STORE_OPERATION_DURATION,
 };
 use idempotent_runtime::store::{Capabilities, ClaimAnswer, Forward, MemoryStore};
+use idempotent_runtime::store::{ClaimRequest, FencingToken, StoredResponse};
 use idempotent_runtime::testing::{Trial, ignored_if};
-use idempotent_runtime::{
-    ClaimRequest, FencingToken, Idempotency, IdempotencyKey, Scope, Store, StoreError,
-    StoredResponse, idempotent,
-};
+use idempotent_runtime::{Idempotency, IdempotencyKey, Scope, Store, StoreError, idempotent};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Notify;
 use tower::ServiceExt;

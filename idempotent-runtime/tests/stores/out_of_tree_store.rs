@@ -15,14 +15,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use http::StatusCode;
+use idempotent_runtime::clock::ManualClock;
 use idempotent_runtime::store::{
     Capabilities, ClaimAnswer, ClaimWatch, Forward, MemoryStore, RecordedStep, WatchClaims,
 };
+use idempotent_runtime::store::{ClaimRequest, FencingToken, StoredResponse};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial};
 use idempotent_runtime::{
-    ClaimRequest, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig, Idempotency,
-    ManualClock, RecordInfo, Store, StoreError, StoredResponse,
+    Fingerprint, ForgetOutcome, HandlerConfig, Idempotency, RecordInfo, Store, StoreError,
 };
 use tokio::sync::Notify;
 

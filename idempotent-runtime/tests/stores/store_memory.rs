@@ -3,10 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempotent_runtime::Store;
+use idempotent_runtime::clock::ManualClock;
 use idempotent_runtime::store::MemoryStore;
 use idempotent_runtime::testing::Trial;
 use idempotent_runtime::testing::conformance::{self, Harness};
-use idempotent_runtime::{ManualClock, Store};
 
 /// A fresh [`MemoryStore`] on a [`ManualClock`].
 struct MemoryHarness {

@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover,
+};
 use idempotent_runtime::store::{MySqlStore, RecordedStep, encode_headers, encode_step};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, RecordState, Store, StoreError,
-    StoredResponse, Takeover,
-};
+use idempotent_runtime::{Fingerprint, RecordState, Store, StoreError};
 use sha2::{Digest, Sha256};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};

@@ -16,11 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotent_runtime::store::PostgresStore;
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoreError,
-};
+use idempotent_runtime::{Fingerprint, Store, StoreError};
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -611,7 +610,7 @@ async fn replays_duplicates_and_mismatches_write_nothing() {
                 "acct_alice",
                 "running",
                 token,
-                &idempotent_runtime::StoredResponse {
+                &idempotent_runtime::store::StoredResponse {
                     status: 201,
                     headers: Vec::new(),
                     body: None,
@@ -860,7 +859,7 @@ async fn a_fresh_request_costs_two_round_trips_and_a_replay_one() {
     let schema = TestSchema::new(&database_url()).await;
     // `connect` itself, through the proxy: its pool configuration is part of the cost.
     let (store, counter) = store_behind_counting_proxy(&schema).await;
-    let stored = idempotent_runtime::StoredResponse {
+    let stored = idempotent_runtime::store::StoredResponse {
         status: 201,
         headers: vec![("content-type".to_owned(), b"application/json".to_vec())],
         body: Some(bytes::Bytes::from_static(b"{}")),
@@ -1036,7 +1035,7 @@ async fn each_operation_costs_its_round_trips() {
             outcome.outcome,
             ClaimOutcome::Claimed {
                 token: taker,
-                takeover: Some(idempotent_runtime::Takeover::LeaseLost),
+                takeover: Some(idempotent_runtime::store::Takeover::LeaseLost),
                 steps: vec![step.clone()],
             }
         );

@@ -16,13 +16,13 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover,
+};
 use idempotent_runtime::store::{Record, RecordedStep, RedisConnection, RedisStore, encode_step};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, RecordState, Store, StoreError,
-    StoredResponse, Takeover,
-};
+use idempotent_runtime::{Fingerprint, RecordState, Store, StoreError};
 use redis::AsyncCommands;
 
 use crate::fixtures::{LEASE, TTL, claim_request, must_resume, stored};

@@ -12,10 +12,11 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken, Takeover};
 use idempotent_runtime::store::{RedisConnection, RedisStore};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
-use idempotent_runtime::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, Takeover};
+use idempotent_runtime::{Store, StoreError};
 
 use crate::fixtures::{TTL, claim_request, stored};
 use crate::store_redis::{must_claim, shift_back, step};

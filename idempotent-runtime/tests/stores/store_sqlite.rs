@@ -8,13 +8,12 @@ pub(crate) mod steps;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idempotent_runtime::clock::ManualClock;
 use idempotent_runtime::store::SqliteStore;
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken, StoredResponse};
 use idempotent_runtime::testing::conformance::{self, Harness};
 use idempotent_runtime::testing::{Trial, async_trial};
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ManualClock, Store, StoreError,
-    StoredResponse,
-};
+use idempotent_runtime::{Fingerprint, Store, StoreError};
 use sqlx::Row;
 use tempfile::TempDir;
 
@@ -376,7 +375,7 @@ async fn a_database_of_the_schema_before_steps_upgrades_in_place() {
         store.claim(&running_claim(retry)).await.unwrap().outcome,
         ClaimOutcome::Claimed {
             token: retry,
-            takeover: Some(idempotent_runtime::Takeover::LeaseLost),
+            takeover: Some(idempotent_runtime::store::Takeover::LeaseLost),
             steps: vec![step],
         }
     );

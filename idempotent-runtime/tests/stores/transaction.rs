@@ -11,11 +11,11 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use idempotent_runtime::engine::Failure;
 use idempotent_runtime::store::{ClaimAnswer, Forward};
-use idempotent_runtime::transaction::{TxDatabase, TxStore};
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency, Outcome,
-    Store, StoreError, StoredResponse, Takeover, Tx, TxSupport,
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover, TxSupport,
 };
+use idempotent_runtime::transaction::{TxDatabase, TxStore};
+use idempotent_runtime::{Fingerprint, HandlerConfig, Idempotency, Outcome, Store, StoreError, Tx};
 
 use idempotent_runtime::testing::conformance::Harness;
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
@@ -506,9 +506,9 @@ async fn three_steps<H: Harness, DB: Ledger>(
                     return StatusCode::BAD_GATEWAY.into_response();
                 }
                 let ledger = key
-                    .atomic_step::<DB, _, _, _, _>("ledger", |mut tx: Tx<DB>| async move {
-                        let written = DB::insert(&mut tx, "acct_alice").await;
-                        (written.map(|()| 7u32).map_err(|e| e.to_string()), tx)
+                    .atomic_step("ledger", async |tx: &mut Tx<DB>| {
+                        let written = DB::insert(tx, "acct_alice").await;
+                        written.map(|()| 7u32).map_err(|e| e.to_string())
                     })
                     .await;
                 if let Err(error) = ledger {
@@ -584,9 +584,9 @@ pub(crate) async fn check_atomic_step_rolls_back_unless_recorded<H: Harness, DB:
             FINGERPRINT,
             |key| async move {
                 let result = key
-                    .atomic_step::<DB, u32, _, _, _>("ledger", |mut tx: Tx<DB>| async move {
-                        DB::insert(&mut tx, "acct_alice").await.expect("insert");
-                        (Err(StatusCode::CONFLICT), tx)
+                    .atomic_step("ledger", async |tx: &mut Tx<DB>| {
+                        DB::insert(tx, "acct_alice").await.expect("insert");
+                        Err::<u32, _>(StatusCode::CONFLICT)
                     })
                     .await;
                 match result {
@@ -611,13 +611,10 @@ pub(crate) async fn check_atomic_step_rolls_back_unless_recorded<H: Harness, DB:
                 let forgotten = engine.forget("acct_alice", "atomic-lost", true).await;
                 assert!(forgotten.is_ok(), "{forgotten:?}");
                 let result = key
-                    .atomic_step::<DB, u32, StatusCode, _, _>(
-                        "ledger",
-                        |mut tx: Tx<DB>| async move {
-                            DB::insert(&mut tx, "acct_alice").await.expect("insert");
-                            (Ok(1), tx)
-                        },
-                    )
+                    .atomic_step("ledger", async |tx: &mut Tx<DB>| {
+                        DB::insert(tx, "acct_alice").await.expect("insert");
+                        Ok::<u32, StatusCode>(1)
+                    })
                     .await;
                 match result {
                     Err(error @ idempotent_runtime::StepError::LeaseLost { .. }) => {
@@ -680,19 +677,16 @@ pub(crate) async fn check_steps_refused_inside_an_atomic_step<H: Harness, DB: Le
             FINGERPRINT,
             |key| async move {
                 let outer = key
-                    .atomic_step::<DB, bool, StatusCode, _, _>("ledger", |mut tx: Tx<DB>| {
-                        let key = &key;
-                        async move {
-                            DB::insert(&mut tx, "acct_alice").await.expect("insert");
-                            let nested = key
-                                .step("receipt", || async { Ok::<_, StatusCode>(1u32) })
-                                .await;
-                            let refused = matches!(
-                                nested,
-                                Err(idempotent_runtime::StepError::InsideTransaction { .. })
-                            );
-                            (Ok(refused), tx)
-                        }
+                    .atomic_step("ledger", async |tx: &mut Tx<DB>| {
+                        DB::insert(tx, "acct_alice").await.expect("insert");
+                        let nested = key
+                            .step("receipt", || async { Ok::<_, StatusCode>(1u32) })
+                            .await;
+                        let refused = matches!(
+                            nested,
+                            Err(idempotent_runtime::StepError::InsideTransaction { .. })
+                        );
+                        Ok::<bool, StatusCode>(refused)
                     })
                     .await;
                 match outer {
@@ -717,21 +711,20 @@ async fn inbox<H: Harness, DB: Ledger>(
     let runs = setup.runs.clone();
     setup
         .engine
-        .once_in_transaction::<DB, _, _, _, _>(
+        .once_in_transaction(
             &WAITING,
             "inbox",
             key,
             Fingerprint::of_payload(b"deposit 100"),
-            move |key, mut tx| async move {
+            async move |key, tx: &mut Tx<DB>| {
                 let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                let written = DB::insert(&mut tx, key.as_str()).await;
-                let result = match (written, then) {
+                let written = DB::insert(tx, key.as_str()).await;
+                match (written, then) {
                     (Err(err), _) => Err(err.to_string()),
                     (Ok(()), Then::Created) => Ok((key.as_str().to_owned(), run as i64)),
                     (Ok(()), Then::Err | Then::ServerError) => Err("refused after writing".into()),
                     (Ok(()), Then::Panic) => panic!("function bug after writing"),
-                };
-                (result, tx)
+                }
             },
         )
         .await

@@ -19,10 +19,10 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use idempotent_runtime::store::{ClaimAnswer, Forward, MemoryStore};
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken, StoredResponse};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency,
-    IdempotencyKey, Store, StoreError, StoredResponse,
+    Fingerprint, HandlerConfig, Idempotency, IdempotencyKey, Store, StoreError,
 };
 use tokio::sync::Notify;
 

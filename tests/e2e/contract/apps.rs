@@ -13,10 +13,11 @@ use axum::routing::post;
 use axum::{Extension, Json, Router};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use idempotent_demo::auth::Caller;
+use idempotent_runtime::clock::ManualClock;
 use idempotent_runtime::layer::IdempotencyLayer;
 use idempotent_runtime::rejection::AsProblem;
 use idempotent_runtime::store::SqliteStore;
-use idempotent_runtime::{Idempotency, IdempotencyKey, ManualClock, Problem, idempotent};
+use idempotent_runtime::{Idempotency, IdempotencyKey, Problem, idempotent};
 
 /// How the app's routes are protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -546,7 +546,7 @@ mod tests {
             matches!(
                 retry,
                 ClaimOutcome::Claimed {
-                    takeover: Some(crate::Takeover::LeaseLost),
+                    takeover: Some(crate::store::Takeover::LeaseLost),
                     ..
                 }
             ),

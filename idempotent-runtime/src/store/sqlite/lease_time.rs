@@ -3,7 +3,7 @@
 //! Several processes of a host share one SQLite file, so a lease must be judged on a
 //! clock that every one of them reads alike and that a step of the wall clock (NTP, a VM
 //! resumed) cannot move. That is the store clock's monotonic time when the clock names
-//! the boot it counts from ([`Clock::boot_id`]; [`SystemClock`](crate::SystemClock) on
+//! the boot it counts from ([`Clock::boot_id`]; [`SystemClock`](crate::clock::SystemClock) on
 //! Linux: `CLOCK_BOOTTIME` and the kernel's boot id). A lease is stored with the boot it
 //! was written in (`lease_boot_id`) and its end on that boot's clock
 //! (`lease_ends_boot_ms`). **A lease written in another boot has run out**: the host

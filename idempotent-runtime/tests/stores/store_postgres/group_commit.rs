@@ -9,9 +9,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idempotent_runtime::Store;
 use idempotent_runtime::store::PostgresStore;
+use idempotent_runtime::store::{ClaimOutcome, FencingToken, StoredResponse, Takeover};
 use idempotent_runtime::testing::{Trial, async_trial};
-use idempotent_runtime::{ClaimOutcome, FencingToken, Store, StoredResponse, Takeover};
 use sqlx::AssertSqlSafe;
 use tokio::sync::Barrier;
 

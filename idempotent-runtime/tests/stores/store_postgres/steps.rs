@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
+use idempotent_runtime::Store;
+use idempotent_runtime::store::{ClaimOutcome, FencingToken, Takeover};
 use idempotent_runtime::store::{PostgresStore, RecordedStep, encode_headers};
 use idempotent_runtime::testing::{Trial, async_trial};
-use idempotent_runtime::{ClaimOutcome, FencingToken, Store, Takeover};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgListener, PgPool};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row, SqlSafeStr};

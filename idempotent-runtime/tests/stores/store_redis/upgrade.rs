@@ -9,7 +9,8 @@ use idempotent_runtime::store::{
     Change, Inserted, Record, RecordBody, RecordStore, RedisStore, StoreNow, Updated,
     encode_headers, encode_step,
 };
-use idempotent_runtime::{ClaimOutcome, FencingToken, Fingerprint, Store, StoredResponse};
+use idempotent_runtime::store::{ClaimOutcome, FencingToken, StoredResponse};
+use idempotent_runtime::{Fingerprint, Store};
 use redis::AsyncCommands;
 
 use super::{TestPrefix, redis_url, server_now_ms, shift_back, step};

@@ -23,7 +23,8 @@ use super::{claim_request, must_claim, primaries_of, stored};
 use idempotent_runtime::Idempotency;
 use idempotent_runtime::layer::IdempotencyLayer;
 use idempotent_runtime::store::RedisStore;
-use idempotent_runtime::{ClaimOutcome, FencingToken, Store, StoreError};
+use idempotent_runtime::store::{ClaimOutcome, FencingToken};
+use idempotent_runtime::{Store, StoreError};
 
 const BASE_PORT: &str = "7100";
 const DIR: &str = "/tmp/idempotent-redis-cluster-failover";

@@ -12,12 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idempotent_runtime::clock::ManualClock;
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover,
+};
 use idempotent_runtime::store::{GroupCommitStats, SqliteStore, WriteKind};
 use idempotent_runtime::testing::{Trial, async_trial};
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, ManualClock, Store, StoreError,
-    StoredResponse, Takeover,
-};
+use idempotent_runtime::{Fingerprint, Store, StoreError};
 use sqlx::{Connection, SqliteConnection};
 use tempfile::TempDir;
 

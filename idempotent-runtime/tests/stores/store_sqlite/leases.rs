@@ -18,12 +18,13 @@ use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
+use idempotent_runtime::clock::{Clock, ManualClock, SystemClock};
 use idempotent_runtime::store::SqliteStore;
-use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
-use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, ForgetOutcome, HandlerConfig,
-    Idempotency, ManualClock, Store, StoredResponse, SystemClock, Takeover, Tx,
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover,
 };
+use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
+use idempotent_runtime::{Fingerprint, ForgetOutcome, HandlerConfig, Idempotency, Store, Tx};
 use sqlx::{Connection, SqliteConnection};
 use tempfile::TempDir;
 

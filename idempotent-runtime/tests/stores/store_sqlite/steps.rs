@@ -11,11 +11,14 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
 use bytes::Bytes;
+use idempotent_runtime::clock::ManualClock;
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover,
+};
 use idempotent_runtime::store::{RecordedStep, SqliteStore, encode_step};
 use idempotent_runtime::testing::{Trial, async_trial};
 use idempotent_runtime::{
-    ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, HandlerConfig, Idempotency,
-    IdempotencyKey, ManualClock, RecordState, Store, StoredResponse, Takeover,
+    Fingerprint, HandlerConfig, Idempotency, IdempotencyKey, RecordState, Store,
 };
 use sqlx::Row;
 use tempfile::TempDir;
