@@ -473,15 +473,14 @@ where
                 }
                 Consumer::Inbox => {
                     let handled = door
-                        .handle_in_transaction(message, |key, message, mut tx: Tx<DB>| async move {
+                        .handle_in_transaction(message, async |key, message, tx: &mut Tx<DB>| {
                             let cents = cents_of(&message.payload);
-                            let written = sqlx::query::<DB>(INSERT_ROW)
+                            sqlx::query::<DB>(INSERT_ROW)
                                 .bind(key.as_str().to_owned())
                                 .bind(cents)
                                 .execute(tx.conn())
                                 .await
-                                .map(|_| cents);
-                            (written, tx)
+                                .map(|_| cents)
                         })
                         .await;
                     matches!(handled.map(|handled| handled.reply()), Ok(Reply::Ack))
