@@ -116,7 +116,8 @@
 //! the same key with another body is `422`; a duplicate of a running request is `409`
 //! with `Retry-After`; a missing or malformed key is `400`; a store that cannot be
 //! reached is `503` and the handler does not run. Errors are `application/problem+json`
-//! ([`Problem`]) with a stable `code` ([`problem::codes`]).
+//! ([`Problem`]) with a stable `code` ([`problem::codes`]), or the application's own
+//! error envelope ([`IdempotencyBuilder::render_problems`]).
 //!
 //! # The pieces
 //!

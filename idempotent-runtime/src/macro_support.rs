@@ -118,7 +118,7 @@ impl Guard {
         E: IntoResponse + 'static,
     {
         self.engine
-            .run_in_transaction(config, scope, self.required_key(), fingerprint, handler)
+            .run_in_transaction_owned(config, scope, self.required_key(), fingerprint, handler)
             .await
     }
 }

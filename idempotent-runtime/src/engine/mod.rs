@@ -226,8 +226,12 @@ impl Idempotency {
     /// The engine's store must be of database `DB`; otherwise every request is answered
     /// `500` (`transaction_unsupported`) without claiming or running anything. Check at
     /// startup with [`supports_transactions`](Self::supports_transactions).
+    ///
+    /// `handler` is an async closure that borrows the transaction,
+    /// `async move |key, tx: &mut Tx<DB>| …`, as for
+    /// [`once_in_transaction`](Self::once_in_transaction).
     #[cfg(feature = "sql")]
-    pub async fn run_in_transaction<DB, F, Fut, T, E>(
+    pub async fn run_in_transaction<DB, F, T, E>(
         &self,
         config: &HandlerConfig,
         scope: &str,
@@ -237,12 +241,40 @@ impl Idempotency {
     ) -> Response
     where
         DB: crate::transaction::TxDatabase,
+        F: AsyncFnOnce(IdempotencyKey, &mut crate::transaction::Tx<DB>) -> Result<T, E>
+            + for<'tx> crate::transaction::TxFunction<'tx, DB, T, E>
+            + Send
+            + 'static,
+        T: IntoResponse + 'static,
+        E: IntoResponse + 'static,
+    {
+        // The engine's transactional path takes the transaction back with the result.
+        let handler = move |key, mut tx: crate::transaction::Tx<DB>| async move {
+            let result = handler(key, &mut tx).await;
+            (result, tx)
+        };
+        self.run_in_transaction_owned(config, scope, key, fingerprint.into(), handler)
+            .await
+    }
+
+    /// [`run_in_transaction`](Self::run_in_transaction) for a handler that takes the
+    /// transaction and gives it back with its result: the attribute's expansion.
+    #[cfg(feature = "sql")]
+    pub(crate) async fn run_in_transaction_owned<DB, F, Fut, T, E>(
+        &self,
+        config: &HandlerConfig,
+        scope: &str,
+        key: &str,
+        fingerprint: RequestFingerprint,
+        handler: F,
+    ) -> Response
+    where
+        DB: crate::transaction::TxDatabase,
         F: FnOnce(IdempotencyKey, crate::transaction::Tx<DB>) -> Fut + Send + 'static,
         Fut: Future<Output = (Result<T, E>, crate::transaction::Tx<DB>)> + Send + 'static,
         T: IntoResponse + 'static,
         E: IntoResponse + 'static,
     {
-        let fingerprint = fingerprint.into();
         let response =
             protocol::run_in_transaction(&self.inner, config, scope, key, fingerprint, handler)
                 .await;

@@ -1263,21 +1263,20 @@ async fn slow_sqlite_transactions_leave_the_pool_to_plain_requests() {
         let engine = engine.clone();
         tasks.push(tokio::spawn(async move {
             engine
-                .run_in_transaction::<Sqlite, _, _, _, _>(
+                .run_in_transaction::<Sqlite, _, _, _>(
                     &CONFIG,
                     "alice",
                     &format!("deposit-{n}"),
                     fingerprint(1),
-                    move |_key, mut tx: Tx<Sqlite>| async move {
+                    async move |_key, tx: &mut Tx<Sqlite>| {
                         let insert = sqlx::query("INSERT INTO deposits (id) VALUES ($1)")
                             .bind(format!("d{n}"))
                             .execute(tx.conn())
                             .await;
                         tokio::time::sleep(Duration::from_millis(400)).await;
-                        let result = insert
+                        insert
                             .map(|_| StatusCode::CREATED)
-                            .map_err(|_| StatusCode::CONFLICT);
-                        (result, tx)
+                            .map_err(|_| StatusCode::CONFLICT)
                     },
                 )
                 .await

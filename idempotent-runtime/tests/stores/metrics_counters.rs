@@ -587,17 +587,14 @@ async fn transactional<DB: idempotent_runtime::transaction::TxDatabase>(
                 body.as_bytes(),
             );
             engine
-                .run_in_transaction::<DB, _, _, _, _>(
+                .run_in_transaction::<DB, _, _, _>(
                     &config,
                     "acct_metrics",
                     &key,
                     fingerprint,
-                    move |_key, tx| async move {
-                        let result = match body {
-                            "err" => Err(StatusCode::CONFLICT),
-                            _ => Ok(StatusCode::CREATED),
-                        };
-                        (result, tx)
+                    async move |_key, _tx: &mut idempotent_runtime::Tx<DB>| match body {
+                        "err" => Err(StatusCode::CONFLICT),
+                        _ => Ok(StatusCode::CREATED),
                     },
                 )
                 .await

@@ -174,14 +174,14 @@ async fn deposit<H: Harness, DB: Ledger>(setup: &Setup<H, DB>, key: &str, then: 
     let runs = setup.runs.clone();
     setup
         .engine
-        .run_in_transaction::<DB, _, _, _, _>(
+        .run_in_transaction::<DB, _, _, _>(
             &CONFIG,
             "acct_alice",
             key,
             FINGERPRINT,
-            move |_key, mut tx| async move {
+            async move |_key, tx: &mut Tx<DB>| {
                 runs.fetch_add(1, Ordering::SeqCst);
-                let written = DB::insert(&mut tx, "acct_alice").await;
+                let written = DB::insert(tx, "acct_alice").await;
                 let result: Result<Response, Response> = match (written, then) {
                     (Err(err), _) => {
                         Err((StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response())
@@ -195,7 +195,7 @@ async fn deposit<H: Harness, DB: Ledger>(setup: &Setup<H, DB>, key: &str, then: 
                     (Ok(()), Then::ServerError) => Ok(StatusCode::BAD_GATEWAY.into_response()),
                     (Ok(()), Then::Panic) => panic!("handler bug after writing"),
                 };
-                (result, tx)
+                result
             },
         )
         .await
@@ -283,26 +283,25 @@ pub(crate) async fn check_read_then_write_beside_other_commits<H: Harness, DB: L
     };
     let response = setup
         .engine
-        .run_in_transaction::<DB, _, _, _, _>(
+        .run_in_transaction::<DB, _, _, _>(
             &CONFIG,
             "acct_alice",
             "read-then-write",
             FINGERPRINT,
-            move |_key, mut tx| async move {
-                let before = DB::count(&mut tx).await;
+            async move |_key, tx: &mut Tx<DB>| {
+                let before = DB::count(tx).await;
                 read.notify_one();
                 // Give the other writer time to commit; never wait for it to finish
                 // (on SQLite it waits for this transaction).
                 let _ = tokio::time::timeout(Duration::from_millis(500), written_rx).await;
-                let result = match (before, DB::insert(&mut tx, "acct_alice").await) {
+                match (before, DB::insert(tx, "acct_alice").await) {
                     (Ok(0), Ok(())) => Ok((StatusCode::CREATED, "deposited").into_response()),
                     (before, written) => Err((
                         StatusCode::INTERNAL_SERVER_ERROR,
                         format!("read {before:?}, then write {written:?}"),
                     )
                         .into_response()),
-                };
-                (result, tx)
+                }
             },
         )
         .await;
@@ -411,15 +410,15 @@ pub(crate) async fn check_stale_owner_cannot_commit<H: Harness, DB: Ledger>() {
         "transactions() forwarded"
     );
     let response = engine
-        .run_in_transaction::<DB, _, _, _, _>(
+        .run_in_transaction::<DB, _, _, _>(
             &CONFIG,
             "acct_alice",
             "stale",
             FINGERPRINT,
-            move |_key, mut tx| async move {
+            async move |_key, tx: &mut Tx<DB>| {
                 // The stale owner writes and tries to commit.
-                DB::insert(&mut tx, "acct_alice").await.unwrap();
-                (Ok::<_, Response>(StatusCode::CREATED.into_response()), tx)
+                DB::insert(tx, "acct_alice").await.unwrap();
+                Ok::<_, Response>(StatusCode::CREATED.into_response())
             },
         )
         .await;
@@ -450,15 +449,15 @@ pub(crate) async fn check_store_of_another_database_is_refused<H: Harness, DB: L
     assert!(!memory.supports_transactions::<DB>());
     assert!(setup.engine.supports_transactions::<DB>());
     let refused = memory
-        .run_in_transaction::<DB, _, _, _, _>(
+        .run_in_transaction::<DB, _, _, _>(
             &CONFIG,
             "acct_alice",
             "k",
             FINGERPRINT,
-            |_key, _tx: Tx<DB>| async move {
+            async move |_key, _tx: &mut Tx<DB>| {
                 panic!("must not run");
                 #[allow(unreachable_code)]
-                (Ok::<StatusCode, StatusCode>(StatusCode::OK), _tx)
+                Ok::<StatusCode, StatusCode>(StatusCode::OK)
             },
         )
         .await;
@@ -639,13 +638,13 @@ pub(crate) async fn check_steps_refused_inside_a_transactional_handler<H: Harnes
     let setup = setup::<H, DB>().await;
     let response = setup
         .engine
-        .run_in_transaction::<DB, _, _, _, _>(
+        .run_in_transaction::<DB, _, _, _>(
             &CONFIG,
             "acct_alice",
             "inside",
             FINGERPRINT,
-            |key, mut tx| async move {
-                DB::insert(&mut tx, "acct_alice").await.expect("insert");
+            async move |key, tx: &mut Tx<DB>| {
+                DB::insert(tx, "acct_alice").await.expect("insert");
                 let step = key
                     .step("authorise", || async { Ok::<_, StatusCode>(1u32) })
                     .await;
@@ -655,7 +654,7 @@ pub(crate) async fn check_steps_refused_inside_a_transactional_handler<H: Harnes
                     }
                     other => panic!("{other:?}"),
                 };
-                (result, tx)
+                result
             },
         )
         .await;

@@ -159,15 +159,14 @@ async fn a_failed_statement_that_is_not_recovered_is_transaction_aborted() {
     let runs = Arc::new(AtomicUsize::new(0));
     let run = |recover: bool| {
         let (payers, runs) = (payers.clone(), runs.clone());
-        schema.engine.run_in_transaction::<Postgres, _, _, _, _>(
+        schema.engine.run_in_transaction::<Postgres, _, _, _>(
             &CONFIG,
             "alice",
             "k",
             fingerprint(1),
-            move |_key, mut tx: Tx<Postgres>| async move {
+            async move |_key, tx: &mut Tx<Postgres>| {
                 runs.fetch_add(1, Ordering::SeqCst);
-                let result = add_payer(&mut tx, &payers, "p1", recover).await;
-                (result, tx)
+                add_payer(tx, &payers, "p1", recover).await
             },
         )
     };
@@ -197,14 +196,14 @@ async fn a_savepoint_recovers_and_the_answer_is_replayed() {
     let runs = Arc::new(AtomicUsize::new(0));
     let run = || {
         let (payers, notes, runs) = (payers.clone(), notes.clone(), runs.clone());
-        schema.engine.run_in_transaction::<Postgres, _, _, _, _>(
+        schema.engine.run_in_transaction::<Postgres, _, _, _>(
             &CONFIG,
             "alice",
             "k",
             fingerprint(1),
-            move |_key, mut tx: Tx<Postgres>| async move {
+            async move |_key, tx: &mut Tx<Postgres>| {
                 runs.fetch_add(1, Ordering::SeqCst);
-                let mut result = add_payer(&mut tx, &payers, "p1", true).await;
+                let mut result = add_payer(tx, &payers, "p1", true).await;
                 if result.is_ok() {
                     let note = format!("INSERT INTO {notes} (payer, text) VALUES ('p1', 'hi')");
                     if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(note))
@@ -214,7 +213,7 @@ async fn a_savepoint_recovers_and_the_answer_is_replayed() {
                         result = Err(e.to_string().into_response());
                     }
                 }
-                (result, tx)
+                result
             },
         )
     };
@@ -236,21 +235,20 @@ async fn a_refused_commit_is_transaction_aborted() {
     let runs = Arc::new(AtomicUsize::new(0));
     let run = || {
         let (notes, runs) = (notes.clone(), runs.clone());
-        schema.engine.run_in_transaction::<Postgres, _, _, _, _>(
+        schema.engine.run_in_transaction::<Postgres, _, _, _>(
             &CONFIG,
             "alice",
             "k",
             fingerprint(1),
-            move |_key, mut tx: Tx<Postgres>| async move {
+            async move |_key, tx: &mut Tx<Postgres>| {
                 runs.fetch_add(1, Ordering::SeqCst);
                 // No such payer: the deferred foreign key fails at COMMIT.
                 let note = format!("INSERT INTO {notes} (payer, text) VALUES ('ghost', 'boo')");
-                let result = sqlx::query(sqlx::AssertSqlSafe(note))
+                sqlx::query(sqlx::AssertSqlSafe(note))
                     .execute(tx.conn())
                     .await
                     .map(|_| StatusCode::CREATED)
-                    .map_err(|e| e.to_string());
-                (result, tx)
+                    .map_err(|e| e.to_string())
             },
         )
     };
@@ -288,12 +286,12 @@ async fn on_sqlite_a_failed_statement_leaves_the_transaction_usable() {
     let engine = Idempotency::new(store);
     for (key, savepoint) in [("plain", false), ("savepoint", true)] {
         let response = engine
-            .run_in_transaction::<Sqlite, _, _, _, _>(
+            .run_in_transaction::<Sqlite, _, _, _>(
                 &CONFIG,
                 "alice",
                 key,
                 fingerprint(1),
-                move |_key, mut tx: Tx<Sqlite>| async move {
+                async move |_key, tx: &mut Tx<Sqlite>| {
                     let duplicate = if savepoint {
                         let mut sp = tx.savepoint().await.unwrap();
                         let failed = sqlx::query("INSERT INTO payers (id) VALUES ('p1')")
@@ -314,7 +312,7 @@ async fn on_sqlite_a_failed_statement_leaves_the_transaction_usable() {
                         .await
                         .unwrap();
                     let result: Result<_, StatusCode> = Ok((StatusCode::OK, duplicate.to_string()));
-                    (result, tx)
+                    result
                 },
             )
             .await;

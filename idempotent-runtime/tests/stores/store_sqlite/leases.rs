@@ -160,12 +160,12 @@ async fn interleaving_two(with_transaction: bool) {
         let engine = engine.clone();
         tokio::spawn(async move {
             engine
-                .run_in_transaction::<sqlx::Sqlite, _, _, _, _>(
+                .run_in_transaction::<sqlx::Sqlite, _, _, _>(
                     &LEDGER,
                     SCOPE,
                     "t",
                     FINGERPRINT,
-                    |_key, mut tx: Tx<sqlx::Sqlite>| async move {
+                    async move |_key, tx: &mut Tx<sqlx::Sqlite>| {
                         let written = sqlx::query("INSERT INTO ledger (account) VALUES ('a')")
                             .execute(tx.conn())
                             .await;
@@ -177,7 +177,7 @@ async fn interleaving_two(with_transaction: bool) {
                                 Err(e) => Err((StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
                                     .into_response()),
                             };
-                        (answer, tx)
+                        answer
                     },
                 )
                 .await
@@ -225,19 +225,19 @@ async fn a_transaction_holds_the_write_lock_no_longer_than_the_store_allows() {
     let engine = engine(store);
     let started = std::time::Instant::now();
     let answer = engine
-        .run_in_transaction::<sqlx::Sqlite, _, _, _, _>(
+        .run_in_transaction::<sqlx::Sqlite, _, _, _>(
             &LEDGER,
             SCOPE,
             "t",
             FINGERPRINT,
-            |_key, mut tx: Tx<sqlx::Sqlite>| async move {
+            async move |_key, tx: &mut Tx<sqlx::Sqlite>| {
                 let written = sqlx::query("INSERT INTO ledger (account) VALUES ('a')")
                     .execute(tx.conn())
                     .await
                     .map(drop)
                     .map_err(|e| e.to_string());
                 tokio::time::sleep(Duration::from_secs(3)).await;
-                (written.map(|()| StatusCode::CREATED), tx)
+                written.map(|()| StatusCode::CREATED)
             },
         )
         .await;
