@@ -92,8 +92,25 @@ pub mod steps {}
 #[doc = include_str!("18_client.md")]
 pub mod client {}
 
-#[doc = include_str!("19_consumers.md")]
+// The chapter links to the queue doors, which exist with their features only.
+#[cfg_attr(
+    all(feature = "nats", feature = "rabbitmq"),
+    doc = include_str!("19_consumers.md")
+)]
+#[cfg_attr(
+    not(all(feature = "nats", feature = "rabbitmq")),
+    doc = "Queue consumers and plain functions. This chapter links to the queue doors: read \
+           it in documentation built with the `nats` and `rabbitmq` features (docs.rs has \
+           every feature), or as `src/guide/19_consumers.md` in the repository."
+)]
 pub mod consumers {}
 
-#[doc = include_str!("20_webhooks.md")]
+// The chapter links to the webhook verifier, which exists with its feature only.
+#[cfg_attr(feature = "webhooks", doc = include_str!("20_webhooks.md"))]
+#[cfg_attr(
+    not(feature = "webhooks"),
+    doc = "Incoming webhooks. This chapter links to the verifier of the `webhooks` \
+           feature: read it in documentation built with that feature (docs.rs has every \
+           feature), or as `src/guide/20_webhooks.md` in the repository."
+)]
 pub mod webhooks {}
