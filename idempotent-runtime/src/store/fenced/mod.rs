@@ -174,6 +174,20 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
     /// Deletes the key's record if it is at `version`; whether it did.
     async fn delete(&self, scope: &str, key: &str, version: u64) -> Result<bool, StoreError>;
 
+    /// Deletes each `(scope, key, version)`'s record if it is at that version (distinct
+    /// keys); how many it deleted: the sweeper's deletes of the records it judged
+    /// expired. The default is one [`delete`](Self::delete) after another; a store over
+    /// a network deletes them in one round trip.
+    async fn delete_many(&self, records: &[(&str, &str, u64)]) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        for &(scope, key, version) in records {
+            if self.delete(scope, key, version).await? {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
     /// Up to `limit` records whose `expires_at` is at or before now (wall clock), with
     /// their scope and key, and the store's now: the candidates the sweeper judges.
     async fn past_expiry(&self, limit: u32) -> Result<(Vec<KeyedRecord>, StoreNow), StoreError>;
@@ -196,7 +210,7 @@ pub struct KeyedRecord {
 }
 
 /// The protocol over a [`RecordStore`]: a [`Store`] whose every decision is one of the
-/// engine's pure functions (see the module docs).
+/// engine's pure functions (see the module docs). A clone shares the records.
 #[derive(Debug)]
 pub struct Fenced<R> {
     /// Shared with the transactional side ([`Fenced::transactions`]).
@@ -204,6 +218,15 @@ pub struct Fenced<R> {
     /// Shared with the transactional side, whose writes inside a handler's transaction
     /// are the same owner's.
     owned: Arc<Owned>,
+}
+
+impl<R> Clone for Fenced<R> {
+    fn clone(&self) -> Self {
+        Self {
+            records: Arc::clone(&self.records),
+            owned: Arc::clone(&self.owned),
+        }
+    }
 }
 
 /// The version of each in-progress record after its owner's last write, by the owner's
@@ -489,15 +512,17 @@ impl<R: RecordStore> Store for Fenced<R> {
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         let (candidates, now) = self.records.past_expiry(limit).await?;
-        let mut purged = 0;
-        for KeyedRecord { scope, key, record } in candidates {
-            if rules::expired(&record, now)
-                && self.records.delete(&scope, &key, record.version).await?
-            {
-                purged += 1;
-            }
+        let expired: Vec<(&str, &str, u64)> = candidates
+            .iter()
+            .filter(|candidate| rules::expired(&candidate.record, now))
+            .map(|KeyedRecord { scope, key, record }| (&**scope, &**key, record.version))
+            .collect();
+        if expired.is_empty() {
+            return Ok(0);
         }
-        Ok(purged)
+        // A record changed since it was read (renewed, taken over) is at another version
+        // now, and stays.
+        self.records.delete_many(&expired).await
     }
 
     async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
