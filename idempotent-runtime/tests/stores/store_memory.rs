@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::store::{MemoryStore, RecordStore};
 use idempotent_runtime::testing::Trial;
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::{ManualClock, Store};
 
 /// A fresh [`MemoryStore`] on a [`ManualClock`].
@@ -36,6 +36,14 @@ impl Harness for MemoryHarness {
     }
 }
 
+impl RecordsHarness for MemoryHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
+    }
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
-    conformance::trials::<MemoryHarness>()
+    let mut trials = conformance::trials::<MemoryHarness>();
+    trials.extend(conformance::record_trials::<MemoryHarness>());
+    trials
 }

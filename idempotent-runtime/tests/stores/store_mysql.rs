@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idempotent_runtime::store::RecordStore;
 use idempotent_runtime::store::{MySqlStore, RecordedStep, encode_headers, encode_step};
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, RecordState, Store, StoreError,
@@ -213,8 +214,15 @@ impl Harness for MySqlHarness {
     }
 }
 
+impl RecordsHarness for MySqlHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
+    }
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<MySqlHarness>();
+    trials.extend(conformance::record_trials::<MySqlHarness>());
     trials.extend(transaction::trials::<MySqlHarness, sqlx::MySql>());
     // Without a database.
     trials.push(async_trial(

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotent_runtime::store::PostgresStore;
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::store::RecordStore;
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, Store, StoreError,
@@ -228,8 +229,15 @@ impl Harness for PostgresHarness {
     }
 }
 
+impl RecordsHarness for PostgresHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
+    }
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<PostgresHarness>();
+    trials.extend(conformance::record_trials::<PostgresHarness>());
     trials.extend(transaction::trials::<PostgresHarness, sqlx::Postgres>());
     // Without a database.
     trials.push(async_trial(

@@ -16,8 +16,9 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use idempotent_runtime::store::RecordStore;
 use idempotent_runtime::store::{Record, RecordedStep, RedisConnection, RedisStore, encode_step};
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{
     ClaimOutcome, ClaimRequest, FencingToken, Fingerprint, RecordState, Store, StoreError,
@@ -170,6 +171,12 @@ impl Harness for RedisHarness {
 
     async fn advance(&self, d: Duration) {
         shift_back(self.store.connection(), &self._prefix.prefix, d).await;
+    }
+}
+
+impl RecordsHarness for RedisHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
     }
 }
 
@@ -1224,6 +1231,7 @@ async fn every_hot_operation_is_one_round_trip_and_a_takeover_two() {
 
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<RedisHarness>();
+    trials.extend(conformance::record_trials::<RedisHarness>());
     // Without a server.
     trials.push(async_trial(
         "unreachable_server_is_an_open_error_naming_the_redacted_url",

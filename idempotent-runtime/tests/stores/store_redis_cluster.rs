@@ -12,8 +12,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idempotent_runtime::store::RecordStore;
 use idempotent_runtime::store::{RedisConnection, RedisStore};
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{ClaimOutcome, ClaimRequest, FencingToken, Store, StoreError, Takeover};
 
@@ -139,6 +140,12 @@ impl Harness for RedisClusterHarness {
 
     async fn advance(&self, d: Duration) {
         shift_back(self.store.connection(), &self._prefix.prefix, d).await;
+    }
+}
+
+impl RecordsHarness for RedisClusterHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
     }
 }
 
@@ -434,6 +441,7 @@ async fn scripts_are_loaded_again_after_every_node_forgets_them() {
 
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<RedisClusterHarness>();
+    trials.extend(conformance::record_trials::<RedisClusterHarness>());
     // Without a server.
     trials.push(async_trial(
         "an_unreachable_cluster_is_an_open_error_naming_the_redacted_seeds",
