@@ -1227,6 +1227,22 @@ async fn every_hot_operation_is_one_round_trip_and_a_takeover_two() {
     })
     .await;
     assert_eq!(taken, 2, "a takeover of a lost lease");
+    // The sweeper: its candidates cost a `SCAN` and a pipeline of reads per step of the
+    // scan (how many steps depends on the whole server's keys), and the deletes of all
+    // the records it judged expired one pipeline.
+    shift_back(store.connection(), &prefix.prefix, TTL).await;
+    let (expired, _) = store.records().past_expiry(100).await.unwrap();
+    assert!(expired.len() >= 5, "{expired:?}");
+    let versions: Vec<(&str, &str, u64)> = expired
+        .iter()
+        .map(|c| (c.scope.as_str(), c.key.as_str(), c.record.version))
+        .collect();
+    let deleted = turns_of(&turns, async {
+        let deleted = store.records().delete_many(&versions).await.unwrap();
+        assert_eq!(deleted, versions.len() as u64);
+    })
+    .await;
+    assert_eq!(deleted, 1, "the deletes of {} records", versions.len());
 }
 
 pub(crate) fn trials() -> Vec<Trial> {
