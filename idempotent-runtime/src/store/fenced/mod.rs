@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -234,10 +235,38 @@ impl<R> Clone for Fenced<R> {
 /// Only a hint: a wrong version costs a stale compare-and-set and one more, never a
 /// wrong write.
 #[derive(Debug, Default)]
-struct Owned(Mutex<HashMap<FencingToken, u64>>);
+struct Owned(Mutex<OwnedVersions>);
+
+/// The versions of [`Owned`], by token.
+type OwnedVersions = HashMap<FencingToken, u64, BuildHasherDefault<TokenHasher>>;
+
+/// Hashes the owners' tokens: they are random ([`FencingToken::random`]), so their bits
+/// need no keyed hash to spread, and a keyed one would cost three per request.
+#[derive(Debug, Default)]
+struct TokenHasher(u64);
+
+impl Hasher for TokenHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(SPREAD);
+        }
+    }
+
+    fn write_i64(&mut self, token: i64) {
+        self.0 = u64::from_ne_bytes(token.to_ne_bytes()).wrapping_mul(SPREAD);
+    }
+}
+
+/// An odd constant (2^64 / φ) whose product carries every bit of a token into the high
+/// bits the map's control bytes take.
+const SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
 
 impl Owned {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<FencingToken, u64>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, OwnedVersions> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -8,7 +8,7 @@ use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, RecordStore, Takeov
 
 /// A backend whose [`Store`](crate::Store) is [`Fenced`](crate::store::Fenced) over a
 /// [`RecordStore`] it can hand out, so that the checks of the seam run on it too
-/// ([`record_trials`]).
+/// ([`record_trials`](super::record_trials)).
 pub trait RecordsHarness: Harness {
     /// The records under [`Harness::store`].
     fn records(&self) -> &dyn RecordStore;
