@@ -137,6 +137,14 @@ impl Id {
         self.hash
     }
 
+    /// The scope and the key.
+    pub(crate) fn scope_and_key(&self) -> (&str, &str) {
+        let (scope, key) = self.id_bytes().split_at(self.scope_len as usize);
+        // Both were `str`s, joined at `scope_len`: no split falls inside a character.
+        let text = |bytes| std::str::from_utf8(bytes).expect("an id is UTF-8");
+        (text(scope), text(key))
+    }
+
     /// The scope followed by the key.
     pub(crate) fn id_bytes(&self) -> &[u8] {
         &self.text[..self.id_len as usize]
@@ -243,11 +251,6 @@ impl<E: Identified> Table<E> {
         self.entries.find_entry(hash, which).ok()
     }
 
-    /// Keeps only the entries `keep` says to.
-    pub(crate) fn retain(&mut self, keep: impl FnMut(&mut E) -> bool) {
-        self.entries.retain(keep);
-    }
-
     /// How many entries it holds.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
@@ -311,6 +314,7 @@ mod tests {
         assert!(!id.is(map.id("a", "bc")));
         assert!(!id.is(map.id("ab", "")));
         assert_eq!(id.id_bytes(), b"abc");
+        assert_eq!(id.scope_and_key(), ("ab", "c"));
     }
 
     #[test]

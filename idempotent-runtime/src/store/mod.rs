@@ -62,7 +62,7 @@ pub use fenced::{
     Change, Fenced, Inserted, KeyedRecord, Record, RecordBody, RecordStore, StoreNow, Updated,
 };
 pub use forward::Forward;
-pub use memory::MemoryStore;
+pub use memory::{MemoryRecords, MemoryStore};
 pub use memory_usage::MemoryUsage;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;

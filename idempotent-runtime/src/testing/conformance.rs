@@ -93,6 +93,7 @@ use super::Trial;
 mod faults;
 mod function;
 mod operator;
+mod records;
 mod steps;
 
 use crate::fingerprint::Fingerprint;
@@ -116,6 +117,7 @@ pub use operator::{
     check_forget_is_scoped, check_forget_of_nothing, check_forget_racing_completion_is_consistent,
     check_forget_refuses_a_live_claim, check_inspect_reports_each_state,
 };
+pub use records::{RecordsHarness, check_records_delete_many_deletes_the_versions_read};
 pub use steps::{
     check_steps_an_intent_and_its_output_both_come_back, check_steps_are_fenced_by_the_token,
     check_steps_end_with_completion_and_expiry, check_steps_inspect_and_forget,
@@ -231,6 +233,17 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_steps_an_intent_and_its_output_both_come_back,
         check_function_runs_once_and_replays_its_output,
     ];
+    let trials = checks
+        .into_iter()
+        .map(|(name, check)| super::async_trial(format!("conformance::{name}"), check))
+        .collect();
+    super::ignored_if(H::unavailable(), trials)
+}
+
+/// The checks of the record seam ([`RecordsHarness`]) for backend `H`, one test each,
+/// marked ignored as [`trials`] are; a store on the seam runs them besides [`trials`].
+pub fn record_trials<H: RecordsHarness>() -> Vec<Trial> {
+    let checks = checks![H; check_records_delete_many_deletes_the_versions_read];
     let trials = checks
         .into_iter()
         .map(|(name, check)| super::async_trial(format!("conformance::{name}"), check))

@@ -12,7 +12,7 @@ use idempotent_runtime::store::{
     Capabilities, Change, Fenced, Inserted, KeyedRecord, Record, RecordStore, StoreNow, Updated,
 };
 use idempotent_runtime::testing::Trial;
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::{Store, StoreError};
 
 /// Records by `(scope, key)`.
@@ -146,6 +146,14 @@ impl Harness for FencedBTreeHarness {
     }
 }
 
+impl RecordsHarness for FencedBTreeHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
+    }
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
-    conformance::trials::<FencedBTreeHarness>()
+    let mut trials = conformance::trials::<FencedBTreeHarness>();
+    trials.extend(conformance::record_trials::<FencedBTreeHarness>());
+    trials
 }

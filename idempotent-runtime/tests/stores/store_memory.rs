@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use idempotent_runtime::Store;
 use idempotent_runtime::clock::ManualClock;
-use idempotent_runtime::store::MemoryStore;
+use idempotent_runtime::store::{MemoryStore, RecordStore};
 use idempotent_runtime::testing::Trial;
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 
 /// A fresh [`MemoryStore`] on a [`ManualClock`].
 struct MemoryHarness {
@@ -37,6 +37,14 @@ impl Harness for MemoryHarness {
     }
 }
 
+impl RecordsHarness for MemoryHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
+    }
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
-    conformance::trials::<MemoryHarness>()
+    let mut trials = conformance::trials::<MemoryHarness>();
+    trials.extend(conformance::record_trials::<MemoryHarness>());
+    trials
 }

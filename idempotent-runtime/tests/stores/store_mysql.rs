@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idempotent_runtime::store::RecordStore;
 use idempotent_runtime::store::{
     ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover,
 };
 use idempotent_runtime::store::{MySqlStore, RecordedStep, encode_headers, encode_step};
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{Fingerprint, RecordState, Store, StoreError};
 use sha2::{Digest, Sha256};
@@ -213,8 +214,15 @@ impl Harness for MySqlHarness {
     }
 }
 
+impl RecordsHarness for MySqlHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
+    }
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<MySqlHarness>();
+    trials.extend(conformance::record_trials::<MySqlHarness>());
     trials.extend(transaction::trials::<MySqlHarness, sqlx::MySql>());
     // Without a database.
     trials.push(async_trial(
@@ -1746,6 +1754,7 @@ async fn each_operation_costs_its_round_trips() {
                 .await
                 .unwrap()
         );
+        assert_eq!(store.purge_expired(100).await.unwrap(), 0);
     }
     let mut costs = Vec::new();
     let mut counted =
@@ -1824,6 +1833,29 @@ async fn each_operation_costs_its_round_trips() {
     counted("release deleting the record", before);
     assert_eq!(store.inspect(scope, "plain").await.unwrap(), None);
 
+    // The sweeper's batch: five expired records among the live ones.
+    for i in 0..5 {
+        let token = FencingToken::random();
+        let purged = format!("purged-{i}");
+        store.claim(&claim_request(&purged, token)).await.unwrap();
+        assert!(
+            store
+                .complete(scope, &purged, token, &response)
+                .await
+                .unwrap()
+        );
+    }
+    sqlx::query(
+        "UPDATE idempotency_records SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND \
+         WHERE `key` LIKE 'purged-%'",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let before = counter.statements();
+    assert_eq!(store.purge_expired(100).await.unwrap(), 5);
+    counted("purge of 5", before);
+
     assert_eq!(
         costs,
         vec![
@@ -1835,6 +1867,7 @@ async fn each_operation_costs_its_round_trips() {
             ("completion", 1),
             ("replay", 1),
             ("release deleting the record", 2),
+            ("purge of 5", 2),
         ]
     );
 }

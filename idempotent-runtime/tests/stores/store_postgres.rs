@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotent_runtime::store::PostgresStore;
-use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken};
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken, RecordStore};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{Fingerprint, Store, StoreError};
 use sqlx::postgres::types::PgInterval;
@@ -227,8 +227,15 @@ impl Harness for PostgresHarness {
     }
 }
 
+impl RecordsHarness for PostgresHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
+    }
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<PostgresHarness>();
+    trials.extend(conformance::record_trials::<PostgresHarness>());
     trials.extend(transaction::trials::<PostgresHarness, sqlx::Postgres>());
     // Without a database.
     trials.push(async_trial(
@@ -1043,6 +1050,30 @@ async fn each_operation_costs_its_round_trips() {
         let before = executions();
         assert!(store.release("acct_alice", &key("b"), taker).await.unwrap());
         cost("release (keeping steps)", before);
+
+        // The sweeper's batch: five expired records among the live ones.
+        for i in 0..5 {
+            let token = FencingToken::random();
+            let purged = key(&format!("purged-{i}"));
+            store.claim(&claim_request(&purged, token)).await.unwrap();
+            assert!(
+                store
+                    .complete("acct_alice", &purged, token, &stored)
+                    .await
+                    .unwrap()
+            );
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET expires_at = now() - interval '1 second' WHERE key LIKE $1",
+            schema.table()
+        )))
+        .bind(key("purged-%"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let before = executions();
+        assert_eq!(store.purge_expired(100).await.unwrap(), 5);
+        cost("purge of 5", before);
         counted = costs;
     }
     eprintln!("round trips per operation: {counted:?}");
@@ -1054,6 +1085,7 @@ async fn each_operation_costs_its_round_trips() {
         ("replay", 1),
         ("takeover", 2),
         ("release (keeping steps)", 2),
+        ("purge of 5", 2),
     ] {
         let (_, cost) = counted.iter().find(|(name, _)| *name == operation).unwrap();
         assert!(
@@ -1062,4 +1094,9 @@ async fn each_operation_costs_its_round_trips() {
         );
         assert!(*cost >= 1, "{operation}: counted nothing");
     }
+    let (_, purge) = counted
+        .iter()
+        .find(|(name, _)| *name == "purge of 5")
+        .unwrap();
+    assert_eq!(*purge, 2, "the candidates, then one delete of all five");
 }

@@ -16,11 +16,12 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use idempotent_runtime::store::RecordStore;
 use idempotent_runtime::store::{
     ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover,
 };
 use idempotent_runtime::store::{Record, RecordedStep, RedisConnection, RedisStore, encode_step};
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{Fingerprint, RecordState, Store, StoreError};
 use redis::AsyncCommands;
@@ -170,6 +171,12 @@ impl Harness for RedisHarness {
 
     async fn advance(&self, d: Duration) {
         shift_back(self.store.connection(), &self._prefix.prefix, d).await;
+    }
+}
+
+impl RecordsHarness for RedisHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
     }
 }
 
@@ -1220,10 +1227,27 @@ async fn every_hot_operation_is_one_round_trip_and_a_takeover_two() {
     })
     .await;
     assert_eq!(taken, 2, "a takeover of a lost lease");
+    // The sweeper: its candidates cost a `SCAN` and a pipeline of reads per step of the
+    // scan (how many steps depends on the whole server's keys), and the deletes of all
+    // the records it judged expired one pipeline.
+    shift_back(store.connection(), &prefix.prefix, TTL).await;
+    let (expired, _) = store.records().past_expiry(100).await.unwrap();
+    assert!(expired.len() >= 5, "{expired:?}");
+    let versions: Vec<(&str, &str, u64)> = expired
+        .iter()
+        .map(|c| (c.scope.as_str(), c.key.as_str(), c.record.version))
+        .collect();
+    let deleted = turns_of(&turns, async {
+        let deleted = store.records().delete_many(&versions).await.unwrap();
+        assert_eq!(deleted, versions.len() as u64);
+    })
+    .await;
+    assert_eq!(deleted, 1, "the deletes of {} records", versions.len());
 }
 
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<RedisHarness>();
+    trials.extend(conformance::record_trials::<RedisHarness>());
     // Without a server.
     trials.push(async_trial(
         "unreachable_server_is_an_open_error_naming_the_redacted_url",

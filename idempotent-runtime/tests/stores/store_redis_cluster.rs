@@ -12,9 +12,10 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idempotent_runtime::store::RecordStore;
 use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken, Takeover};
 use idempotent_runtime::store::{RedisConnection, RedisStore};
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
 use idempotent_runtime::{Store, StoreError};
 
@@ -140,6 +141,12 @@ impl Harness for RedisClusterHarness {
 
     async fn advance(&self, d: Duration) {
         shift_back(self.store.connection(), &self._prefix.prefix, d).await;
+    }
+}
+
+impl RecordsHarness for RedisClusterHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
     }
 }
 
@@ -435,6 +442,7 @@ async fn scripts_are_loaded_again_after_every_node_forgets_them() {
 
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<RedisClusterHarness>();
+    trials.extend(conformance::record_trials::<RedisClusterHarness>());
     // Without a server.
     trials.push(async_trial(
         "an_unreachable_cluster_is_an_open_error_naming_the_redacted_seeds",

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -174,6 +175,20 @@ pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
     /// Deletes the key's record if it is at `version`; whether it did.
     async fn delete(&self, scope: &str, key: &str, version: u64) -> Result<bool, StoreError>;
 
+    /// Deletes each `(scope, key, version)`'s record if it is at that version (distinct
+    /// keys); how many it deleted: the sweeper's deletes of the records it judged
+    /// expired. The default is one [`delete`](Self::delete) after another; a store over
+    /// a network deletes them in one round trip.
+    async fn delete_many(&self, records: &[(&str, &str, u64)]) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        for &(scope, key, version) in records {
+            if self.delete(scope, key, version).await? {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
     /// Up to `limit` records whose `expires_at` is at or before now (wall clock), with
     /// their scope and key, and the store's now: the candidates the sweeper judges.
     async fn past_expiry(&self, limit: u32) -> Result<(Vec<KeyedRecord>, StoreNow), StoreError>;
@@ -196,7 +211,7 @@ pub struct KeyedRecord {
 }
 
 /// The protocol over a [`RecordStore`]: a [`Store`] whose every decision is one of the
-/// engine's pure functions (see the module docs).
+/// engine's pure functions (see the module docs). A clone shares the records.
 #[derive(Debug)]
 pub struct Fenced<R> {
     /// Shared with the transactional side ([`Fenced::transactions`]).
@@ -206,15 +221,52 @@ pub struct Fenced<R> {
     owned: Arc<Owned>,
 }
 
+impl<R> Clone for Fenced<R> {
+    fn clone(&self) -> Self {
+        Self {
+            records: Arc::clone(&self.records),
+            owned: Arc::clone(&self.owned),
+        }
+    }
+}
+
 /// The version of each in-progress record after its owner's last write, by the owner's
 /// token (unique to its claim), so that the owner's next write is one compare-and-set.
 /// Only a hint: a wrong version costs a stale compare-and-set and one more, never a
 /// wrong write.
 #[derive(Debug, Default)]
-struct Owned(Mutex<HashMap<FencingToken, u64>>);
+struct Owned(Mutex<OwnedVersions>);
+
+/// The versions of [`Owned`], by token.
+type OwnedVersions = HashMap<FencingToken, u64, BuildHasherDefault<TokenHasher>>;
+
+/// Hashes the owners' tokens: they are random ([`FencingToken::random`]), so their bits
+/// need no keyed hash to spread, and a keyed one would cost three per request.
+#[derive(Debug, Default)]
+struct TokenHasher(u64);
+
+impl Hasher for TokenHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(SPREAD);
+        }
+    }
+
+    fn write_i64(&mut self, token: i64) {
+        self.0 = u64::from_ne_bytes(token.to_ne_bytes()).wrapping_mul(SPREAD);
+    }
+}
+
+/// An odd constant (2^64 / φ) whose product carries every bit of a token into the high
+/// bits the map's control bytes take.
+const SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
 
 impl Owned {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<FencingToken, u64>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, OwnedVersions> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -489,15 +541,17 @@ impl<R: RecordStore> Store for Fenced<R> {
 
     async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
         let (candidates, now) = self.records.past_expiry(limit).await?;
-        let mut purged = 0;
-        for KeyedRecord { scope, key, record } in candidates {
-            if rules::expired(&record, now)
-                && self.records.delete(&scope, &key, record.version).await?
-            {
-                purged += 1;
-            }
+        let expired: Vec<(&str, &str, u64)> = candidates
+            .iter()
+            .filter(|candidate| rules::expired(&candidate.record, now))
+            .map(|KeyedRecord { scope, key, record }| (&**scope, &**key, record.version))
+            .collect();
+        if expired.is_empty() {
+            return Ok(0);
         }
-        Ok(purged)
+        // A record changed since it was read (renewed, taken over) is at another version
+        // now, and stays.
+        self.records.delete_many(&expired).await
     }
 
     async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {

@@ -128,7 +128,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 use sqlx::{ConnectOptions, Connection, MySql};
 
 use super::sql::{self, EmbeddedMigration};
-use super::{Capabilities, Fenced, Forward, Store, StoreError, TxSupport};
+use super::{Capabilities, Fenced, Forward, RecordStore, Store, StoreError, TxSupport};
 
 mod completion;
 mod group_commit;
@@ -300,6 +300,12 @@ impl MySqlStore {
     /// transactional unit of work).
     pub fn pool(&self) -> &MySqlPool {
         &self.fenced.records().pool
+    }
+
+    /// The record register under the store: what the protocol reads and writes, one
+    /// statement per operation (see the module docs).
+    pub fn records(&self) -> &impl RecordStore {
+        self.fenced.records()
     }
 }
 

@@ -11,7 +11,8 @@
 //!   it matched nothing does a read follow, to answer what the record is now (a second
 //!   round trip, only when the owner's version was stale). Completions outside a
 //!   transaction share one request and one transaction (`completion.rs`).
-//! - **Delete** by version, **read**, **past expiry**: one prepared statement each.
+//! - **Delete** by version, **read**, **past expiry**: one prepared statement each. The
+//!   sweeper's deletes: one statement per [`DELETE_BATCH`] records (`sql/delete_many.sql`).
 //!
 //! Every write outside a handler's transaction follows the one lock-conflict rule
 //! (`lock_conflict.rs`): InnoDB rolled it back for a deadlock or a lock wait timeout, so
@@ -28,7 +29,7 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, MySql, Row, SqlSafeStr, SqlStr};
 
 use super::completion::QueuedCompletion;
-use super::group_commit::{self, Batcher};
+use super::group_commit::{self, Batcher, Value, inline, run_request};
 use super::insert::QueuedInsert;
 use super::lock_conflict::resend_on_lock_conflict;
 use super::{micros, scope_key_sha256};
@@ -94,6 +95,13 @@ const MAX_COLUMN_BYTES: usize = 65_535;
 /// it could be read, or its batch was rolled back on a lock conflict: each time another
 /// writer won, so this only runs out under a storm of writes to one key.
 const INSERT_ATTEMPTS: usize = 8;
+
+/// How many records one statement of the sweeper's deletes names at most (a few hundred
+/// bytes of text each).
+const DELETE_BATCH: usize = 1000;
+
+/// One record's condition in `sql/delete_many.sql`.
+const DELETE_ONE: &str = "(scope_key_sha256 = ? AND scope = ? AND `key` = ? AND version = ?)";
 
 /// The store's statements, spliced once.
 #[derive(Debug)]
@@ -363,6 +371,41 @@ impl RecordStore for MySqlRecords {
         })
         .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_many(&self, records: &[(&str, &str, u64)]) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        for batch in records.chunks(DELETE_BATCH) {
+            let ids: Vec<Vec<u8>> = batch
+                .iter()
+                .map(|&(scope, key, _)| scope_key_sha256(scope, key))
+                .collect();
+            let mut values = Vec::with_capacity(4 * batch.len());
+            for (&(scope, key, version), id) in batch.iter().zip(&ids) {
+                values.extend([
+                    Value::Bytes(id),
+                    Value::Bytes(scope.as_bytes()),
+                    Value::Bytes(key.as_bytes()),
+                    Value::Int(to_column(version)),
+                ]);
+            }
+            let each = vec![DELETE_ONE; batch.len()].join(" OR ");
+            // One text request, its values inlined: a prepared statement of each batch's
+            // size would cost a round trip of its own to prepare.
+            let statement = inline(
+                &include_str!("sql/delete_many.sql").replace("{each}", &each),
+                &values,
+            );
+            let results =
+                resend_on_lock_conflict("delete", || run_request(&self.pool, statement.clone()))
+                    .await?;
+            deleted += results
+                .iter()
+                .filter_map(|result| result.as_ref().left())
+                .map(|done| done.rows_affected())
+                .sum::<u64>();
+        }
+        Ok(deleted)
     }
 
     async fn past_expiry(&self, limit: u32) -> Result<(Vec<KeyedRecord>, StoreNow), StoreError> {

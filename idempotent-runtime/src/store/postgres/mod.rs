@@ -79,7 +79,10 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row, SqlStr};
 
 use super::sql::{self, EmbeddedMigration};
-use super::{Capabilities, ClaimWatch, Fenced, Forward, Store, StoreError, TxSupport, WatchClaims};
+use super::{
+    Capabilities, ClaimWatch, Fenced, Forward, RecordStore, Store, StoreError, TxSupport,
+    WatchClaims,
+};
 use connections::StatementConnections;
 use records::PgRecords;
 use schema::Schema;
@@ -243,6 +246,12 @@ impl PostgresStore {
     /// transactional unit of work).
     pub fn pool(&self) -> &PgPool {
         &self.fenced.records().pool
+    }
+
+    /// The record register under the store: what the protocol reads and writes, one
+    /// statement per operation (see the module docs).
+    pub fn records(&self) -> &impl RecordStore {
+        self.fenced.records()
     }
 
     /// The schema the table lives in, when one was chosen explicitly.

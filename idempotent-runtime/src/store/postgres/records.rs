@@ -1,9 +1,10 @@
 //! [`PgRecords`]: the idempotency records in one Postgres table, as a fenced record
 //! register ([`RecordStore`]): insert-unless-present, read, compare-and-set on the
-//! `version` column, delete-if-version, the sweeper's candidates. Each is one statement
-//! (`sql/`), one round trip, and answers with the database's clock; the protocol's
-//! decisions are [`Fenced`](crate::store::Fenced)'s. Inserts and completions outside a
-//! transaction share their statements with concurrent ones (`group.rs`).
+//! `version` column, delete-if-version (one record, or the sweeper's batch), the
+//! sweeper's candidates. Each is one statement (`sql/`), one round trip, and answers with
+//! the database's clock; the protocol's decisions are [`Fenced`](crate::store::Fenced)'s.
+//! Inserts and completions outside a transaction share their statements with concurrent
+//! ones (`group.rs`).
 //!
 //! **READ COMMITTED.** A statement reads the table as of its snapshot, taken when it
 //! starts, while its `INSERT … ON CONFLICT` and `UPDATE … WHERE version` act on the newest
@@ -256,6 +257,24 @@ impl RecordStore for PgRecords {
             .await?;
         lent.release();
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_many(&self, records: &[(&str, &str, u64)]) -> Result<u64, StoreError> {
+        let scopes: Vec<&str> = records.iter().map(|&(scope, ..)| scope).collect();
+        let keys: Vec<&str> = records.iter().map(|&(_, key, _)| key).collect();
+        let versions: Vec<i64> = records
+            .iter()
+            .map(|&(.., version)| to_column(version))
+            .collect();
+        let mut lent = self.connections.acquire().await?;
+        let done = sqlx::query(self.sql.delete_many.clone())
+            .bind(scopes)
+            .bind(keys)
+            .bind(versions)
+            .execute(lent.connection())
+            .await?;
+        lent.release();
+        Ok(done.rows_affected())
     }
 
     async fn past_expiry(&self, limit: u32) -> Result<(Vec<KeyedRecord>, StoreNow), StoreError> {

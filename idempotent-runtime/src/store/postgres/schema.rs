@@ -83,6 +83,7 @@ pub(super) struct Statements {
     pub(super) complete_batch: SqlStr,
     pub(super) end_lease: SqlStr,
     pub(super) delete: SqlStr,
+    pub(super) delete_many: SqlStr,
     pub(super) past_expiry: SqlStr,
     pub(super) mark_waited: SqlStr,
 }
@@ -111,13 +112,14 @@ impl Statements {
             complete_batch: sql(include_str!("sql/complete.sql")),
             end_lease: update(END_LEASE),
             delete: sql(include_str!("sql/delete.sql")),
+            delete_many: sql(include_str!("sql/delete_many.sql")),
             past_expiry: sql(include_str!("sql/past_expiry.sql")),
             mark_waited: sql(include_str!("sql/mark_waited.sql")),
         }
     }
 
     #[cfg(test)]
-    fn all(&self) -> [&SqlStr; 11] {
+    fn all(&self) -> [&SqlStr; 12] {
         [
             &self.insert,
             &self.read,
@@ -128,6 +130,7 @@ impl Statements {
             &self.complete_batch,
             &self.end_lease,
             &self.delete,
+            &self.delete_many,
             &self.past_expiry,
             &self.mark_waited,
         ]

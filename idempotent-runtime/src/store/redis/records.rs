@@ -233,6 +233,60 @@ impl RecordStore for RedisRecords {
         Ok(matches!(deleted, Value::Int(1)))
     }
 
+    /// On one server, one pipeline of the delete script, one invocation per record; on
+    /// a cluster, whose records of one batch live on several primaries, one script call
+    /// per record.
+    async fn delete_many(&self, records: &[(&str, &str, u64)]) -> Result<u64, StoreError> {
+        let RedisConnection::Node(conn) = &self.conn else {
+            let mut deleted = 0;
+            for &(scope, key, version) in records {
+                if self.delete(scope, key, version).await? {
+                    deleted += 1;
+                }
+            }
+            return Ok(deleted);
+        };
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let mut pipe = redis::pipe();
+        // A pipeline cannot load a script when the server answers NOSCRIPT.
+        pipe.load_script(&scripts::DELETE).ignore();
+        for &(scope, key, version) in records {
+            pipe.invoke_script(
+                scripts::DELETE
+                    .key(self.keys.record(scope, key))
+                    .arg(version),
+            );
+        }
+        // Each record is deleted at most once, so the deletions of every attempt add up.
+        let mut deleted = 0;
+        for reloads in 0.. {
+            let replies: Vec<RedisResult<Value>> = pipe
+                .clone()
+                .ignore_errors()
+                .query_async(&mut conn.clone())
+                .await
+                .map_err(store_error)?;
+            let mut flushed = None;
+            for reply in replies {
+                match reply {
+                    Ok(Value::Int(1)) => deleted += 1,
+                    Ok(_) => {}
+                    Err(err) if no_script(&err) => flushed = Some(err),
+                    Err(err) => return Err(store_error(err)),
+                }
+            }
+            // The script flushed between the pipeline's load and its deletes: again.
+            match flushed {
+                Some(err) if reloads == RELOADS => return Err(store_error(err)),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        Ok(deleted)
+    }
+
     /// Walks the prefix with `SCAN` (on a cluster, on every primary in turn, listed with
     /// `CLUSTER SLOTS`) and reads each key found; a primary that is down fails the call.
     async fn past_expiry(&self, limit: u32) -> Result<(Vec<KeyedRecord>, StoreNow), StoreError> {
