@@ -77,7 +77,7 @@ pub enum DatabaseError {
 /// idempotency store (migrations applied), sharing one pool.
 pub async fn open(url: &str) -> Result<(Database, Arc<dyn Store>), DatabaseError> {
     if url.starts_with("sqlite:") {
-        let store = SqliteStore::open(url).await?;
+        let store = SqliteStore::connect(url).await?;
         let db = Database::Sqlite(store.pool().clone());
         return Ok((db, Arc::new(store)));
     }

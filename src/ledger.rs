@@ -357,7 +357,7 @@ pub async fn run(args: DemoArgs) -> Result<(), BoxError> {
         .into());
     }
     // One pool for the store and the ledger: the transaction covers both.
-    let store = SqliteStore::open(&args.database_url).await?;
+    let store = SqliteStore::connect(&args.database_url).await?;
     let db = store.pool().clone();
     sqlx::raw_sql(SCHEMA).execute(&db).await?;
     let idempotency = Idempotency::builder(store)

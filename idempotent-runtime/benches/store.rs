@@ -165,7 +165,7 @@ fn stores(c: &mut Criterion) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("bench.db");
         let store = runtime
-            .block_on(idempotent_runtime::store::SqliteStore::open(
+            .block_on(idempotent_runtime::store::SqliteStore::connect(
                 path.to_str().expect("utf-8 path"),
             ))
             .expect("open sqlite store");

@@ -43,7 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for batch in [1, BATCH] {
             let path = dir.path().join(format!("ceiling-{sync:?}-{batch}.db"));
             // The store creates the schema; the loop then writes on a connection of its own.
-            SqliteStore::open(path.to_str().ok_or("utf-8 path")?)
+            SqliteStore::connect(path.to_str().ok_or("utf-8 path")?)
                 .await?
                 .pool()
                 .close()

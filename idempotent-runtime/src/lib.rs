@@ -94,7 +94,7 @@
 //!     // The engine's log events (claimed, replayed, …) on stderr; needs `tracing-subscriber`.
 //!     tracing_subscriber::fmt::init();
 //!     // SQLite for one host; `PostgresStore::connect(url)` (feature `postgres`) for many.
-//!     let store = SqliteStore::open("sqlite://orders.db").await?;
+//!     let store = SqliteStore::connect("sqlite://orders.db").await?;
 //!     let idempotency = Idempotency::builder(store)
 //!         .default_lease(Duration::from_secs(30))
 //!         .build();

@@ -352,7 +352,7 @@ async fn run(
                 .join(format!("idempotent-consumer-bench-{}", std::process::id()));
             std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
             let path = dir.join(format!("{name}.db"));
-            let store = SqliteStore::open(path.to_str().ok_or("temp dir is not UTF-8")?)
+            let store = SqliteStore::connect(path.to_str().ok_or("temp dir is not UTF-8")?)
                 .await
                 .map_err(|e| format!("sqlite: {e}"))?;
             let pool = store.pool().clone();

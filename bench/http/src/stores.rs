@@ -70,7 +70,7 @@ pub async fn open(kind: StoreKind, data_dir: &Path) -> Result<Arc<dyn Store>, Un
     }
 }
 
-/// The store's own defaults (`SqliteStore::open`: WAL, `synchronous = NORMAL`, its pool
+/// The store's own defaults (`SqliteStore::connect`: WAL, `synchronous = NORMAL`, its pool
 /// options), or the same with `synchronous = FULL`.
 async fn open_sqlite(
     kind: StoreKind,
@@ -86,9 +86,9 @@ async fn open_sqlite(
     let store = if kind == StoreKind::SqliteFull {
         let options = SqliteStore::connect_options(path_str)?.synchronous(SqliteSynchronous::Full);
         let pool = SqliteStore::pool_options().connect_with(options).await?;
-        SqliteStore::from_pool(pool, Arc::new(SystemClock)).await?
+        SqliteStore::from_pool(pool).await?
     } else {
-        SqliteStore::open(path_str).await?
+        SqliteStore::connect(path_str).await?
     };
     eprintln!(
         "sqlite: {} synchronous = {}",

@@ -209,7 +209,7 @@ impl Backend {
         Ok(match self {
             Backend::Sqlite { path, .. } => {
                 let path = path.to_str().ok_or("the data directory is not UTF-8")?;
-                Arc::new(SqliteStore::open(path).await?)
+                Arc::new(SqliteStore::connect(path).await?)
             }
             Backend::Postgres { url, .. } => {
                 Arc::new(PostgresStore::connect_in_schema(url, POSTGRES_SCHEMA).await?)

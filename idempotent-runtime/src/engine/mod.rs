@@ -376,7 +376,7 @@ impl Idempotency {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = tempfile::tempdir()?;
     /// # let path = dir.path().join("app.db");
-    /// let store = SqliteStore::open(path.to_str().unwrap()).await?;
+    /// let store = SqliteStore::connect(path.to_str().unwrap()).await?;
     /// sqlx::query("CREATE TABLE ledger (message TEXT PRIMARY KEY, cents INTEGER)")
     ///     .execute(store.pool())
     ///     .await?;

@@ -90,7 +90,7 @@ async fn memory() -> (Idempotency, Option<tempfile::TempDir>) {
 async fn sqlite() -> (Idempotency, Option<tempfile::TempDir>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("idempotency.db");
-    let store = SqliteStore::open(path.to_str().expect("a utf-8 path"))
+    let store = SqliteStore::connect(path.to_str().expect("a utf-8 path"))
         .await
         .expect("open the SQLite store");
     (Idempotency::new(store), Some(dir))
@@ -297,7 +297,7 @@ struct Entry {
 async fn a_transactional_function_writes_its_row_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("app.db");
-    let store = SqliteStore::open(path.to_str().expect("a utf-8 path"))
+    let store = SqliteStore::connect(path.to_str().expect("a utf-8 path"))
         .await
         .expect("open the SQLite store");
     sqlx::query("CREATE TABLE ledger (message TEXT NOT NULL, cents INTEGER NOT NULL)")

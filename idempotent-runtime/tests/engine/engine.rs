@@ -1249,7 +1249,7 @@ async fn slow_sqlite_transactions_leave_the_pool_to_plain_requests() {
     use idempotent_runtime::{Sqlite, Tx};
 
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("pool.db").to_str().unwrap())
+    let store = SqliteStore::connect(dir.path().join("pool.db").to_str().unwrap())
         .await
         .unwrap();
     let pool = store.pool().clone();

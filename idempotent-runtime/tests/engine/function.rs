@@ -59,7 +59,7 @@ impl Backend {
             Kind::Sqlite => {
                 let dir = tempfile::tempdir().expect("tempdir");
                 let path = dir.path().join("idempotency.db");
-                let store = SqliteStore::open_with_clock(
+                let store = SqliteStore::connect_with_clock(
                     path.to_str().expect("a utf-8 path"),
                     Arc::new(clock.clone()),
                 )

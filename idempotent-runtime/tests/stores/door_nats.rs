@@ -672,7 +672,7 @@ async fn check_the_inbox_writes_each_message_once() {
     let consumer = test.consumer("ledger", Duration::from_secs(30)).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("inbox.db");
-    let store = SqliteStore::open(path.to_str().expect("utf-8"))
+    let store = SqliteStore::connect(path.to_str().expect("utf-8"))
         .await
         .expect("open the SQLite store");
     let pool = store.pool().clone();

@@ -630,7 +630,7 @@ async fn transactional<DB: idempotent_runtime::transaction::TxDatabase>(
 async fn sqlite() {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}", dir.path().join("idempotency.db").display());
-    let store = idempotent_runtime::store::SqliteStore::open(&url)
+    let store = idempotent_runtime::store::SqliteStore::connect(&url)
         .await
         .expect("open the SQLite store");
     let store: Arc<dyn Store> = Arc::new(store);

@@ -34,7 +34,7 @@ impl Harness for SqliteHarness {
         let dir = tempfile::tempdir().expect("tempdir");
         let clock = ManualClock::at_millis(START);
         let path = dir.path().join("idempotency.db");
-        let store = SqliteStore::open_with_clock(
+        let store = SqliteStore::connect_with_clock(
             path.to_str().expect("utf-8 path"),
             Arc::new(clock.clone()),
         )
@@ -150,7 +150,7 @@ fn path_in(dir: &TempDir, name: &str) -> String {
 async fn open_in_a_missing_directory_is_an_open_error_naming_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = path_in(&dir, "no-such-dir/idempotency.db");
-    match SqliteStore::open(&path).await {
+    match SqliteStore::connect(&path).await {
         Err(StoreError::Open { location, reason }) => {
             assert_eq!(location, path);
             assert!(!reason.is_empty());
@@ -165,19 +165,19 @@ async fn open_of_a_directory_or_a_non_database_is_an_open_error() {
     let dir = tempfile::tempdir().unwrap();
     let as_dir = dir.path().to_str().unwrap().to_owned();
     assert!(
-        matches!(SqliteStore::open(&as_dir).await, Err(StoreError::Open { ref location, .. }) if *location == as_dir)
+        matches!(SqliteStore::connect(&as_dir).await, Err(StoreError::Open { ref location, .. }) if *location == as_dir)
     );
     let junk = path_in(&dir, "junk.db");
     std::fs::write(&junk, vec![b'x'; 8192]).unwrap();
     assert!(
-        matches!(SqliteStore::open(&junk).await, Err(StoreError::Open { ref location, .. }) if *location == junk)
+        matches!(SqliteStore::connect(&junk).await, Err(StoreError::Open { ref location, .. }) if *location == junk)
     );
 }
 
 async fn open_accepts_a_sqlite_url_and_creates_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = path_in(&dir, "from-url.db");
-    let store = SqliteStore::open(&format!("sqlite://{path}"))
+    let store = SqliteStore::connect(&format!("sqlite://{path}"))
         .await
         .expect("open url");
     assert!(std::path::Path::new(&path).exists());
@@ -202,7 +202,7 @@ async fn records_survive_closing_and_reopening_the_file() {
     };
     let running = FencingToken::random();
     {
-        let store = SqliteStore::open(&path).await.unwrap();
+        let store = SqliteStore::connect(&path).await.unwrap();
         let token = FencingToken::random();
         assert_eq!(
             store.claim(&claim_request(token)).await.unwrap().outcome,
@@ -228,7 +228,7 @@ async fn records_survive_closing_and_reopening_the_file() {
         ));
         store.pool().close().await;
     }
-    let store = SqliteStore::open(&path).await.unwrap();
+    let store = SqliteStore::connect(&path).await.unwrap();
     assert_eq!(
         store
             .claim(&claim_request(FencingToken::random()))
@@ -256,7 +256,7 @@ async fn migrations_are_idempotent_on_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = path_in(&dir, "migrate.db");
     for _ in 0..3 {
-        let store = SqliteStore::open(&path).await.expect("reopen");
+        let store = SqliteStore::connect(&path).await.expect("reopen");
         let applied: i64 =
             sqlx::query("SELECT COUNT(*) FROM _idempotent_sqlite_migrations WHERE success")
                 .fetch_one(store.pool())
@@ -328,7 +328,7 @@ async fn a_database_of_the_schema_before_steps_upgrades_in_place() {
     .unwrap();
     pool.close().await;
 
-    let store = SqliteStore::open_with_clock(&path, Arc::new(clock.clone()))
+    let store = SqliteStore::connect_with_clock(&path, Arc::new(clock.clone()))
         .await
         .expect("open upgrades the file");
     let applied: Vec<i64> =
@@ -387,7 +387,7 @@ async fn concurrent_first_opens_of_one_file_all_succeed() {
     let opens: Vec<_> = (0..4)
         .map(|_| {
             let path = path.clone();
-            tokio::spawn(async move { SqliteStore::open(&path).await })
+            tokio::spawn(async move { SqliteStore::connect(&path).await })
         })
         .collect();
     for open in opens {
@@ -397,7 +397,7 @@ async fn concurrent_first_opens_of_one_file_all_succeed() {
 
 async fn the_store_uses_wal_a_busy_timeout_and_normal_sync() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&path_in(&dir, "pragmas.db"))
+    let store = SqliteStore::connect(&path_in(&dir, "pragmas.db"))
         .await
         .unwrap();
     let mut conn = store.pool().acquire().await.unwrap();
@@ -424,9 +424,10 @@ async fn the_store_uses_wal_a_busy_timeout_and_normal_sync() {
 async fn times_are_milliseconds_from_the_injected_clock() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::at_millis(START);
-    let store = SqliteStore::open_with_clock(&path_in(&dir, "clock.db"), Arc::new(clock.clone()))
-        .await
-        .unwrap();
+    let store =
+        SqliteStore::connect_with_clock(&path_in(&dir, "clock.db"), Arc::new(clock.clone()))
+            .await
+            .unwrap();
     assert!(matches!(
         store
             .claim(&claim_request(FencingToken::random()))
@@ -465,9 +466,10 @@ async fn an_app_can_share_its_pool_with_the_store() {
         .execute(&pool)
         .await
         .unwrap();
-    let store = SqliteStore::from_pool(pool.clone(), Arc::new(ManualClock::at_millis(START)))
-        .await
-        .unwrap();
+    let store =
+        SqliteStore::from_pool_with_clock(pool.clone(), Arc::new(ManualClock::at_millis(START)))
+            .await
+            .unwrap();
     assert!(matches!(
         store
             .claim(&claim_request(FencingToken::random()))
@@ -497,7 +499,7 @@ async fn an_app_can_share_its_pool_with_the_store() {
 
 async fn a_corrupt_record_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&path_in(&dir, "corrupt.db"))
+    let store = SqliteStore::connect(&path_in(&dir, "corrupt.db"))
         .await
         .unwrap();
     let token = FencingToken::random();

@@ -271,7 +271,7 @@ async fn a_refused_commit_is_transaction_aborted() {
 /// works too.
 async fn on_sqlite_a_failed_statement_leaves_the_transaction_usable() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("t.db").to_str().unwrap())
+    let store = SqliteStore::connect(dir.path().join("t.db").to_str().unwrap())
         .await
         .unwrap();
     let pool = store.pool().clone();

@@ -339,7 +339,7 @@ async fn sqlite(dir: &tempfile::TempDir, n: usize) -> Vec<Arc<dyn Store>> {
     let path = dir.path().join("waiting.db");
     let mut stores: Vec<Arc<dyn Store>> = Vec::new();
     for _ in 0..n {
-        let store = idempotent_runtime::store::SqliteStore::open(path.to_str().expect("utf-8"))
+        let store = idempotent_runtime::store::SqliteStore::connect(path.to_str().expect("utf-8"))
             .await
             .expect("open SQLite");
         stores.push(Arc::new(store));

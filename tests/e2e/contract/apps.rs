@@ -49,7 +49,7 @@ impl ContractApp {
         let dir = tempfile::tempdir().expect("temporary directory");
         let clock = ManualClock::new();
         let path = dir.path().join("contract.db");
-        let store = SqliteStore::open_with_clock(
+        let store = SqliteStore::connect_with_clock(
             path.to_str().expect("utf-8 path"),
             Arc::new(clock.clone()),
         )

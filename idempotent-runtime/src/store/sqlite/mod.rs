@@ -131,7 +131,7 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
 const MIGRATION_ATTEMPTS: u32 = 10;
 
 /// How often opening retries a first connection refused as busy (see
-/// [`SqliteStore::open_with_clock`]).
+/// [`SqliteStore::connect_with_clock`]).
 const OPEN_ATTEMPTS: u32 = 10;
 
 /// How many expired records one write of a purge deletes: on a table whose key index
@@ -164,7 +164,7 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Connections in the pool [`open`](Self::open) creates. The store's writer and its
+    /// Connections in the pool [`connect`](Self::connect) creates. The store's writer and its
     /// reader of claims each take one connection out of the pool for themselves on first
     /// use, and the pool may open replacements: the store holds at most two connections
     /// more than its pool's size (the same goes for a pool given to
@@ -195,11 +195,11 @@ impl SqliteStore {
     /// [`StoreError::Open`] naming `url_or_path` when the file cannot be opened or
     /// created (missing directory, no permission, not a database) or the schema cannot
     /// be applied.
-    pub async fn open(url_or_path: &str) -> Result<Self, StoreError> {
-        Self::open_with_clock(url_or_path, Arc::new(SystemClock)).await
+    pub async fn connect(url_or_path: &str) -> Result<Self, StoreError> {
+        Self::connect_with_clock(url_or_path, Arc::new(SystemClock)).await
     }
 
-    /// Like [`open`](Self::open), with every expiry and lease decision taken on
+    /// Like [`connect`](Self::connect), with every expiry and lease decision taken on
     /// `clock` (tests pass a [`ManualClock`](crate::clock::ManualClock)): TTLs on its
     /// wall time, leases on its monotonic time when it has a
     /// [`boot_id`](Clock::boot_id), else on its wall time. Every process sharing the
@@ -207,8 +207,8 @@ impl SqliteStore {
     ///
     /// # Errors
     ///
-    /// As [`open`](Self::open).
-    pub async fn open_with_clock(
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with_clock(
         url_or_path: &str,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
@@ -234,7 +234,7 @@ impl SqliteStore {
         Ok(Self::with_parts(pool, clock))
     }
 
-    /// The pool options [`open`](Self::open) uses:
+    /// The pool options [`connect`](Self::connect) uses:
     /// [`DEFAULT_MAX_CONNECTIONS`](Self::DEFAULT_MAX_CONNECTIONS), and no ping before
     /// each acquire. A SQLite connection is a file handle served by a thread of this
     /// process, not a socket that can die while idle; sqlx's default ping would only add
@@ -246,7 +246,7 @@ impl SqliteStore {
             .test_before_acquire(false)
     }
 
-    /// The connect options [`open`](Self::open) uses for `url_or_path` (a file path or a
+    /// The connect options [`connect`](Self::connect) uses for `url_or_path` (a file path or a
     /// `sqlite:` URL): create the file if missing, WAL journal, `synchronous = NORMAL`
     /// (durable across application crashes; the last transactions may be lost on power
     /// failure) and a [`DEFAULT_BUSY_TIMEOUT`](Self::DEFAULT_BUSY_TIMEOUT). Build your
@@ -271,7 +271,7 @@ impl SqliteStore {
     }
 
     /// A store on a pool the app already has (so the store and the app share
-    /// connections), on `clock`; applies the embedded migrations.
+    /// connections), on the system clock; applies the embedded migrations.
     ///
     /// The pool's options are the caller's: give its connections a busy timeout (sqlx's
     /// default is 5s) and preferably WAL mode — [`connect_options`](Self::connect_options)
@@ -280,7 +280,20 @@ impl SqliteStore {
     /// # Errors
     ///
     /// [`StoreError::Migrate`] when the schema cannot be applied.
-    pub async fn from_pool(pool: SqlitePool, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+    pub async fn from_pool(pool: SqlitePool) -> Result<Self, StoreError> {
+        Self::from_pool_with_clock(pool, Arc::new(SystemClock)).await
+    }
+
+    /// Like [`from_pool`](Self::from_pool), on `clock` (as
+    /// [`connect_with_clock`](Self::connect_with_clock)).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_pool`](Self::from_pool).
+    pub async fn from_pool_with_clock(
+        pool: SqlitePool,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StoreError> {
         migrate(&pool).await?;
         Ok(Self::with_parts(pool, clock))
     }
@@ -338,7 +351,7 @@ impl SqliteStore {
 
     /// The embedded migrations as a [`Migrator`] recording into
     /// [`MIGRATIONS_TABLE`](Self::MIGRATIONS_TABLE);
-    /// [`open`](Self::open) and [`from_pool`](Self::from_pool) run it.
+    /// [`connect`](Self::connect) and [`from_pool`](Self::from_pool) run it.
     pub fn migrator() -> Migrator {
         sql::migrator(MIGRATIONS, Self::MIGRATIONS_TABLE)
     }

@@ -82,7 +82,7 @@ async fn setup() -> Setup {
         .expect("utf-8 path")
         .to_owned();
     let clock = ManualClock::at_millis(1_700_000_000_000);
-    let store = SqliteStore::open_with_clock(&path, Arc::new(clock.clone()))
+    let store = SqliteStore::connect_with_clock(&path, Arc::new(clock.clone()))
         .await
         .expect("open");
     Setup {
@@ -710,7 +710,7 @@ async fn a_batch_that_fails_as_a_whole_commits_none_of_its_writes() {
 async fn an_in_memory_store_takes_many_concurrent_writers_and_readers() {
     const TASKS: usize = 64;
     const KEYS_EACH: usize = 100;
-    let store = Arc::new(SqliteStore::open("sqlite::memory:").await.expect("open"));
+    let store = Arc::new(SqliteStore::connect("sqlite::memory:").await.expect("open"));
     let mut tasks = Vec::new();
     for t in 0..TASKS {
         let store = store.clone();
@@ -765,7 +765,7 @@ async fn a_connection_handed_over_inside_a_transaction_still_commits() {
         .connect_with(options.clone())
         .await
         .expect("pool");
-    let store = SqliteStore::from_pool(
+    let store = SqliteStore::from_pool_with_clock(
         pool.clone(),
         Arc::new(ManualClock::at_millis(1_700_000_000_000)),
     )
@@ -814,7 +814,7 @@ fn a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound() {
     let store_runtime = runtime();
     let store = Arc::new(
         store_runtime
-            .block_on(SqliteStore::open(&path))
+            .block_on(SqliteStore::connect(&path))
             .expect("open"),
     );
     let done = store_runtime.block_on(async {
@@ -858,7 +858,7 @@ fn a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound() {
 
     let check = runtime();
     check.block_on(async {
-        let store = SqliteStore::open(&path).await.expect("reopen");
+        let store = SqliteStore::connect(&path).await.expect("reopen");
         let integrity: String = sqlx::query_scalar("PRAGMA integrity_check")
             .fetch_one(store.pool())
             .await

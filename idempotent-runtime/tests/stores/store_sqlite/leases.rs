@@ -98,7 +98,9 @@ const LEDGER: HandlerConfig = HandlerConfig::new().lease(Duration::from_secs(30)
 async fn open(dir: &TempDir) -> (SqliteStore, String) {
     let path = dir.path().join("leases.db");
     let path = path.to_str().expect("utf-8 path").to_owned();
-    let store = SqliteStore::open(&path).await.expect("open sqlite store");
+    let store = SqliteStore::connect(&path)
+        .await
+        .expect("open sqlite store");
     (store, path)
 }
 
@@ -275,7 +277,7 @@ async fn a_claim_answered_late_behind_another_connections_lock_does_not_run() {
     const SHORT: HandlerConfig = HandlerConfig::new().lease(LEASE);
     let dir = tempfile::tempdir().expect("tempdir");
     let (store_a, path) = open(&dir).await;
-    let store_b = SqliteStore::open(&path).await.expect("a second store");
+    let store_b = SqliteStore::connect(&path).await.expect("a second store");
     let (a, b) = (engine(store_a), engine(store_b));
     let runs = Arc::new(AtomicUsize::new(0));
     let request = |engine: &Idempotency| {
@@ -328,7 +330,7 @@ const LEASE: Duration = Duration::from_secs(30);
 /// A store on a fresh file on `clock`.
 async fn store_on(dir: &TempDir, clock: &ManualClock) -> SqliteStore {
     let path = dir.path().join("steps.db");
-    SqliteStore::open_with_clock(path.to_str().expect("utf-8 path"), Arc::new(clock.clone()))
+    SqliteStore::connect_with_clock(path.to_str().expect("utf-8 path"), Arc::new(clock.clone()))
         .await
         .expect("open sqlite store")
 }
@@ -472,7 +474,7 @@ async fn a_process_without_a_boot_judges_a_boot_lease_on_the_wall_clock() {
     let clock = ManualClock::at_millis(START);
     let (_owner, _token) = claimed(&dir, &clock).await;
     let path = dir.path().join("steps.db");
-    let other = SqliteStore::open_with_clock(
+    let other = SqliteStore::connect_with_clock(
         path.to_str().expect("utf-8 path"),
         Arc::new(NoBoot(clock.clone())),
     )
@@ -542,7 +544,7 @@ pub(crate) fn child_claim(path: &str) {
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        let store = SqliteStore::open(path).await.expect("open sqlite store");
+        let store = SqliteStore::connect(path).await.expect("open sqlite store");
         let outcome = claim_now(&store).await;
         let said = match outcome {
             ClaimOutcome::Claimed { takeover: None, .. } => "claimed".to_owned(),

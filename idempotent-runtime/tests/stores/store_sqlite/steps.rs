@@ -70,7 +70,7 @@ fn step(name: &str, n: u8) -> RecordedStep {
 }
 
 async fn open(dir: &TempDir, clock: &ManualClock) -> SqliteStore {
-    SqliteStore::open_with_clock(&path_in(dir, "steps.db"), Arc::new(clock.clone()))
+    SqliteStore::connect_with_clock(&path_in(dir, "steps.db"), Arc::new(clock.clone()))
         .await
         .expect("open")
 }
