@@ -174,7 +174,10 @@ impl Place {
     /// answering after `latency_ms`.
     async fn consumer(&self, pause: Option<&str>, latency_ms: u64) -> (Instance, Output) {
         let mut command = Command::new(DEMO);
-        command.env("RUST_LOG", "warn,idempotent_demo::consumer=info");
+        command.env(
+            "RUST_LOG",
+            "warn,idempotent_demo::consumer=info,idempotent_runtime::doors=info",
+        );
         command.env_remove("PAYMENTS_DEMO_PAUSE_AFTER_STEP");
         if let Some(step) = pause {
             command.env("PAYMENTS_DEMO_PAUSE_AFTER_STEP", step);
