@@ -1,11 +1,13 @@
 //! The payments demo's charge consumer: charge commands from a NATS JetStream stream
 //! ([`nats`], feature `nats`, `--consume-nats`) and from a RabbitMQ queue ([`rabbitmq`],
-//! feature `rabbitmq`, `--consume-rabbitmq`), each delivery handled by one function,
-//! [`Charges::handle`], whichever broker it came from.
+//! feature `rabbitmq`, `--consume-rabbitmq`), each through the library's door for its
+//! broker (`JetStreamDoor`, `RabbitDoor`) running one function, [`Charges::charge_once`],
+//! whichever broker it came from.
 //!
 //! A command is JSON, its id chosen by the publisher and the same on every delivery:
 //! `{"id": "cmd_1", "account": "acct_alice", "amount": 10000, "currency": "BRL"}`. Handled,
-//! it
+//! keyed by its `id` ([`command_id`], the doors' `key_from`: a body that is not a command
+//! has no key, and the door rejects it), it
 //!
 //! 1. charges the gateway under `key.derive("charge")`: the same downstream key on every
 //!    delivery of the command, so the gateway charges once. The call itself is at least
@@ -13,17 +15,20 @@
 //!    redelivery call again, with the same key, and the gateway answers with its first
 //!    charge;
 //! 2. writes one row in `demo_consumed_charges` in the transaction the command's record
-//!    commits in (a transactional inbox, [`Idempotency::once_in_transaction`]): the row and
+//!    commits in (a transactional inbox, the doors' `run_in_transaction`): the row and
 //!    the record commit together or not at all, so each command id has one row, exactly
 //!    once, however often and wherever it is delivered.
 //!
-//! The broker is answered as the outcome's [`disposition`](Outcome::disposition) says:
-//! acknowledged once the record is committed (or replayed), redelivered after the lease
-//! left while another delivery runs it, rejected when its id was used for another command.
+//! The doors answer the broker as the outcome's
+//! [`disposition`](idempotent_runtime::Outcome::disposition) says, and log one line per
+//! delivery (`key=… outcome=…`): acknowledged once the record is committed (or
+//! replayed), redelivered after the lease left while another delivery runs it, rejected
+//! when its id was used for another command.
 //!
 //! `--dedupe off` runs every delivery as a consumer without this library would (for the
-//! tests that show what the protection prevents): no record, the row written on its own,
-//! and a gateway key of the delivery's own, so a redelivery charges and writes again.
+//! tests that show what the protection prevents), in a plain loop of its own: no record,
+//! the row written on its own, and a gateway key of the delivery's own, so a redelivery
+//! charges and writes again.
 
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -33,9 +38,8 @@ pub mod rabbitmq;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent_runtime::engine::Disposition;
 use idempotent_runtime::transaction::TxDatabase;
-use idempotent_runtime::{Fingerprint, HandlerConfig, Idempotency, Outcome, Tx};
+use idempotent_runtime::{HandlerConfig, Idempotency, IdempotencyKey, Tx};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::DemoArgs;
@@ -54,11 +58,11 @@ pub const SCOPE: &str = "charge_commands";
 pub const PAUSE_POINT: &str = "consumed-charge";
 
 /// The engine's defaults (`--lease`, `--ttl`), under the name the metrics and logs show.
-const CONFIG: HandlerConfig = HandlerConfig::new().name("charge_command");
+pub const CONFIG: HandlerConfig = HandlerConfig::new().name("charge_command");
 
 /// How long a failed delivery (the gateway down, the database away) waits before it is
 /// delivered again.
-const RETRY_DELAY: Duration = Duration::from_secs(1);
+pub const RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// A command to charge an account, as the publisher sends it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,6 +99,18 @@ pub enum ChargeError {
     /// Writing the ledger row failed.
     #[error("writing the ledger row failed: {0}")]
     Ledger(#[from] sqlx::Error),
+    /// The body is not a charge command (the doors reject such a body before it runs, as
+    /// one without a key).
+    #[error("not a charge command: {0}")]
+    NotACommand(#[from] serde_json::Error),
+}
+
+/// The key of a delivery whose body is `body`: its command's id; `None` when it is not a
+/// charge command (the door rejects it, as a delivery without a key).
+pub fn command_id(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<ChargeCommand>(body)
+        .ok()
+        .map(|command| command.id)
 }
 
 /// Whether the consumer runs each command once per id (`on`, the default) or runs every
@@ -108,17 +124,6 @@ pub enum Dedupe {
     /// Every delivery runs: the row is written on its own and the gateway gets a key of
     /// the delivery's own, as a consumer without idempotency keys would.
     Off,
-}
-
-/// What to tell the broker about a delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reply {
-    /// Done for good: acknowledge it.
-    Acknowledge,
-    /// Not done: deliver it again after this long.
-    Redeliver(Duration),
-    /// Never runs (not a command, or its id was used for another one): reject it.
-    Reject,
 }
 
 /// The charge consumer's handler: what it charges through, where it writes, and how.
@@ -196,73 +201,71 @@ impl Charges {
         })
     }
 
-    /// Handles one delivery's body, from whichever broker: runs the command once per id
-    /// and says what to tell the broker.
-    pub async fn handle(&self, body: &[u8]) -> Reply {
+    /// The engine the doors run the commands through.
+    pub fn idempotency(&self) -> &Idempotency {
+        &self.idempotency
+    }
+
+    /// The database the rows (and the commands' records) are written to.
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// Whether each command runs once per id or every delivery runs.
+    pub fn dedupe(&self) -> Dedupe {
+        self.dedupe
+    }
+
+    /// The function every door runs, once per command id: charges the gateway under
+    /// `key.derive("charge")` and writes the command's row in `tx`, the transaction its
+    /// record commits in.
+    pub async fn charge_once<DB>(
+        &self,
+        key: &IdempotencyKey,
+        body: &[u8],
+        tx: &mut Tx<DB>,
+    ) -> Result<Charged, ChargeError>
+    where
+        DB: TxDatabase,
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+        DB::Arguments: sqlx::IntoArguments<DB>,
+        for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        let command: ChargeCommand = serde_json::from_slice(body)?;
+        self.charge::<DB>(&command, &key.derive("charge"), tx.conn())
+            .await
+    }
+
+    /// Runs the delivery whose body is `body` as it comes (`--dedupe off`): a gateway key
+    /// of its own, the row on its own; logs what it came to, one line per delivery.
+    pub async fn charge_every_delivery(&self, body: &[u8]) -> Result<Charged, ChargeError> {
         let command: ChargeCommand = match serde_json::from_slice(body) {
             Ok(command) => command,
             Err(error) => {
                 tracing::warn!(%error, "not a charge command; rejecting it");
-                return Reply::Reject;
+                return Err(error.into());
             }
         };
-        crate::on_pool!(&self.db, |pool| self.handle_on(pool, command).await)
-    }
-
-    /// [`handle`](Self::handle) on the database `pool` belongs to.
-    async fn handle_on<DB>(&self, pool: &sqlx::Pool<DB>, command: ChargeCommand) -> Reply
-    where
-        DB: TxDatabase,
-        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-        DB::Arguments: sqlx::IntoArguments<DB>,
-        for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-        for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    {
-        match self.dedupe {
-            Dedupe::On => self.once::<DB>(command).await,
-            Dedupe::Off => self.every_delivery(pool, command).await,
-        }
-    }
-
-    /// The command once per id: the gateway under the derived key, the row in the
-    /// transaction its record commits in.
-    async fn once<DB>(&self, command: ChargeCommand) -> Reply
-    where
-        DB: TxDatabase,
-        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-        DB::Arguments: sqlx::IntoArguments<DB>,
-        for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-        for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    {
-        let id = command.id.clone();
-        // The id must keep meaning this command: another one under it is refused.
-        let fingerprint = match Fingerprint::of_json(&command) {
-            Ok(fingerprint) => fingerprint,
+        let charged = crate::on_pool!(&self.db, |pool| self.every_delivery(pool, &command).await);
+        match &charged {
+            Ok(charged) => {
+                tracing::info!(command = %command.id, outcome = %"ran", charge = %charged.charge, "acknowledged")
+            }
             Err(error) => {
-                tracing::warn!(command = %id, %error, "the command does not serialise; rejecting it");
-                return Reply::Reject;
+                tracing::info!(command = %command.id, %error, "failed; to be redelivered")
             }
-        };
-        let charges = self.clone();
-        let outcome = self
-            .idempotency
-            .once_in_transaction(
-                &CONFIG,
-                SCOPE,
-                &id,
-                fingerprint,
-                async move |key, tx: &mut Tx<DB>| {
-                    charges
-                        .charge::<DB>(&command, &key.derive("charge"), tx.conn())
-                        .await
-                },
-            )
-            .await;
-        reply_to(&id, &outcome)
+        }
+        charged
     }
 
-    /// Every delivery runs (`--dedupe off`): a gateway key of its own, the row on its own.
-    async fn every_delivery<DB>(&self, pool: &sqlx::Pool<DB>, command: ChargeCommand) -> Reply
+    /// [`charge_every_delivery`](Self::charge_every_delivery) on the database `pool`
+    /// belongs to.
+    async fn every_delivery<DB>(
+        &self,
+        pool: &sqlx::Pool<DB>,
+        command: &ChargeCommand,
+    ) -> Result<Charged, ChargeError>
     where
         DB: TxDatabase,
         for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -271,20 +274,8 @@ impl Charges {
         for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     {
         let gateway_key = format!("{}-{:016x}", command.id, rand::random::<u64>());
-        let charged = match pool.acquire().await {
-            Ok(mut conn) => self.charge::<DB>(&command, &gateway_key, &mut conn).await,
-            Err(error) => Err(error.into()),
-        };
-        match charged {
-            Ok(charged) => {
-                tracing::info!(command = %command.id, outcome = %"ran", charge = %charged.charge, "acknowledged");
-                Reply::Acknowledge
-            }
-            Err(error) => {
-                tracing::info!(command = %command.id, %error, "failed; to be redelivered");
-                Reply::Redeliver(RETRY_DELAY)
-            }
-        }
+        let mut conn = pool.acquire().await?;
+        self.charge::<DB>(command, &gateway_key, &mut conn).await
     }
 
     /// Charges the command's account under `gateway_key`, then writes its row on `conn`.
@@ -339,44 +330,6 @@ impl Charges {
             status: charge.status,
             entry: Some(entry),
         })
-    }
-}
-
-/// What to tell the broker about the delivery of command `id` that came to `outcome`
-/// (logged, one line per delivery, which the tests count).
-fn reply_to(id: &str, outcome: &Outcome<Charged, ChargeError>) -> Reply {
-    let what = match outcome {
-        Outcome::Ran(_) => "ran",
-        Outcome::Replayed(_) => "replayed",
-        Outcome::RanUnrecorded(_) => "ran_unrecorded",
-        Outcome::Failed(_) => "failed",
-        Outcome::InProgress { .. } => "in_progress",
-        Outcome::StoreUnavailable(_) => "store_unavailable",
-        Outcome::KeyReused => "key_reused",
-        Outcome::Interrupted => "interrupted",
-        Outcome::Unreadable(_) => "unreadable",
-        Outcome::Refused(_) => "refused",
-        _ => "other",
-    };
-    match outcome.disposition() {
-        Disposition::Acknowledge => {
-            tracing::info!(command = %id, outcome = %what, "acknowledged");
-            Reply::Acknowledge
-        }
-        Disposition::Redeliver(after) => {
-            let after = after.unwrap_or(RETRY_DELAY);
-            match outcome {
-                Outcome::Failed(failure) => {
-                    tracing::info!(command = %id, outcome = %what, %failure, ?after, "to be redelivered")
-                }
-                _ => tracing::info!(command = %id, outcome = %what, ?after, "to be redelivered"),
-            }
-            Reply::Redeliver(after)
-        }
-        Disposition::Reject => {
-            tracing::warn!(command = %id, outcome = %what, "the id belongs to another command; rejecting it");
-            Reply::Reject
-        }
     }
 }
 
@@ -475,6 +428,8 @@ pub async fn start(
 
 #[cfg(test)]
 mod tests {
+    use idempotent_runtime::{Fingerprint, Outcome};
+
     use super::*;
 
     /// The handler on an SQLite store in `dir`, its gateway on a file of its own; and the
@@ -519,17 +474,45 @@ mod tests {
 
     const COMMAND: &str = r#"{"id":"cmd_1","account":"acct_a","amount":10000,"currency":"BRL"}"#;
 
+    /// Runs [`Charges::charge_once`] for `body` under its command id, as the doors do.
+    async fn once(charges: &Charges, body: &str) -> Outcome<Charged, ChargeError> {
+        let id = command_id(body.as_bytes()).expect("a command");
+        let charges_for_run = charges.clone();
+        let body = body.to_owned();
+        charges
+            .idempotency()
+            .once_in_transaction(
+                &CONFIG,
+                SCOPE,
+                &id,
+                Fingerprint::of_payload(body.as_bytes()),
+                async move |key, tx: &mut Tx<sqlx::Sqlite>| {
+                    charges_for_run.charge_once(&key, body.as_bytes(), tx).await
+                },
+            )
+            .await
+    }
+
+    #[test]
+    fn the_key_is_the_command_id_and_anything_else_has_none() {
+        assert_eq!(command_id(COMMAND.as_bytes()).as_deref(), Some("cmd_1"));
+        assert_eq!(
+            command_id(br#"{"id":"cmd_1"}"#),
+            None,
+            "not a whole command"
+        );
+        assert_eq!(command_id(b"not a command"), None);
+    }
+
     #[tokio::test(flavor = "multi_thread")]
-    async fn a_command_runs_once_per_id_and_what_cannot_run_is_rejected() {
+    async fn the_shared_function_writes_one_row_per_command_id() {
         let dir = tempfile::tempdir().unwrap();
         let (charges, pool) = charges(dir.path(), Dedupe::On).await;
-        for _delivery in 0..2 {
-            assert_eq!(charges.handle(COMMAND.as_bytes()).await, Reply::Acknowledge);
-        }
-        assert_eq!(rows(&pool, "cmd_1").await, 1);
-        let other = COMMAND.replace("10000", "20000");
-        assert_eq!(charges.handle(other.as_bytes()).await, Reply::Reject);
-        assert_eq!(charges.handle(b"not a command").await, Reply::Reject);
+        assert!(matches!(once(&charges, COMMAND).await, Outcome::Ran(_)));
+        assert!(matches!(
+            once(&charges, COMMAND).await,
+            Outcome::Replayed(_)
+        ));
         assert_eq!(rows(&pool, "cmd_1").await, 1);
     }
 
@@ -538,21 +521,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (charges, pool) = charges(dir.path(), Dedupe::Off).await;
         for _delivery in 0..2 {
-            assert_eq!(charges.handle(COMMAND.as_bytes()).await, Reply::Acknowledge);
+            charges
+                .charge_every_delivery(COMMAND.as_bytes())
+                .await
+                .expect("charged");
         }
         assert_eq!(rows(&pool, "cmd_1").await, 2);
+        assert!(matches!(
+            charges.charge_every_delivery(b"not a command").await,
+            Err(ChargeError::NotACommand(_))
+        ));
     }
 
-    /// The gateway down (its magic amount): nothing recorded, redelivered after a while.
+    /// The gateway down (its magic amount): the function fails, its row rolled back.
     #[tokio::test(flavor = "multi_thread")]
-    async fn a_gateway_outage_is_redelivered() {
+    async fn a_gateway_outage_fails_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let (charges, pool) = charges(dir.path(), Dedupe::On).await;
         let down = COMMAND.replace("10000", &crate::gateway::UNAVAILABLE_AMOUNT.to_string());
-        assert!(matches!(
-            charges.handle(down.as_bytes()).await,
-            Reply::Redeliver(_)
-        ));
+        assert!(matches!(once(&charges, &down).await, Outcome::Failed(_)));
         assert_eq!(rows(&pool, "cmd_1").await, 0);
     }
 }

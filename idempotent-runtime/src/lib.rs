@@ -164,7 +164,7 @@
 
 pub mod clock;
 pub mod config;
-#[cfg(feature = "nats")]
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
 pub mod doors;
 pub mod engine;
 pub mod fingerprint;

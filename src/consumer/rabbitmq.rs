@@ -1,7 +1,11 @@
-//! Charge commands from a RabbitMQ queue: its deliveries go through [`Charges::handle`],
-//! answered as it says.
+//! Charge commands from a RabbitMQ queue: its deliveries go through the library's
+//! [`RabbitDoor`], keyed by the command's id, each running [`Charges::charge_once`] in
+//! the transaction its record commits in.
 
 use futures_util::StreamExt;
+use idempotent_runtime::Tx;
+use idempotent_runtime::doors::rabbitmq::{RabbitDoor, ScopeFrom};
+use idempotent_runtime::transaction::TxDatabase;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
     QueueDeclareOptions,
@@ -9,7 +13,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 
-use super::{Charges, Reply};
+use super::{ChargeError, Charges, Dedupe};
 use crate::serve::BoxError;
 
 /// A consumer of a queue, and the connection it lives on (closing it would requeue every
@@ -21,8 +25,8 @@ pub struct Subscription {
 }
 
 /// A consumer of `queue` (declared if missing) on the RabbitMQ broker at `url`, with a
-/// prefetch above `concurrency`: a redelivery is held for its delay before it is
-/// requeued, and held deliveries count against the prefetch.
+/// prefetch above `concurrency`: the door holds a redelivery for its delay before it
+/// requeues it, and held deliveries count against the prefetch.
 pub async fn subscribe(
     url: &str,
     queue: &str,
@@ -62,6 +66,49 @@ pub async fn run(subscription: Subscription, charges: Charges, concurrency: usiz
         _connection,
         consumer,
     } = subscription;
+    if charges.dedupe() == Dedupe::Off {
+        every_delivery(consumer, charges, concurrency).await;
+    } else {
+        let door = RabbitDoor::new(charges.idempotency().clone())
+            .config(super::CONFIG)
+            .key_from(|received| super::command_id(&received.body))
+            .scope(ScopeFrom::Fixed(super::SCOPE.to_owned()))
+            .retry_delay(super::RETRY_DELAY)
+            .concurrency(concurrency);
+        crate::on_pool!(charges.database(), |pool| once(
+            &door,
+            consumer,
+            charges.clone(),
+            pool
+        )
+        .await);
+    }
+    tracing::error!("the RabbitMQ consumer's channel closed");
+}
+
+/// Each command once per id, through `door`, on the store's database (`_pool` names it).
+async fn once<DB>(
+    door: &RabbitDoor,
+    consumer: lapin::Consumer,
+    charges: Charges,
+    _pool: &sqlx::Pool<DB>,
+) where
+    DB: TxDatabase,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    door.run_in_transaction(consumer, async move |key, received, tx: &mut Tx<DB>| {
+        charges.charge_once(&key, &received.body, tx).await
+    })
+    .await;
+}
+
+/// Every delivery runs as it comes (`--dedupe off`), as a consumer without the library
+/// would: acknowledged once it ran, requeued (after a while) when it failed, rejected
+/// when it is not a command.
+async fn every_delivery(consumer: lapin::Consumer, charges: Charges, concurrency: usize) {
     consumer
         .for_each_concurrent(concurrency.max(1), |delivery| {
             let charges = &charges;
@@ -73,23 +120,20 @@ pub async fn run(subscription: Subscription, charges: Charges, concurrency: usiz
                         return;
                     }
                 };
-                // Acknowledged only once the record is committed: a lost ack replays.
-                let answered = match charges.handle(&delivery.data).await {
-                    Reply::Acknowledge => delivery.acker.ack(BasicAckOptions::default()).await,
-                    Reply::Redeliver(after) => {
+                let answered = match charges.charge_every_delivery(&delivery.data).await {
+                    Ok(_) => delivery.acker.ack(BasicAckOptions::default()).await,
+                    Err(ChargeError::NotACommand(_)) => {
+                        let drop = BasicRejectOptions { requeue: false };
+                        delivery.acker.reject(drop).await
+                    }
+                    Err(_) => {
                         // RabbitMQ has no delayed requeue: hold the delivery, then requeue.
-                        tokio::time::sleep(after).await;
+                        tokio::time::sleep(super::RETRY_DELAY).await;
                         let requeue = BasicNackOptions {
                             requeue: true,
                             ..BasicNackOptions::default()
                         };
                         delivery.acker.nack(requeue).await
-                    }
-                    Reply::Reject => {
-                        delivery
-                            .acker
-                            .reject(BasicRejectOptions { requeue: false })
-                            .await
                     }
                 };
                 if let Err(error) = answered {
@@ -98,5 +142,4 @@ pub async fn run(subscription: Subscription, charges: Charges, concurrency: usiz
             }
         })
         .await;
-    tracing::error!("the RabbitMQ consumer's channel closed");
 }

@@ -174,7 +174,10 @@ impl Place {
     /// answering after `latency_ms`.
     async fn consumer(&self, pause: Option<&str>, latency_ms: u64) -> (Instance, Output) {
         let mut command = Command::new(DEMO);
-        command.env("RUST_LOG", "warn,idempotent_demo::consumer=info");
+        command.env(
+            "RUST_LOG",
+            "warn,idempotent_demo::consumer=info,idempotent_runtime::doors=info",
+        );
         command.env_remove("PAYMENTS_DEMO_PAUSE_AFTER_STEP");
         if let Some(step) = pause {
             command.env("PAYMENTS_DEMO_PAUSE_AFTER_STEP", step);
@@ -282,13 +285,16 @@ fn command(test: &str) -> (ChargeCommand, String) {
 }
 
 /// The deliveries of command `id` the processes writing `outputs` acknowledged, and of
-/// those how many replayed.
+/// those how many replayed: the doors log each delivery under its key (`key=…`), the
+/// plain loop of `--dedupe off` under its command (`command=…`).
 fn acknowledged(outputs: &[&Output], id: &str) -> (usize, usize) {
-    let command = format!("command={id}");
+    let (key, command) = (format!("key={id} "), format!("command={id} "));
     let lines: Vec<String> = outputs
         .iter()
         .flat_map(|output| output.lines())
-        .filter(|line| line.contains("acknowledged") && line.contains(&command))
+        .filter(|line| {
+            line.contains("acknowledged") && (line.contains(&key) || line.contains(&command))
+        })
         .collect();
     let replayed = lines
         .iter()
@@ -351,7 +357,7 @@ async fn kill_9_mid_message(case: Case) {
         // At least once: the call the crash cut off from its record is made again.
         assert_eq!(calls, 2, "the gateway was called again after the crash");
         assert!(
-            output.has_line_with(&[&format!("command={}", command.id), "outcome=in_progress"]),
+            output.has_line_with(&[&format!("key={} ", command.id), "outcome=in_progress"]),
             "the redelivery waited for the dead consumer's lease"
         );
     } else {

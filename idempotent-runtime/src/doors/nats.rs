@@ -5,7 +5,8 @@
 //! - **Key**: the `Nats-Msg-Id` header ([`JetStreamDoor::key_header`] names another); the
 //!   same header JetStream's own duplicate window dedupes publishes by, so a message
 //!   published again after that window (or redelivered, or delivered to another
-//!   consumer) still runs once.
+//!   consumer) still runs once. [`JetStreamDoor::key_from`] reads it from the message
+//!   itself instead, e.g. an id in its JSON payload.
 //! - **Scope**: the stream's name by default ([`ScopeFrom`]), as JetStream scopes its ids.
 //! - **Fingerprint**: the payload ([`Fingerprint::of_payload`]): the same id with another
 //!   payload is refused ([`Outcome::KeyReused`]), terminated and dead-lettered.
@@ -14,7 +15,8 @@
 //!   of a running message is nak'd with a delay of its lease's time left; a function's
 //!   error (the claim released) and a store outage are nak'd with the door's
 //!   [`retry_delay`](JetStreamDoor::retry_delay), so JetStream delivers the message again.
-//! - **A message without the key header**: [`MissingKey`] decides — terminated (the
+//! - **A message without its key** (no header, or `key_from` answers `None`):
+//!   [`MissingKey`] decides — terminated (the
 //!   default; dead-lettered first when a [`dead_letter`](JetStreamDoor::dead_letter)
 //!   subject is set) or run unprotected.
 //! - **The inbox**: [`JetStreamDoor::run_in_transaction`] hands the function a `Tx` on the
@@ -75,6 +77,27 @@ use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 #[cfg(feature = "sql")]
 use crate::transaction::{Tx, TxDatabase};
+
+/// Reads a message's key from the message itself ([`JetStreamDoor::key_from`]).
+type KeyFunction = Arc<dyn Fn(&async_nats::Message) -> Option<String> + Send + Sync>;
+
+/// Where a message's key comes from.
+#[derive(Clone)]
+enum KeySource {
+    /// The last value of this header.
+    Header(Arc<str>),
+    /// What this function reads from the message.
+    Message(KeyFunction),
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Header(name) => f.debug_tuple("Header").field(name).finish(),
+            Self::Message(_) => f.write_str("Message(..)"),
+        }
+    }
+}
 
 /// The header a message's id is read from unless [`JetStreamDoor::key_header`] says
 /// otherwise: the one JetStream dedupes publishes by.
@@ -247,7 +270,7 @@ pub enum NatsDoorError {
 pub struct JetStreamDoor {
     idempotency: Idempotency,
     config: HandlerConfig,
-    key_header: Arc<str>,
+    key: KeySource,
     scope: ScopeFrom,
     missing_key: MissingKey,
     dead_letter: Option<Arc<str>>,
@@ -263,7 +286,7 @@ impl JetStreamDoor {
         Self {
             idempotency,
             config: HandlerConfig::new(),
-            key_header: Arc::from(DEFAULT_KEY_HEADER),
+            key: KeySource::Header(Arc::from(DEFAULT_KEY_HEADER)),
             scope: ScopeFrom::Stream,
             missing_key: MissingKey::Terminate,
             dead_letter: None,
@@ -281,7 +304,36 @@ impl JetStreamDoor {
 
     /// The header a message's key is read from (default [`DEFAULT_KEY_HEADER`]).
     pub fn key_header(mut self, name: &str) -> Self {
-        self.key_header = Arc::from(name);
+        self.key = KeySource::Header(Arc::from(name));
+        self
+    }
+
+    /// Reads a message's key from the message itself, in place of a header: `None` (or an
+    /// empty key) is a message without a key, handled as [`missing_key`](Self::missing_key)
+    /// says. The publisher must put the same key in every copy of a message.
+    ///
+    /// ```
+    /// use idempotent_runtime::Idempotency;
+    /// use idempotent_runtime::doors::nats::JetStreamDoor;
+    /// use idempotent_runtime::store::MemoryStore;
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Command {
+    ///     id: String,
+    /// }
+    ///
+    /// // `{"id": "cmd_1", …}`: keyed by the command's id.
+    /// let door = JetStreamDoor::new(Idempotency::new(MemoryStore::new())).key_from(|message| {
+    ///     let command: Command = serde_json::from_slice(&message.payload).ok()?;
+    ///     Some(command.id)
+    /// });
+    /// # let _ = door;
+    /// ```
+    pub fn key_from<K>(mut self, key: K) -> Self
+    where
+        K: Fn(&async_nats::Message) -> Option<String> + Send + Sync + 'static,
+    {
+        self.key = KeySource::Message(Arc::new(key));
         self
     }
 
@@ -586,43 +638,9 @@ impl JetStreamDoor {
         DB: TxDatabase,
         F: for<'tx> MessageTxFunction<'tx, DB, T, E>,
     {
-        let tx_store = self
-            .idempotency
-            .store()
-            .capabilities()
-            .transactions
-            .and_then(|support| support.for_database::<DB>());
-        let Some(tx_store) = tx_store else {
-            error!(
-                door = "nats",
-                database = DB::DATABASE_NAME,
-                "transactional function on an engine whose store is not of its database; nak'd"
-            );
-            return None;
-        };
-        let begun = match crate::transaction::begin(tx_store.as_ref()).await {
-            Ok(begun) => begun,
-            Err(err) => {
-                error!(door = "nats", error = %err, "beginning the transaction failed; nak'd");
-                return None;
-            }
-        };
-        let _permit = begun.permit;
-        let mut tx = Tx::new(begun.transaction);
+        let (permit, mut tx) = super::begin_unprotected::<DB>(&self.idempotency, "nats").await?;
         let result = function(key, message, &mut tx).await;
-        let ended = match &result {
-            Ok(_) => tx.into_inner().commit().await,
-            Err(_) => tx.into_inner().rollback().await,
-        };
-        match (result, ended) {
-            (result, Ok(())) => Some(result),
-            (Ok(_), Err(err)) => {
-                error!(door = "nats", error = %err, "committing the unprotected transaction failed; nak'd");
-                None
-            }
-            // Its writes are gone either way: the function's own error is the news.
-            (Err(error), Err(_)) => Some(Err(error)),
-        }
+        super::end_unprotected(permit, tx, result, "nats").await
     }
 
     /// Where a message comes from and what it is keyed by.
@@ -636,12 +654,15 @@ impl JetStreamDoor {
             ScopeFrom::Subject => message.subject.to_string(),
             ScopeFrom::Fixed(scope) => scope.clone(),
         };
-        let key = message
-            .headers
-            .as_ref()
-            .and_then(|headers| headers.get_last(&*self.key_header))
-            .map(|value| value.as_str().to_owned())
-            .filter(|key| !key.is_empty());
+        let key = match &self.key {
+            KeySource::Header(name) => message
+                .headers
+                .as_ref()
+                .and_then(|headers| headers.get_last(&**name))
+                .map(|value| value.as_str().to_owned()),
+            KeySource::Message(read) => read(&message.message),
+        }
+        .filter(|key| !key.is_empty());
         Ok(Delivery {
             scope,
             key,
@@ -681,6 +702,19 @@ impl JetStreamDoor {
             ),
             _ => {}
         }
+        // One line per message, whatever it came to.
+        let what = super::outcome_name(&outcome);
+        match reply {
+            Reply::Ack => {
+                info!(door = "nats", scope = %scope, key = %key, outcome = %what, "acknowledged")
+            }
+            Reply::Nak(delay) => {
+                info!(door = "nats", scope = %scope, key = %key, outcome = %what, ?delay, "nak'd for redelivery")
+            }
+            Reply::Term => {
+                info!(door = "nats", scope = %scope, key = %key, outcome = %what, "terminated")
+            }
+        }
         answer(message, reply).await?;
         Ok(Handled::Protected {
             outcome,
@@ -698,10 +732,10 @@ impl JetStreamDoor {
         error!(
             door = "nats",
             subject = %message.subject,
-            header = &*self.key_header,
-            "message without its key header; terminating it (MissingKey::Terminate)"
+            key = ?self.key,
+            "message without its key; terminating it (MissingKey::Terminate)"
         );
-        let (reply, dead_lettered) = self.reject(message, "the message has no key header").await;
+        let (reply, dead_lettered) = self.reject(message, "the message has no key").await;
         answer(message, reply).await?;
         Ok(Handled::MissingKey {
             reply,
@@ -766,7 +800,7 @@ impl JetStreamDoor {
 /// Where a message comes from and what it is keyed by.
 struct Delivery {
     scope: String,
-    /// `None`: the message carries no (or an empty) key header.
+    /// `None`: the message carries no (or an empty) key.
     key: Option<String>,
     /// Its sequence in the stream (the name of an unprotected run's key).
     sequence: u64,

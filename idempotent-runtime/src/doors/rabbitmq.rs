@@ -5,7 +5,8 @@
 //! - **Key**: the `message_id` property ([`KeyFrom::MessageId`]; [`KeyFrom::Header`] reads
 //!   a header instead). The publisher sets it once per logical message and keeps it on
 //!   every republish, so a message published twice, redelivered after a consumer's
-//!   crash, or delivered to two consumers runs once.
+//!   crash, or delivered to two consumers runs once. [`RabbitDoor::key_from`] reads it
+//!   from the delivery itself instead, e.g. an id in its JSON body.
 //! - **Scope**: the queue's name by default ([`ScopeFrom`]).
 //! - **Fingerprint**: the body ([`Fingerprint::of_payload`]): the same id with another
 //!   body is refused ([`Outcome::KeyReused`]) and rejected, dead-lettered where the queue
@@ -21,8 +22,12 @@
 //! - **The `redelivered` flag** is not taken as proof of a duplicate: RabbitMQ sets it on
 //!   any delivery that may have been seen before, including one whose first consumer
 //!   never started it. The record decides, as for every other delivery.
-//! - **A delivery without its id**: [`MissingKey`] decides — rejected without requeue (the
-//!   default: the queue's dead-letter exchange gets it, if it has one) or run unprotected.
+//! - **A delivery without its id** (or `key_from` answering `None`): [`MissingKey`]
+//!   decides — rejected without requeue (the default: the queue's dead-letter exchange
+//!   gets it, if it has one) or run unprotected.
+//! - **The inbox**: [`RabbitDoor::run_in_transaction`] hands the function a `Tx` on the
+//!   store's database; its writes commit with the delivery's record, before the
+//!   `basic.ack`.
 //!
 //! A consumer that crashes mid-message leaves its claim in the store: RabbitMQ requeues
 //! the unacknowledged delivery when the channel closes, and the next delivery is held
@@ -77,6 +82,51 @@ use crate::config::HandlerConfig;
 use crate::engine::{Disposition, Idempotency, Outcome};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
+#[cfg(feature = "sql")]
+use crate::transaction::{Tx, TxDatabase};
+
+/// A transactional delivery function, `async |key, received, tx: &mut Tx<DB>| …`, whose
+/// future is `Send`: implemented by every such closure, and never named by an application
+/// (see [`TxFunction`](crate::transaction::TxFunction) for why it exists).
+#[cfg(feature = "sql")]
+pub trait DeliveryTxFunction<'tx, DB: TxDatabase, T, E>:
+    FnOnce(IdempotencyKey, Received, &'tx mut Tx<DB>) -> Self::Running
+{
+    /// The future of one call, borrowing the transaction.
+    type Running: Future<Output = Result<T, E>> + Send + 'tx;
+}
+
+#[cfg(feature = "sql")]
+impl<'tx, DB, T, E, F, Running> DeliveryTxFunction<'tx, DB, T, E> for F
+where
+    DB: TxDatabase,
+    F: FnOnce(IdempotencyKey, Received, &'tx mut Tx<DB>) -> Running,
+    Running: Future<Output = Result<T, E>> + Send + 'tx,
+{
+    type Running = Running;
+}
+
+/// Reads a delivery's key from the delivery itself ([`RabbitDoor::key_from`]).
+type KeyFunction = Arc<dyn Fn(&Received) -> Option<String> + Send + Sync>;
+
+/// Where a delivery's key comes from: a property or header, or a function of the
+/// delivery.
+#[derive(Clone)]
+enum KeySource {
+    /// The property or header [`KeyFrom`] names.
+    Property(KeyFrom),
+    /// What this function reads from the delivery.
+    Delivery(KeyFunction),
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Property(from) => f.debug_tuple("Property").field(from).finish(),
+            Self::Delivery(_) => f.write_str("Delivery(..)"),
+        }
+    }
+}
 
 /// Where a delivery's key comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -161,6 +211,12 @@ pub enum Handled<T, E> {
     },
     /// The delivery had no key and [`MissingKey::Reject`]: nothing ran.
     MissingKey,
+    /// The delivery had no key and [`MissingKey::RunUnprotected`], but no transaction
+    /// could be begun for its transactional function: nothing ran.
+    Unrun {
+        /// What the broker was told (a requeue, so the delivery is not lost).
+        reply: Reply,
+    },
 }
 
 impl<T, E> Handled<T, E> {
@@ -178,7 +234,9 @@ impl<T, E> Handled<T, E> {
     /// ```
     pub fn reply(&self) -> Reply {
         match self {
-            Self::Protected { reply, .. } | Self::Unprotected { reply, .. } => *reply,
+            Self::Protected { reply, .. }
+            | Self::Unprotected { reply, .. }
+            | Self::Unrun { reply } => *reply,
             Self::MissingKey => Reply::Reject,
         }
     }
@@ -222,7 +280,7 @@ pub enum RabbitDoorError {
 pub struct RabbitDoor {
     idempotency: Idempotency,
     config: HandlerConfig,
-    key: Arc<KeyFrom>,
+    key: KeySource,
     scope: Arc<ScopeFrom>,
     missing_key: MissingKey,
     retry_delay: Duration,
@@ -237,7 +295,7 @@ impl RabbitDoor {
         Self {
             idempotency,
             config: HandlerConfig::new(),
-            key: Arc::new(KeyFrom::MessageId),
+            key: KeySource::Property(KeyFrom::MessageId),
             scope: Arc::new(ScopeFrom::Queue),
             missing_key: MissingKey::Reject,
             retry_delay: Duration::from_secs(1),
@@ -254,7 +312,37 @@ impl RabbitDoor {
 
     /// Where a delivery's key comes from (default [`KeyFrom::MessageId`]).
     pub fn key(mut self, key: KeyFrom) -> Self {
-        self.key = Arc::new(key);
+        self.key = KeySource::Property(key);
+        self
+    }
+
+    /// Reads a delivery's key from the delivery itself, in place of a property: `None`
+    /// (or an empty key) is a delivery without a key, handled as
+    /// [`missing_key`](Self::missing_key) says. The publisher must put the same key in
+    /// every copy of a message.
+    ///
+    /// ```
+    /// use idempotent_runtime::Idempotency;
+    /// use idempotent_runtime::doors::rabbitmq::RabbitDoor;
+    /// use idempotent_runtime::store::MemoryStore;
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Command {
+    ///     id: String,
+    /// }
+    ///
+    /// // `{"id": "cmd_1", …}`: keyed by the command's id.
+    /// let door = RabbitDoor::new(Idempotency::new(MemoryStore::new())).key_from(|received| {
+    ///     let command: Command = serde_json::from_slice(&received.body).ok()?;
+    ///     Some(command.id)
+    /// });
+    /// # let _ = door;
+    /// ```
+    pub fn key_from<K>(mut self, key: K) -> Self
+    where
+        K: Fn(&Received) -> Option<String> + Send + Sync + 'static,
+    {
+        self.key = KeySource::Delivery(Arc::new(key));
         self
     }
 
@@ -299,19 +387,79 @@ impl RabbitDoor {
         T: Serialize + DeserializeOwned + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
-        let queue = consumer.queue().to_string();
+        self.each_delivery(consumer, |delivery, queue| {
+            let function = function.clone();
+            async move { self.handle(delivery, &queue, function).await.map(drop) }
+        })
+        .await;
+    }
+
+    /// Like [`run`](Self::run), for a function whose writes go to the engine's store's
+    /// own database: each delivery through
+    /// [`handle_in_transaction`](Self::handle_in_transaction).
+    ///
+    /// ```no_run
+    /// use idempotent_runtime::doors::rabbitmq::RabbitDoor;
+    /// use idempotent_runtime::transaction::Tx;
+    /// use sqlx::Sqlite;
+    ///
+    /// # async fn inbox(door: RabbitDoor, consumer: lapin::Consumer) {
+    /// // One ledger row per message id, committed with its record before the ack.
+    /// door.run_in_transaction(consumer, async |key, received, tx: &mut Tx<Sqlite>| {
+    ///     let written = sqlx::query("INSERT INTO ledger (message, body) VALUES (?, ?)")
+    ///         .bind(key.as_str().to_owned())
+    ///         .bind(received.body)
+    ///         .execute(tx.conn())
+    ///         .await?;
+    ///     Ok::<_, sqlx::Error>(written.rows_affected())
+    /// })
+    /// .await;
+    /// # }
+    /// ```
+    #[cfg(feature = "sql")]
+    pub async fn run_in_transaction<DB, F, T, E>(&self, consumer: lapin::Consumer, function: F)
+    where
+        DB: TxDatabase,
+        F: AsyncFnOnce(IdempotencyKey, Received, &mut Tx<DB>) -> Result<T, E>
+            + for<'tx> DeliveryTxFunction<'tx, DB, T, E>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        self.each_delivery(consumer, |delivery, queue| {
+            let function = function.clone();
+            async move {
+                self.handle_in_transaction(delivery, &queue, function)
+                    .await
+                    .map(drop)
+            }
+        })
+        .await;
+    }
+
+    /// Reads `consumer`'s deliveries and hands each (with the queue's name) to `each`, up
+    /// to [`concurrency`](Self::concurrency) at once, logging what goes wrong.
+    async fn each_delivery<H, HFut>(&self, consumer: lapin::Consumer, each: H)
+    where
+        H: Fn(Delivery, Arc<str>) -> HFut,
+        HFut: Future<Output = Result<(), RabbitDoorError>>,
+    {
+        let queue: Arc<str> = Arc::from(consumer.queue().to_string());
         consumer
             .for_each_concurrent(self.concurrency, |delivery| {
-                let (function, queue) = (function.clone(), queue.as_str());
+                let handled = delivery.map(|delivery| each(delivery, queue.clone()));
                 async move {
-                    let delivery = match delivery {
-                        Ok(delivery) => delivery,
+                    let handled = match handled {
+                        Ok(handled) => handled,
                         Err(err) => {
                             warn!(door = "rabbitmq", error = %err, "reading the consumer failed");
                             return;
                         }
                     };
-                    if let Err(err) = self.handle(delivery, queue, function).await {
+                    if let Err(err) = handled.await {
                         error!(door = "rabbitmq", error = %err, "delivery not answered; RabbitMQ requeues it when the channel closes");
                     }
                 }
@@ -340,19 +488,8 @@ impl RabbitDoor {
         T: Serialize + DeserializeOwned + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
-        let scope = match &*self.scope {
-            ScopeFrom::Queue => queue.to_owned(),
-            ScopeFrom::RoutingKey => delivery.routing_key.to_string(),
-            ScopeFrom::Fixed(scope) => scope.clone(),
-        };
-        let received = Received {
-            body: delivery.data.clone(),
-            properties: delivery.properties.clone(),
-            exchange: delivery.exchange.to_string(),
-            routing_key: delivery.routing_key.to_string(),
-            redelivered: delivery.redelivered,
-        };
-        let Some(key) = key_of(&self.key, &delivery.properties) else {
+        let (scope, received, key) = self.read(&delivery, queue);
+        let Some(key) = key else {
             return self.without_key(delivery, scope, received, function).await;
         };
         let outcome = self
@@ -365,6 +502,106 @@ impl RabbitDoor {
                 move |key| function(key, received),
             )
             .await;
+        self.answer_outcome(&delivery, &scope, &key, outcome).await
+    }
+
+    /// Like [`handle`](Self::handle), for a function whose writes go to the engine's
+    /// store's own database (a transactional inbox): its writes through the `Tx` and the
+    /// delivery's record commit together, through
+    /// [`Idempotency::once_in_transaction`], before the `basic.ack`; a function's `Err`
+    /// rolls them back and the delivery is requeued. Under
+    /// [`MissingKey::RunUnprotected`] a delivery without a key runs in a transaction of
+    /// its own, committed on `Ok` and rolled back on `Err`, with no record.
+    ///
+    /// # Errors
+    ///
+    /// As [`handle`](Self::handle).
+    #[cfg(feature = "sql")]
+    pub async fn handle_in_transaction<DB, F, T, E>(
+        &self,
+        delivery: Delivery,
+        queue: &str,
+        function: F,
+    ) -> Result<Handled<T, E>, RabbitDoorError>
+    where
+        DB: TxDatabase,
+        F: AsyncFnOnce(IdempotencyKey, Received, &mut Tx<DB>) -> Result<T, E>
+            + for<'tx> DeliveryTxFunction<'tx, DB, T, E>
+            + Send
+            + 'static,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let (scope, received, key) = self.read(&delivery, queue);
+        let Some(key) = key else {
+            if self.missing_key == MissingKey::Reject {
+                return self.reject_keyless(&delivery).await;
+            }
+            let key = IdempotencyKey::new(scope, format!("tag-{}", delivery.delivery_tag));
+            let ran = match super::begin_unprotected::<DB>(&self.idempotency, "rabbitmq").await {
+                Some((permit, mut tx)) => {
+                    let result = function(key, received, &mut tx).await;
+                    super::end_unprotected(permit, tx, result, "rabbitmq").await
+                }
+                None => None,
+            };
+            return match ran {
+                Some(result) => self.answer_unprotected(&delivery, result).await,
+                // No transaction to run it in: delivered again later, never lost.
+                None => {
+                    let reply = Reply::Requeue(self.retry_delay);
+                    answer(&delivery, reply).await?;
+                    Ok(Handled::Unrun { reply })
+                }
+            };
+        };
+        let outcome = self
+            .idempotency
+            .once_in_transaction_owned(
+                &self.config,
+                &scope,
+                &key,
+                Fingerprint::of_payload(&delivery.data).into(),
+                move |key, mut tx: Tx<DB>| async move {
+                    let result = function(key, received, &mut tx).await;
+                    (result, tx)
+                },
+            )
+            .await;
+        self.answer_outcome(&delivery, &scope, &key, outcome).await
+    }
+
+    /// A delivery's scope, what the function sees of it, and its key (`None`: it has
+    /// none, or an empty one).
+    fn read(&self, delivery: &Delivery, queue: &str) -> (String, Received, Option<String>) {
+        let scope = match &*self.scope {
+            ScopeFrom::Queue => queue.to_owned(),
+            ScopeFrom::RoutingKey => delivery.routing_key.to_string(),
+            ScopeFrom::Fixed(scope) => scope.clone(),
+        };
+        let received = Received {
+            body: delivery.data.clone(),
+            properties: delivery.properties.clone(),
+            exchange: delivery.exchange.to_string(),
+            routing_key: delivery.routing_key.to_string(),
+            redelivered: delivery.redelivered,
+        };
+        let key = match &self.key {
+            KeySource::Property(from) => key_of(from, &delivery.properties),
+            KeySource::Delivery(read) => read(&received),
+        }
+        .filter(|key| !key.is_empty());
+        (scope, received, key)
+    }
+
+    /// Answers the broker as `outcome`'s disposition says.
+    async fn answer_outcome<T, E: fmt::Display>(
+        &self,
+        delivery: &Delivery,
+        scope: &str,
+        key: &str,
+        outcome: Outcome<T, E>,
+    ) -> Result<Handled<T, E>, RabbitDoorError> {
         let reply = match outcome.disposition() {
             Disposition::Acknowledge => Reply::Ack,
             Disposition::Redeliver(after) => Reply::Requeue(after.unwrap_or(self.retry_delay)),
@@ -388,8 +625,53 @@ impl RabbitDoor {
             ),
             _ => {}
         }
-        answer(&delivery, reply).await?;
+        // One line per delivery, whatever it came to.
+        let what = super::outcome_name(&outcome);
+        match reply {
+            Reply::Ack => {
+                info!(door = "rabbitmq", scope = %scope, key = %key, outcome = %what, "acknowledged")
+            }
+            Reply::Requeue(delay) => {
+                info!(door = "rabbitmq", scope = %scope, key = %key, outcome = %what, ?delay, "requeued after a delay")
+            }
+            Reply::Reject => {
+                info!(door = "rabbitmq", scope = %scope, key = %key, outcome = %what, "rejected")
+            }
+        }
+        answer(delivery, reply).await?;
         Ok(Handled::Protected { outcome, reply })
+    }
+
+    /// A delivery without a key under [`MissingKey::Reject`]: rejected, nothing run.
+    async fn reject_keyless<T, E>(
+        &self,
+        delivery: &Delivery,
+    ) -> Result<Handled<T, E>, RabbitDoorError> {
+        error!(
+            door = "rabbitmq",
+            routing_key = %delivery.routing_key,
+            key = ?self.key,
+            "delivery without its key; rejecting it (MissingKey::Reject)"
+        );
+        answer(delivery, Reply::Reject).await?;
+        Ok(Handled::MissingKey)
+    }
+
+    /// Answers a delivery run unprotected: acknowledged on `Ok`, requeued on `Err`.
+    async fn answer_unprotected<T, E: fmt::Display>(
+        &self,
+        delivery: &Delivery,
+        result: Result<T, E>,
+    ) -> Result<Handled<T, E>, RabbitDoorError> {
+        let reply = match &result {
+            Ok(_) => Reply::Ack,
+            Err(err) => {
+                info!(door = "rabbitmq", error = %err, "unprotected delivery failed; requeued");
+                Reply::Requeue(self.retry_delay)
+            }
+        };
+        answer(delivery, reply).await?;
+        Ok(Handled::Unprotected { result, reply })
     }
 
     /// A delivery without a key, as [`MissingKey`] says.
@@ -405,31 +687,12 @@ impl RabbitDoor {
         Fut: Future<Output = Result<T, E>> + Send + 'static,
         E: fmt::Display,
     {
-        match self.missing_key {
-            MissingKey::Reject => {
-                error!(
-                    door = "rabbitmq",
-                    routing_key = %delivery.routing_key,
-                    key = ?self.key,
-                    "delivery without its key; rejecting it (MissingKey::Reject)"
-                );
-                answer(&delivery, Reply::Reject).await?;
-                Ok(Handled::MissingKey)
-            }
-            MissingKey::RunUnprotected => {
-                let key = IdempotencyKey::new(scope, format!("tag-{}", delivery.delivery_tag));
-                let result = function(key, received).await;
-                let reply = match &result {
-                    Ok(_) => Reply::Ack,
-                    Err(err) => {
-                        info!(door = "rabbitmq", error = %err, "unprotected delivery failed; requeued");
-                        Reply::Requeue(self.retry_delay)
-                    }
-                };
-                answer(&delivery, reply).await?;
-                Ok(Handled::Unprotected { result, reply })
-            }
+        if self.missing_key == MissingKey::Reject {
+            return self.reject_keyless(&delivery).await;
         }
+        let key = IdempotencyKey::new(scope, format!("tag-{}", delivery.delivery_tag));
+        let result = function(key, received).await;
+        self.answer_unprotected(&delivery, result).await
     }
 }
 

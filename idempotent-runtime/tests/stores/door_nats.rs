@@ -358,7 +358,7 @@ async fn check_a_message_without_an_id_is_handled_as_configured() {
     let headers = &dead[0].headers;
     assert_eq!(
         headers.get_last(REJECTED_HEADER).map(|v| v.as_str()),
-        Some("the message has no key header")
+        Some("the message has no key")
     );
     assert_eq!(
         headers
@@ -378,6 +378,55 @@ async fn check_a_message_without_an_id_is_handled_as_configured() {
     test.settled(&unprotected, 2).await;
     runner.abort();
     assert_eq!(runs.load(Ordering::SeqCst), 2, "each keyless message ran");
+    test.delete().await;
+}
+
+/// The key read from the payload (`{"id": …}`, [`JetStreamDoor::key_from`]), no header
+/// at all: two copies of one command run once and both are acknowledged, and a payload
+/// without an id follows `MissingKey` (terminated and dead-lettered, nothing run).
+async fn check_a_key_read_from_the_payload_dedupes_and_one_without_it_is_terminated() {
+    let test = TestStream::new("bodykey").await;
+    let command = r#"{"id":"cmd_1","amount":100}"#;
+    test.publish(None, command).await;
+    test.publish(None, command).await;
+    test.publish(None, r#"{"amount":200}"#).await;
+    let consumer = test.consumer("charger", Duration::from_secs(30)).await;
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let door = JetStreamDoor::new(engine())
+        .key_from(|message| {
+            let body: serde_json::Value = serde_json::from_slice(&message.payload).ok()?;
+            Some(body.get("id")?.as_str()?.to_owned())
+        })
+        .dead_letter(&test.dead_letter());
+    let runner = {
+        let (keys, consumer) = (keys.clone(), consumer.clone());
+        tokio::spawn(async move {
+            let _ = door
+                .run(&consumer, move |key, _message| {
+                    let keys = keys.clone();
+                    async move {
+                        keys.lock().unwrap().push(key.as_str().to_owned());
+                        Ok::<_, String>(())
+                    }
+                })
+                .await;
+        })
+    };
+    test.settled(&consumer, 3).await;
+    runner.abort();
+    assert_eq!(
+        *keys.lock().unwrap(),
+        ["cmd_1"],
+        "one run, under the body's id"
+    );
+    let info = consumer.get_info().await.expect("info");
+    assert_eq!(
+        info.num_redelivered, 0,
+        "each answered at its first delivery"
+    );
+    let dead = test.dead_letters().await;
+    assert_eq!(dead.len(), 1, "the payload without an id is dead-lettered");
+    assert_eq!(dead[0].payload, r#"{"amount":200}"#);
     test.delete().await;
 }
 
@@ -743,7 +792,15 @@ async fn check_the_inbox_writes_each_message_once() {
 
 pub(crate) fn trials() -> Vec<Trial> {
     type Check = fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>;
-    let checks: [(&str, Check); 9] = [
+    let checks: [(&str, Check); 10] = [
+        (
+            "a_key_read_from_the_payload_dedupes_and_one_without_it_is_terminated",
+            || {
+                Box::pin(
+                    check_a_key_read_from_the_payload_dedupes_and_one_without_it_is_terminated(),
+                )
+            },
+        ),
         (
             "a_dead_letter_that_comes_back_is_not_published_again",
             || Box::pin(check_a_dead_letter_that_comes_back_is_not_published_again()),

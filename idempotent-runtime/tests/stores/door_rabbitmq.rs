@@ -37,9 +37,13 @@ fn unavailable() -> Option<String> {
 }
 
 pub(crate) fn trials() -> Vec<Trial> {
-    ignored_if(
+    let mut trials = ignored_if(
         unavailable(),
         vec![
+            async_trial(
+                "a_key_read_from_the_body_dedupes_and_a_body_without_it_is_rejected",
+                a_key_read_from_the_body_dedupes_and_a_body_without_it_is_rejected,
+            ),
             async_trial(
                 "a_message_published_twice_runs_once_and_both_are_acked",
                 a_message_published_twice_runs_once_and_both_are_acked,
@@ -64,8 +68,29 @@ pub(crate) fn trials() -> Vec<Trial> {
                 "without_the_door_a_republished_message_runs_twice",
                 without_the_door_a_republished_message_runs_twice,
             ),
+            #[cfg(feature = "sqlite")]
+            async_trial(
+                "the_inbox_writes_each_message_once_on_sqlite",
+                inbox::on_sqlite,
+            ),
         ],
-    )
+    );
+    #[cfg(feature = "postgres")]
+    {
+        let postgres_unavailable =
+            unavailable().or_else(|| match std::env::var(inbox::POSTGRES_URL_VAR) {
+                Ok(url) if !url.is_empty() => None,
+                _ => Some(format!("{} is not set", inbox::POSTGRES_URL_VAR)),
+            });
+        trials.extend(ignored_if(
+            postgres_unavailable,
+            vec![async_trial(
+                "the_inbox_writes_each_message_once_on_postgres",
+                inbox::on_postgres,
+            )],
+        ));
+    }
+    trials
 }
 
 /// A queue of this test's own (and `<name>_dl`, its dead-letter queue through the
@@ -461,4 +486,237 @@ async fn without_the_door_a_republished_message_runs_twice() {
     }
     assert_eq!(ran, 2);
     queue.delete().await;
+}
+
+/// The key read from the body (`{"id": …}`, [`RabbitDoor::key_from`]), no `message_id`
+/// at all: two copies of one command run once and both are acknowledged, and a body
+/// without an id follows `MissingKey` (rejected to the dead-letter queue, nothing run).
+/// With a prefetch of one the broker hands out a delivery only once the one before it is
+/// answered, so when the last command (another id) runs, the three before it were.
+async fn a_key_read_from_the_body_dedupes_and_a_body_without_it_is_rejected() {
+    let queue = TestQueue::new("bodykey").await;
+    let idempotency = Idempotency::new(MemoryStore::new());
+    let command = r#"{"id":"cmd_1","amount":100}"#;
+    queue.publish(None, command).await;
+    queue.publish(None, command).await;
+    queue.publish(None, r#"{"amount":200}"#).await;
+    queue.publish(None, r#"{"id":"cmd_2","amount":300}"#).await;
+    let (channel, consumer) = queue.consumer_on(1).await;
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let running = {
+        let keys = keys.clone();
+        let door = door(&idempotency).concurrency(1).key_from(|received| {
+            let body: serde_json::Value = serde_json::from_slice(&received.body).ok()?;
+            Some(body.get("id")?.as_str()?.to_owned())
+        });
+        tokio::spawn(async move {
+            door.run(consumer, move |key, _received| {
+                let keys = keys.clone();
+                async move {
+                    keys.lock().unwrap().push(key.as_str().to_owned());
+                    Ok::<_, String>(())
+                }
+            })
+            .await;
+        })
+    };
+    settle("the last command ran", || keys.lock().unwrap().len() == 2).await;
+    running.abort();
+    channel
+        .close(200, "done".into())
+        .await
+        .expect("close the channel");
+    let name = queue.name.clone();
+    let left = queue.ready(&name).await;
+    let dead_lettered = queue.ready(&format!("{name}_dl")).await;
+    queue.delete().await;
+    assert_eq!(
+        *keys.lock().unwrap(),
+        ["cmd_1", "cmd_2"],
+        "one run per body's id"
+    );
+    assert_eq!(dead_lettered, 1, "the body without an id is rejected");
+    assert!(
+        left <= 1,
+        "both copies of cmd_1 were acknowledged: {left} ready"
+    );
+}
+
+/// The inbox ([`RabbitDoor::handle_in_transaction`]) on a store's own database: 16 copies
+/// of one id and one of another, on two consumers at once, write one ledger row each, in
+/// the transaction their record commits in, and every delivery is acknowledged; a
+/// function that fails after writing has its row rolled back and is requeued, then
+/// writes it once. Effects are counted in the table.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod inbox {
+    use super::*;
+    use idempotent_runtime::transaction::{Tx, TxDatabase};
+
+    /// The Postgres server the Postgres trial needs.
+    #[cfg(feature = "postgres")]
+    pub(super) const POSTGRES_URL_VAR: &str = "IDEMPOTENT_TEST_POSTGRES_URL";
+
+    /// The inbox over an SQLite store in a temporary file.
+    #[cfg(feature = "sqlite")]
+    pub(super) async fn on_sqlite() {
+        use idempotent_runtime::store::SqliteStore;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inbox.db");
+        let store = SqliteStore::connect(path.to_str().expect("utf-8"))
+            .await
+            .expect("open the SQLite store");
+        let pool = store.pool().clone();
+        sqlx::query("CREATE TABLE ledger (message TEXT NOT NULL, cents BIGINT NOT NULL)")
+            .execute(&pool)
+            .await
+            .expect("create the ledger");
+        writes_each_message_once::<sqlx::Sqlite>(
+            Idempotency::new(store),
+            "INSERT INTO ledger VALUES (?, ?)",
+        )
+        .await;
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT message, cents FROM ledger ORDER BY message")
+                .fetch_all(&pool)
+                .await
+                .expect("the ledger");
+        assert_eq!(rows, expected_rows(), "one row per message");
+    }
+
+    /// The inbox over a Postgres store, in a schema of its own (`idem_test_…`, like the
+    /// Postgres store tests), dropped afterwards.
+    #[cfg(feature = "postgres")]
+    pub(super) async fn on_postgres() {
+        use idempotent_runtime::store::PostgresStore;
+
+        let url = std::env::var(POSTGRES_URL_VAR).expect("the URL is set");
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let schema = format!("idem_test_{secs}_{:016x}", rand::random::<u64>());
+        let store = PostgresStore::connect_in_schema(&url, &schema)
+            .await
+            .unwrap_or_else(|e| panic!("{POSTGRES_URL_VAR} is set but unreachable: {e}"));
+        let pool = store.pool().clone();
+        // Named in the test's schema: the pool's connections need not search it first.
+        let ledger = format!("\"{schema}\".ledger");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE TABLE {ledger} (message TEXT NOT NULL, cents BIGINT NOT NULL)"
+        )))
+        .execute(&pool)
+        .await
+        .expect("create the ledger");
+        writes_each_message_once::<sqlx::Postgres>(
+            Idempotency::new(store),
+            &format!("INSERT INTO {ledger} VALUES ($1, $2)"),
+        )
+        .await;
+        let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT message, cents FROM {ledger} ORDER BY message"
+        )))
+        .fetch_all(&pool)
+        .await
+        .expect("the ledger");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+        )))
+        .execute(&pool)
+        .await
+        .expect("drop the test schema");
+        pool.close().await;
+        assert_eq!(rows, expected_rows(), "one row per message");
+    }
+
+    fn expected_rows() -> Vec<(String, i64)> {
+        vec![("order-1".to_owned(), 100), ("order-2".to_owned(), 200)]
+    }
+
+    /// Publishes the messages, runs two consumers until all 17 deliveries are
+    /// acknowledged, and checks the failing message ran again; the caller counts the rows
+    /// `insert` wrote.
+    async fn writes_each_message_once<DB>(idempotency: Idempotency, insert: &str)
+    where
+        DB: TxDatabase,
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+        DB::Arguments: sqlx::IntoArguments<DB>,
+        for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        let queue = TestQueue::new("inbox").await;
+        for _ in 0..16 {
+            queue.publish(Some("order-1"), "100").await;
+        }
+        queue.publish(Some("order-2"), "200").await;
+        let insert: Arc<str> = Arc::from(insert);
+        let acked = Arc::new(AtomicUsize::new(0));
+        // order-2's first run fails after its write.
+        let failed_once = Arc::new(AtomicUsize::new(0));
+        let door = RabbitDoor::new(idempotency)
+            .config(
+                HandlerConfig::new()
+                    .name("ledger")
+                    .wait(Duration::from_secs(20)),
+            )
+            .retry_delay(Duration::from_millis(50));
+        let mut consumers = Vec::new();
+        for _ in 0..2 {
+            let consumer = queue.consumer(16).await;
+            let (door, acked, failed_once) = (door.clone(), acked.clone(), failed_once.clone());
+            let (queue_name, insert) = (queue.name.clone(), insert.clone());
+            consumers.push(async move {
+                consumer
+                    .for_each_concurrent(8, |delivery| {
+                        let (door, acked, failed_once) =
+                            (door.clone(), acked.clone(), failed_once.clone());
+                        let (queue_name, insert) = (queue_name.clone(), insert.clone());
+                        async move {
+                            let handled = door
+                                .handle_in_transaction(
+                                    delivery.expect("a delivery"),
+                                    &queue_name,
+                                    async move |key, received, tx: &mut Tx<DB>| {
+                                        let cents: i64 = String::from_utf8_lossy(&received.body)
+                                            .parse()
+                                            .expect("cents");
+                                        sqlx::query::<DB>(sqlx::AssertSqlSafe(insert.to_string()))
+                                            .bind(key.as_str().to_owned())
+                                            .bind(cents)
+                                            .execute(tx.conn())
+                                            .await
+                                            .map_err(|err| err.to_string())?;
+                                        if key.as_str() == "order-2"
+                                            && failed_once.fetch_add(1, Ordering::SeqCst) == 0
+                                        {
+                                            return Err("the gateway timed out".to_owned());
+                                        }
+                                        Ok(cents)
+                                    },
+                                )
+                                .await
+                                .expect("answered");
+                            if handled.reply() == Reply::Ack {
+                                acked.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    })
+                    .await;
+            });
+        }
+        // Polled here rather than spawned: a future generic over the database is not
+        // provably `Send`; the two consumers' deliveries still run interleaved.
+        let all = futures_util::future::join_all(consumers);
+        tokio::select! {
+            _ = all => panic!("the consumers stopped"),
+            () = settle("17 deliveries acknowledged", || {
+                acked.load(Ordering::SeqCst) == 17
+            }) => {}
+        }
+        queue.delete().await;
+        assert!(
+            failed_once.load(Ordering::SeqCst) >= 2,
+            "order-2 ran again after its failure"
+        );
+    }
 }

@@ -10,6 +10,7 @@
 
 #[cfg(feature = "nats")]
 mod door_nats;
+#[cfg(feature = "rabbitmq")]
 mod door_rabbitmq;
 mod fenced_btree_store;
 #[cfg(any(feature = "mysql", feature = "postgres", feature = "redis"))]
@@ -66,6 +67,7 @@ fn main() {
     add("metrics_counters", metrics_counters::trials());
     #[cfg(feature = "nats")]
     add("door_nats", door_nats::trials());
+    #[cfg(feature = "rabbitmq")]
     add("door_rabbitmq", door_rabbitmq::trials());
     idempotent_runtime::testing::run(trials)
 }
