@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotent_runtime::Store;
-use idempotent_runtime::clock::SystemClock;
 use idempotent_runtime::store::{MemoryStore, MySqlStore, PostgresStore, RedisStore, SqliteStore};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::sqlite::{SqlitePool, SqliteSynchronous};
