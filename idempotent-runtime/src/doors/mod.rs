@@ -12,6 +12,40 @@ pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 
+/// Logs what one message the engine ran came to: why it is delivered again when it did
+/// not complete or its record is not confirmed, then the one line every message gets,
+/// with its outcome and `replied` (what the broker was told, and after what delay).
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+fn log_answered<T, E: std::fmt::Display>(
+    door: &'static str,
+    scope: &str,
+    key: &str,
+    outcome: &crate::Outcome<T, E>,
+    replied: &str,
+    delay: Option<std::time::Duration>,
+) {
+    use crate::Outcome;
+    match outcome {
+        Outcome::Failed(failure) => {
+            tracing::info!(door, scope, key, %failure, "the function did not complete; {replied}")
+        }
+        Outcome::RanUnrecorded(_) => tracing::warn!(
+            door,
+            scope,
+            key,
+            "ran, but its record is not confirmed; {replied}, so a redelivery replays it"
+        ),
+        _ => {}
+    }
+    let what = outcome_name(outcome);
+    match delay {
+        Some(delay) => {
+            tracing::info!(door, scope = %scope, key = %key, outcome = %what, ?delay, "{replied}")
+        }
+        None => tracing::info!(door, scope = %scope, key = %key, outcome = %what, "{replied}"),
+    }
+}
+
 /// What `outcome` came to, in one word, for the line each door logs per message.
 #[cfg(any(feature = "nats", feature = "rabbitmq"))]
 fn outcome_name<T, E>(outcome: &crate::Outcome<T, E>) -> &'static str {

@@ -690,31 +690,12 @@ impl JetStreamDoor {
                     .await
             }
         };
-        match &outcome {
-            Outcome::Failed(failure) => {
-                info!(door = "nats", scope, key, %failure, "the function did not complete; nak'd for redelivery")
-            }
-            Outcome::RanUnrecorded(_) => warn!(
-                door = "nats",
-                scope,
-                key,
-                "ran, but its record is not confirmed; nak'd so a redelivery replays it"
-            ),
-            _ => {}
-        }
-        // One line per message, whatever it came to.
-        let what = super::outcome_name(&outcome);
-        match reply {
-            Reply::Ack => {
-                info!(door = "nats", scope = %scope, key = %key, outcome = %what, "acknowledged")
-            }
-            Reply::Nak(delay) => {
-                info!(door = "nats", scope = %scope, key = %key, outcome = %what, ?delay, "nak'd for redelivery")
-            }
-            Reply::Term => {
-                info!(door = "nats", scope = %scope, key = %key, outcome = %what, "terminated")
-            }
-        }
+        let (replied, delay) = match reply {
+            Reply::Ack => ("acknowledged", None),
+            Reply::Nak(delay) => ("nak'd for redelivery", Some(delay)),
+            Reply::Term => ("terminated", None),
+        };
+        super::log_answered("nats", scope, key, &outcome, replied, delay);
         answer(message, reply).await?;
         Ok(Handled::Protected {
             outcome,

@@ -613,31 +613,12 @@ impl RabbitDoor {
                 Reply::Reject
             }
         };
-        match &outcome {
-            Outcome::Failed(failure) => {
-                info!(door = "rabbitmq", scope, key, %failure, "the function did not complete; requeued")
-            }
-            Outcome::RanUnrecorded(_) => warn!(
-                door = "rabbitmq",
-                scope,
-                key,
-                "ran, but its record is not confirmed; requeued so a redelivery replays it"
-            ),
-            _ => {}
-        }
-        // One line per delivery, whatever it came to.
-        let what = super::outcome_name(&outcome);
-        match reply {
-            Reply::Ack => {
-                info!(door = "rabbitmq", scope = %scope, key = %key, outcome = %what, "acknowledged")
-            }
-            Reply::Requeue(delay) => {
-                info!(door = "rabbitmq", scope = %scope, key = %key, outcome = %what, ?delay, "requeued after a delay")
-            }
-            Reply::Reject => {
-                info!(door = "rabbitmq", scope = %scope, key = %key, outcome = %what, "rejected")
-            }
-        }
+        let (replied, delay) = match reply {
+            Reply::Ack => ("acknowledged", None),
+            Reply::Requeue(delay) => ("requeued after a delay", Some(delay)),
+            Reply::Reject => ("rejected", None),
+        };
+        super::log_answered("rabbitmq", scope, key, &outcome, replied, delay);
         answer(delivery, reply).await?;
         Ok(Handled::Protected { outcome, reply })
     }
