@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use idempotent_runtime::clock::ManualClock;
 use idempotent_runtime::store::SqliteStore;
-use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken, StoredResponse};
-use idempotent_runtime::testing::conformance::{self, Harness};
+use idempotent_runtime::store::{
+    ClaimOutcome, ClaimRequest, FencingToken, RecordStore, StoredResponse,
+};
+use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::testing::{Trial, async_trial};
 use idempotent_runtime::{Fingerprint, Store, StoreError};
 use sqlx::Row;
@@ -61,6 +63,12 @@ impl Harness for SqliteHarness {
     }
 }
 
+impl RecordsHarness for SqliteHarness {
+    fn records(&self) -> &dyn RecordStore {
+        self.store.records()
+    }
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
     let own: Vec<Trial> = vec![
         async_trial(
@@ -88,6 +96,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             a_database_of_the_schema_before_steps_upgrades_in_place,
         ),
         async_trial(
+            "a_database_of_the_schema_before_versions_upgrades_in_place",
+            a_database_of_the_schema_before_versions_upgrades_in_place,
+        ),
+        async_trial(
             "concurrent_first_opens_of_one_file_all_succeed",
             concurrent_first_opens_of_one_file_all_succeed,
         ),
@@ -109,6 +121,7 @@ pub(crate) fn trials() -> Vec<Trial> {
         ),
     ];
     let mut trials = conformance::trials::<SqliteHarness>();
+    trials.extend(conformance::record_trials::<SqliteHarness>());
     trials.extend(transaction::trials::<SqliteHarness, sqlx::Sqlite>());
     trials.extend(own);
     trials.extend(group_commit::trials());
@@ -336,7 +349,7 @@ async fn a_database_of_the_schema_before_steps_upgrades_in_place() {
             .fetch_all(store.pool())
             .await
             .unwrap();
-    assert_eq!(applied, [1, 2, 3]);
+    assert_eq!(applied, [1, 2, 3, 4]);
     assert!(columns(store.pool()).await.contains(&"steps".to_owned()));
     assert_eq!(
         store
@@ -378,6 +391,179 @@ async fn a_database_of_the_schema_before_steps_upgrades_in_place() {
             takeover: Some(idempotent_runtime::store::Takeover::LeaseLost),
             steps: vec![step],
         }
+    );
+}
+
+/// A file at schema version 3 (before record versions), holding a completed record, a
+/// running claim and a claim with a recorded step whose lease ran out, as the store of
+/// that version wrote them: opening it applies migration 4 in place; the completed record
+/// replays, the running owner records a step and completes, the stepped record is taken
+/// over with its step; and a write or insert of an earlier release (which knows no
+/// version) still moves the version, so an upgraded owner's compare-and-set cannot
+/// overwrite it.
+async fn a_database_of_the_schema_before_versions_upgrades_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = path_in(&dir, "v3.db");
+    let clock = ManualClock::at_millis(START);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(SqliteStore::connect_options(&path).unwrap())
+        .await
+        .unwrap();
+    SqliteStore::migrator().run_to(3, &pool).await.unwrap();
+    let stored = StoredResponse {
+        status: 200,
+        headers: vec![("content-type".to_owned(), b"text/plain".to_vec())],
+        body: Some(bytes::Bytes::from_static(b"done")),
+    };
+    sqlx::query(
+        "INSERT INTO idempotency_records (scope, key, fingerprint, fingerprint_version, \
+         state, token, status, headers, body, created_at, expires_at) \
+         VALUES ('acct_alice', 'key-1', ?1, 1, 'completed', 7, 200, ?2, ?3, ?4, ?5)",
+    )
+    .bind(fingerprint().digest.to_vec())
+    .bind(idempotent_runtime::store::encode_headers(&stored.headers))
+    .bind(stored.body.as_deref().map(<[u8]>::to_vec))
+    .bind(START)
+    .bind(START + 3_600_000)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let step = idempotent_runtime::store::RecordedStep {
+        name: "charge".to_owned(),
+        output: bytes::Bytes::from_static(&[0, 0xFF, 0]),
+        recorded_at: std::time::UNIX_EPOCH + Duration::from_millis(START as u64),
+    };
+    let (running, stepped) = (FencingToken::random(), FencingToken::random());
+    // key-2 runs until 30 s from now; key-3's lease ran out a second ago, with a step.
+    for (key, token, lease_end, steps) in [
+        ("key-2", running, START + 30_000, None),
+        (
+            "key-3",
+            stepped,
+            START - 1_000,
+            Some(idempotent_runtime::store::encode_step(&step)),
+        ),
+    ] {
+        sqlx::query(
+            "INSERT INTO idempotency_records (scope, key, fingerprint, fingerprint_version, \
+             state, token, lease_expires_at, created_at, expires_at, lease_boot_id, \
+             lease_ends_boot_ms, steps) \
+             VALUES ('acct_alice', ?1, ?2, 1, 'in_progress', ?3, ?4, ?5, ?6, ?7, ?4, ?8)",
+        )
+        .bind(key)
+        .bind(fingerprint().digest.to_vec())
+        .bind(token.0)
+        .bind(lease_end)
+        .bind(START - 60_000)
+        .bind(START + 3_600_000)
+        .bind(1u128.to_be_bytes().to_vec())
+        .bind(steps)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    pool.close().await;
+
+    let store = SqliteStore::connect_with_clock(&path, Arc::new(clock.clone()))
+        .await
+        .expect("open upgrades the file");
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _idempotent_sqlite_migrations ORDER BY version")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(applied, [1, 2, 3, 4]);
+    let versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM idempotency_records ORDER BY key")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(versions, [0, 0, 0], "existing records start at version 0");
+    let request = |key, token| ClaimRequest {
+        key,
+        ..claim_request(token)
+    };
+    assert_eq!(
+        store
+            .claim(&request("key-1", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Replay(stored.clone())
+    );
+    assert!(matches!(
+        store
+            .claim(&request("key-2", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::InProgress { .. }
+    ));
+    assert!(
+        store
+            .record_step("acct_alice", "key-2", running, &step)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .complete("acct_alice", "key-2", running, &stored)
+            .await
+            .unwrap()
+    );
+    let retry = FencingToken::random();
+    assert_eq!(
+        store.claim(&request("key-3", retry)).await.unwrap().outcome,
+        ClaimOutcome::Claimed {
+            token: retry,
+            takeover: Some(idempotent_runtime::store::Takeover::LeaseLost),
+            steps: vec![step],
+        }
+    );
+
+    // An earlier release's writes: an update fenced by token alone, and an insert.
+    let version_of = |key: &'static str| {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT version FROM idempotency_records WHERE scope = 'acct_alice' AND key = ?1",
+        )
+        .bind(key)
+        .fetch_one(store.pool())
+    };
+    let before = version_of("key-3").await.unwrap();
+    sqlx::query("UPDATE idempotency_records SET lease_expires_at = lease_expires_at + 1 WHERE key = 'key-3'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(version_of("key-3").await.unwrap(), before.wrapping_add(1));
+    assert!(
+        !store
+            .complete("acct_alice", "key-3", FencingToken::random(), &stored)
+            .await
+            .unwrap(),
+        "a stranger owns nothing"
+    );
+    assert!(
+        store
+            .complete("acct_alice", "key-3", retry, &stored)
+            .await
+            .unwrap(),
+        "the owner's compare-and-set reads the moved version and completes"
+    );
+    sqlx::query(
+        "INSERT INTO idempotency_records (scope, key, fingerprint, fingerprint_version, \
+         state, token, lease_expires_at, created_at, expires_at) \
+         VALUES ('acct_alice', 'key-4', ?1, 1, 'in_progress', 9, ?2, ?2, ?2)",
+    )
+    .bind(fingerprint().digest.to_vec())
+    .bind(START)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    assert_ne!(
+        version_of("key-4").await.unwrap(),
+        0,
+        "an earlier release's insert gets a random version"
     );
 }
 

@@ -41,9 +41,11 @@ mod tx;
 pub use tx::TxRecords;
 
 /// How many times a decision is taken again when the record changed under it before a
-/// store error is reported: each retry means another writer won, so this only runs out
-/// under a storm of writes to one key.
-const ATTEMPTS: usize = 16;
+/// store error is reported. Each lost attempt is another write's success, and the writes
+/// that win are finite (a claim's, or its owner's steps and renewals: an owner recording
+/// several steps at once, or a takeover racing a lost owner that still records steps,
+/// loses many in a row), so the bound only stops a runaway.
+const ATTEMPTS: usize = 256;
 
 /// One instant of a store's clocks, in milliseconds since the Unix epoch: the wall
 /// clock, which TTLs are on, and the clock leases are on (the same for a database
@@ -431,18 +433,23 @@ impl<R: RecordStore> Store for Fenced<R> {
             lease: claim.lease,
             keep_steps,
         };
+        // The record a stale takeover found instead: decided on at once.
+        let mut found = None;
         for _ in 0..ATTEMPTS {
-            let (record, now) = match self.records.insert(scope, key, &change(false)).await? {
-                Inserted::Inserted => {
-                    self.remember(claim.token, Record::first_version(claim.token));
-                    return Ok(ClaimOutcome::Claimed {
-                        token: claim.token,
-                        takeover: None,
-                        steps: Vec::new(),
+            let (record, now) = match found.take() {
+                Some(found) => found,
+                None => match self.records.insert(scope, key, &change(false)).await? {
+                    Inserted::Inserted => {
+                        self.remember(claim.token, Record::first_version(claim.token));
+                        return Ok(ClaimOutcome::Claimed {
+                            token: claim.token,
+                            takeover: None,
+                            steps: Vec::new(),
+                        }
+                        .into());
                     }
-                    .into());
-                }
-                Inserted::Exists(record, now) => (record, now),
+                    Inserted::Exists(record, now) => (record, now),
+                },
             };
             let reason = match rules::claim(&record, now, claim.fingerprint) {
                 Decision::Take(reason) => reason,
@@ -468,8 +475,9 @@ impl<R: RecordStore> Store for Fenced<R> {
                     }
                     .into());
                 }
-                // Another writer changed the record since it was read: decide again.
-                Updated::Stale(..) => {}
+                // Another writer changed the record since it was read: decide again, on
+                // the record as it is (gone: insert again).
+                Updated::Stale(record, now) => found = record.map(|record| (record, now)),
             }
         }
         Err(contention(scope, key))
@@ -483,8 +491,27 @@ impl<R: RecordStore> Store for Fenced<R> {
         lease: Duration,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        self.owner_writes(scope, key, token, &Change::Renew { lease, ttl })
+        // **A renewal sent is carried to its end**, even when the heartbeat stops waiting
+        // for it (its store timeout, behind a held lock): the owner's renewals then queue
+        // up at the version of its last known write, and when the first of them lands the
+        // others are stale. Abandoned there, the lease would end at the first renewal's
+        // end, not the last's, and a retry queued behind the same lock would take a live
+        // handler over. Carried on, each reads the record again and applies while the
+        // token still owns it.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self
+                .owner_writes(scope, key, token, &Change::Renew { lease, ttl })
+                .await;
+        };
+        let this = self.clone();
+        let (scope, key) = (scope.to_owned(), key.to_owned());
+        runtime
+            .spawn(async move {
+                this.owner_writes(&scope, &key, token, &Change::Renew { lease, ttl })
+                    .await
+            })
             .await
+            .map_err(|e| StoreError::backend(format!("a renewal's task failed: {e}")))?
     }
 
     async fn complete(

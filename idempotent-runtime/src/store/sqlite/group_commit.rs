@@ -37,7 +37,7 @@
 //!   [`QUEUE`](batcher::QUEUE) waiting; a caller finding the queue full waits for room
 //!   (and for the engine's store timeout). A write whose caller gave up before its batch
 //!   began is not run — except a renewal.
-//! - **Renewals are never dropped, and go first** (`renewals_first`). A write lock held
+//! - **Renewals are never dropped, and go first** (`in_batch_order`). A write lock held
 //!   elsewhere (a transactional handler, another process) stalls the batch, and the
 //!   renewals queued behind it time out in their callers after a third of their lease.
 //!   Dropped, the lease would run out in the store under a live handler, and a retry's
@@ -46,6 +46,11 @@
 //!   takeover is judged on the lease of the owner's last renewal sent before it. This
 //!   holds within one store; a store in another process sharing the file races its own
 //!   writes for the lock, see the module docs of `SqliteStore`.
+//! - **Takeovers go next.** A batch's first compare-and-set on a record wins and makes
+//!   the others on it stale; a stale write is answered last and queued again last. An
+//!   owner whose lease was lost yet records steps as fast as the writer takes them would
+//!   so keep a retry's takeover stale batch after batch; after the renewals, a takeover
+//!   goes first.
 //!
 //! The writer is a task with a connection of its own (`dedicated.rs`): each batch runs
 //! in a single call on its C handle, on Tokio's blocking pool, with statements prepared
@@ -57,257 +62,128 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use sqlx::SqlitePool;
 
 use super::checkpoint::{self, Checkpointer, Checkpoints};
 use super::dedicated::{self, Batch, BatchEnd, Batches};
-use super::lease_time::{Now, statement};
+use super::lease_time::Now;
 use super::raw_connection::{Param, RawConnection, SqliteFailure};
+use super::records::{READ, record_at};
 use super::writers::StoreWrites;
-use super::{COMPLETE, RECORD_STEP};
-use crate::store::sql::CompletionColumns;
+use crate::clock::Clock;
 use crate::store::sql::batcher::{self, Batcher, Queued};
-use crate::store::{FencingToken, StoreError, StoredResponse};
+use crate::store::{Record, StoreError};
 
-const RELEASE: &str = include_str!("sql/release.sql");
-const RELEASE_KEEP: &str = include_str!("sql/release_keep.sql");
+/// A statement's parameter, owned so its write can wait in the queue.
+#[derive(Debug, Clone)]
+pub(super) enum Value {
+    Text(String),
+    Blob(Vec<u8>),
+    Int(i64),
+    Null,
+}
 
-/// One write: a single statement and its parameters, owned so it can wait in the queue.
+impl Value {
+    fn param(&self) -> Param<'_> {
+        match self {
+            Self::Text(text) => Param::Text(text),
+            Self::Blob(bytes) => Param::Blob(bytes),
+            Self::Int(int) => Param::Int(*int),
+            Self::Null => Param::Null,
+        }
+    }
+}
+
+/// One write: a statement of `records.rs`, run once for each set of parameters (each
+/// beginning `?1` scope, `?2` key).
 #[derive(Debug)]
-pub(super) enum Write {
-    /// A claim's insert of a new key (`claim_new.sql`) or fenced takeover `UPDATE` (whose
-    /// `RETURNING steps`, for a lost lease, is the write's [`Written::steps`]).
-    Claim {
-        /// Which of the claim statements.
-        statement: &'static str,
-        /// `Claim` for the insert, `TakeOver` for an update.
-        kind: WriteKind,
-        scope: String,
-        key: String,
-        fingerprint: [u8; 32],
-        fingerprint_version: i64,
-        token: FencingToken,
-        /// The lease's end on the wall clock.
-        lease_expires_at: i64,
-        /// The claim's instant, taken before its read.
-        now: Now,
-        expires_at: i64,
-        /// The lease's end on the boot's clock (`None`: no boot, see `lease_time.rs`).
-        lease_ends_boot: Option<i64>,
-    },
-    Renew {
-        scope: String,
-        key: String,
-        token: FencingToken,
-        lease_expires_at: i64,
-        boot_id: Option<[u8; 16]>,
-        lease_ends_boot: Option<i64>,
-        /// The record's expiry at the least, on the wall clock: a TTL from now.
-        keep_until: i64,
-    },
-    /// Appends one encoded step (`record_step.sql`).
-    RecordStep {
-        scope: String,
-        key: String,
-        token: FencingToken,
-        /// `encode_step` of the step.
-        step: Vec<u8>,
-    },
-    Complete {
-        scope: String,
-        key: String,
-        token: FencingToken,
-        response: StoredResponse,
-    },
-    /// Deletes the claim (`release.sql`), or, when it holds steps, ends its lease at
-    /// `now` (`release_keep.sql`).
-    Release {
-        scope: String,
-        key: String,
-        token: FencingToken,
-        now: Now,
-    },
-    Purge {
-        now: Now,
-        limit: i64,
-    },
+pub(super) struct Write {
+    kind: WriteKind,
+    statement: &'static str,
+    each: Vec<Vec<Value>>,
+    /// When the statement changed nothing, read the record back, at this clock's now.
+    read_back: Option<Arc<dyn Clock>>,
 }
 
 impl Write {
-    fn kind(&self) -> WriteKind {
-        match self {
-            Self::Claim { kind, .. } => *kind,
-            Self::Renew { .. } => WriteKind::Renew,
-            Self::RecordStep { .. } => WriteKind::RecordStep,
-            Self::Complete { .. } => WriteKind::Complete,
-            Self::Release { .. } => WriteKind::Release,
-            Self::Purge { .. } => WriteKind::Purge,
+    /// `statement` with `values`.
+    pub(super) fn one(kind: WriteKind, statement: &'static str, values: Vec<Value>) -> Self {
+        Self::each(kind, statement, vec![values])
+    }
+
+    /// `statement` with each of `each`, in order (a purge's deletes).
+    pub(super) fn each(kind: WriteKind, statement: &'static str, each: Vec<Vec<Value>>) -> Self {
+        Self {
+            kind,
+            statement,
+            each,
+            read_back: None,
         }
     }
 
-    /// Runs the statement; the rows it affected, and the steps a takeover returned.
+    /// When the statement changes no row, reads the record of its key back, in the same
+    /// call (and transaction), at `clock`'s now then: an insert's conflict, a stale
+    /// compare-and-set. (Not the caller's now: the write may have waited behind a lock
+    /// that long.)
+    pub(super) fn reading_back(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.read_back = Some(clock);
+        self
+    }
+
+    fn kind(&self) -> WriteKind {
+        self.kind
+    }
+
+    /// A renewal (see [`in_batch_order`]).
+    fn is_renewal(&self) -> bool {
+        self.kind == WriteKind::Renew
+    }
+
+    /// Runs the statement: the rows it changed.
     fn execute(&self, db: &mut RawConnection) -> Result<Written, StoreError> {
-        let rows = match self {
-            Self::Claim {
-                statement,
-                scope,
-                key,
-                fingerprint,
-                fingerprint_version,
-                token,
-                lease_expires_at,
-                now,
-                expires_at,
-                lease_ends_boot,
-                ..
-            } => {
-                let params = [
-                    Param::Text(scope),
-                    Param::Text(key),
-                    Param::Blob(fingerprint),
-                    Param::Int(*fingerprint_version),
-                    Param::Int(token.0),
-                    Param::Int(*lease_expires_at),
-                    Param::Int(now.wall),
-                    Param::Int(*expires_at),
-                    boot_param(now.boot_id.as_ref()),
-                    Param::Int(now.boot),
-                    lease_ends_boot.map_or(Param::Null, Param::Int),
-                ];
-                // A lost lease's takeover returns the steps it kept (a NULL column: none);
-                // the other claim statements return no row.
-                let (rows, steps) = db
-                    .execute_returning(statement, &params, |row| row.bytes(0))
-                    .map_err(|failure| StoreError::Database(failure.into_sqlx()))?;
-                return Ok(Written {
-                    rows,
-                    steps: steps.flatten(),
-                });
-            }
-            Self::Renew {
-                scope,
-                key,
-                token,
-                lease_expires_at,
-                boot_id,
-                lease_ends_boot,
-                keep_until,
-            } => db.execute(
-                statement!("sql/renew.sql"),
-                &[
-                    Param::Text(scope),
-                    Param::Text(key),
-                    Param::Int(token.0),
-                    Param::Int(*lease_expires_at),
-                    boot_param(boot_id.as_ref()),
-                    lease_ends_boot.map_or(Param::Null, Param::Int),
-                    Param::Int(*keep_until),
-                ],
-            ),
-            Self::RecordStep {
-                scope,
-                key,
-                token,
-                step,
-            } => db.execute(
-                RECORD_STEP,
-                &[
-                    Param::Text(scope),
-                    Param::Text(key),
-                    Param::Int(token.0),
-                    Param::Blob(step),
-                ],
-            ),
-            Self::Complete {
-                scope,
-                key,
-                token,
-                response,
-            } => {
-                let columns = CompletionColumns::of(response)?;
-                db.execute(
-                    COMPLETE,
-                    &[
-                        Param::Text(scope),
-                        Param::Text(key),
-                        Param::Int(token.0),
-                        Param::Int(i64::from(columns.status)),
-                        Param::Blob(&columns.headers),
-                        columns.body.map_or(Param::Null, Param::Blob),
-                    ],
-                )
-            }
-            Self::Release {
-                scope,
-                key,
-                token,
-                now,
-            } => release(db, scope, key, *token, *now),
-            Self::Purge { now, limit } => db.execute(
-                statement!("sql/purge.sql"),
-                &[
-                    Param::Int(now.wall),
-                    Param::Int(*limit),
-                    boot_param(now.boot_id.as_ref()),
-                    Param::Int(now.boot),
-                ],
-            ),
+        let mut rows = 0;
+        let mut params = Vec::new();
+        for values in &self.each {
+            params.clear();
+            params.extend(values.iter().map(Value::param));
+            rows += db.execute(self.statement, &params).map_err(failed)?;
+        }
+        Ok(Written::Changed(rows))
+    }
+
+    /// What the write answers once its batch's statements all ran: a write reading back
+    /// that changed nothing gets the record as the batch leaves it (not as it was right
+    /// after its own statement, which later writes of the batch may have changed: its
+    /// next attempt would be stale again).
+    fn finish(&self, db: &mut RawConnection, written: Written) -> Result<Written, StoreError> {
+        let (Some(clock), Written::Changed(0), Some(values)) =
+            (&self.read_back, &written, self.each.first())
+        else {
+            return Ok(written);
         };
-        let rows = rows.map_err(|failure| StoreError::Database(failure.into_sqlx()))?;
-        Ok(Written { rows, steps: None })
+        let now = Now::of(clock.as_ref());
+        let params: Vec<Param<'_>> = values[..2].iter().map(Value::param).collect();
+        let record = db
+            .query_row(READ, &params, |row| record_at(row, 0, now))
+            .map_err(failed)?
+            .transpose()?;
+        Ok(Written::Found(record, now))
     }
 }
 
-/// What a write did: the rows it affected and, for a takeover of a lost lease, the steps
-/// its `RETURNING` read from the row it wrote (`None`: none, or another write).
-#[derive(Debug, Default)]
-pub(super) struct Written {
-    pub(super) rows: u64,
-    pub(super) steps: Option<Vec<u8>>,
+fn failed(failure: SqliteFailure) -> StoreError {
+    StoreError::Database(failure.into_sqlx())
 }
 
-/// `release`: deletes the claim `token` owns when it holds no steps, else keeps it with
-/// its lease ended at `now` and its token [`FencingToken::RELEASED`]
-/// (`release_keeps_record`); the rows affected (0: the token owns nothing).
-///
-/// Two statements, each fenced by the token, need no transaction around them: while the
-/// token owns the record only this request changes its steps (and only by adding one),
-/// so if neither matches, the token lost the record in between, and "owned nothing" is
-/// true of that moment. A record without steps, the usual one, costs the one `DELETE`.
-fn release(
-    db: &mut RawConnection,
-    scope: &str,
-    key: &str,
-    token: FencingToken,
-    now: Now,
-) -> Result<u64, SqliteFailure> {
-    let deleted = db.execute(
-        RELEASE,
-        &[Param::Text(scope), Param::Text(key), Param::Int(token.0)],
-    )?;
-    if deleted > 0 {
-        return Ok(deleted);
-    }
-    db.execute(
-        RELEASE_KEEP,
-        &[
-            Param::Text(scope),
-            Param::Text(key),
-            Param::Int(token.0),
-            Param::Int(now.wall),
-            boot_param(now.boot_id.as_ref()),
-            now.lease_ends_boot(Duration::ZERO)
-                .map_or(Param::Null, Param::Int),
-            Param::Int(FencingToken::RELEASED.0),
-        ],
-    )
-}
-
-/// A boot id as a statement parameter; NULL without one.
-pub(super) fn boot_param(boot_id: Option<&[u8; 16]>) -> Param<'_> {
-    boot_id.map_or(Param::Null, |id| Param::Blob(id))
+/// What a write did.
+#[derive(Debug)]
+pub(super) enum Written {
+    /// Its statement changed this many rows.
+    Changed(u64),
+    /// It changed none, and its key's record is this (`None`: there is none), read at
+    /// this instant.
+    Found(Option<Record>, Now),
 }
 
 /// What a write does, for [`GroupCommitStats`].
@@ -425,13 +301,8 @@ impl GroupCommit {
         }
     }
 
-    /// Runs `write` in the next batch; the rows it affected, once its batch committed.
-    pub(super) async fn write(&self, write: Write) -> Result<u64, StoreError> {
-        Ok(self.writer.ask(write).await?.rows)
-    }
-
-    /// Like [`write`](Self::write), with what a `RETURNING` clause read ([`Written`]).
-    pub(super) async fn write_returning(&self, write: Write) -> Result<Written, StoreError> {
+    /// Runs `write` in the next batch; what it did, once its batch committed.
+    pub(super) async fn write(&self, write: Write) -> Result<Written, StoreError> {
         self.writer.ask(write).await
     }
 
@@ -469,7 +340,7 @@ impl Batches for Writer {
     async fn prepare(&self, batch: &mut Batch<Self>) {
         // A transactional handler about to take the lock goes first (see `writers.rs`).
         self.writes.let_transactions_begin().await;
-        renewals_first(batch);
+        in_batch_order(batch);
         if !batch.is_empty() {
             self.counters.count(batch);
             self.checkpointer.batch_begins();
@@ -488,12 +359,18 @@ impl Batches for Writer {
 /// would let the retry take over a handler that is still running. Applying it late is
 /// safe, as its lease end was fixed when it was sent; moving it first within the batch is
 /// one of the orders in which its writes, all waiting at once, could have arrived.
-fn renewals_first(batch: &mut Vec<Pending>) {
-    batch.retain(|pending| !pending.gave_up() || matches!(pending.item, Write::Renew { .. }));
-    let after_renewals = |pending: &Pending| !matches!(pending.item, Write::Renew { .. });
+///
+/// Then the takeovers (see the module docs), then the rest.
+fn in_batch_order(batch: &mut Vec<Pending>) {
+    batch.retain(|pending| !pending.gave_up() || pending.item.is_renewal());
+    let place = |pending: &Pending| match pending.item.kind() {
+        WriteKind::Renew => 0,
+        WriteKind::TakeOver => 1,
+        _ => 2,
+    };
     // Stable: every other write keeps its arrival order. Most batches are in order already.
-    if !batch.is_sorted_by_key(after_renewals) {
-        batch.sort_by_key(after_renewals);
+    if !batch.is_sorted_by_key(place) {
+        batch.sort_by_key(place);
     }
 }
 
@@ -504,7 +381,10 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
     if let [alone] = &batch[..] {
         // Nothing to share the transaction with: the statement commits on its own
         // (autocommit) before it returns.
-        let result = alone.item.execute(db);
+        let result = alone
+            .item
+            .execute(db)
+            .and_then(|written| alone.item.finish(db, written));
         let end = if result.is_ok() {
             BatchEnd::Clean
         } else {
@@ -535,6 +415,11 @@ fn run_batch(db: &mut RawConnection, batch: &mut Vec<Pending>) -> BatchEnd {
             return end;
         }
     }
+    let done: Vec<_> = batch
+        .iter()
+        .zip(done)
+        .map(|(pending, result)| result.and_then(|written| pending.item.finish(db, written)))
+        .collect();
     match db.execute(dedicated::COMMIT, &[]) {
         Ok(_) => {
             for (pending, result) in batch.drain(..).zip(done) {

@@ -1,4 +1,4 @@
-//! Group read: the claims' reads (`claim_read.sql`), batched by one reader task on a
+//! Group read: the reads of records (`records.rs`), batched by one reader task on a
 //! connection of its own (`dedicated.rs`), as the writer batches the writes.
 //!
 //! Every claim reads its record first: a fresh key to find none, a replay the cache does
@@ -8,34 +8,33 @@
 //! writer's; here the reads waiting, up to the batcher's `MAX_BATCH`, run one
 //! after another in a single hand-off, in one read transaction: one snapshot, taken at
 //! the batch's first read, after every read of the batch was sent, so each sees what
-//! was committed when its claim asked, or later (WAL: it waits for no writer). A read
+//! was committed when its caller asked, or later (WAL: it waits for no writer). A read
 //! that fails fails alone.
+
+use std::sync::Arc;
 
 use sqlx::SqlitePool;
 
 use super::dedicated::{self, Batch, BatchEnd, Batches};
-use super::group_commit::boot_param;
-use super::lease_time::{Now, statement};
-use super::raw_connection::{Param, RawConnection, Row};
-use crate::store::StoreError;
-use crate::store::sql::FoundRow;
+use super::lease_time::Now;
+use super::raw_connection::{Param, RawConnection};
+use super::records::{READ, record_at};
+use crate::clock::Clock;
 use crate::store::sql::batcher::Batcher;
+use crate::store::{Record, StoreError};
 
-/// One claim's read: the record of (scope, key), judged at `now` against the claim's
-/// fingerprint (the parameters of `claim_read.sql`).
+/// One read: the record of (scope, key), and the store clock's now as it is read.
 #[derive(Debug)]
-pub(super) struct ClaimRead {
-    pub(super) scope: String,
-    pub(super) key: String,
-    pub(super) now: Now,
-    pub(super) fingerprint: [u8; 32],
-    pub(super) fingerprint_version: i64,
+pub(super) struct RecordRead {
+    scope: String,
+    key: String,
+    clock: Arc<dyn Clock>,
 }
 
 /// The handle claims send their reads through; clones share the one reader.
 #[derive(Debug, Clone)]
 pub(super) struct GroupRead {
-    reader: Batcher<ClaimRead, Option<FoundRow>>,
+    reader: Batcher<RecordRead, (Option<Record>, Now)>,
 }
 
 impl GroupRead {
@@ -48,8 +47,19 @@ impl GroupRead {
         Self { reader }
     }
 
-    /// Runs `read` in the next batch; the record found, if any.
-    pub(super) async fn read(&self, read: ClaimRead) -> Result<Option<FoundRow>, StoreError> {
+    /// Reads the record of (`scope`, `key`) in the next batch, and `clock`'s now as it
+    /// was read (its lease placed on that now's lease clock).
+    pub(super) async fn read(
+        &self,
+        scope: &str,
+        key: &str,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<(Option<Record>, Now), StoreError> {
+        let read = RecordRead {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            clock: clock.clone(),
+        };
         self.reader.ask(read).await
     }
 }
@@ -58,8 +68,8 @@ impl GroupRead {
 struct Reader;
 
 impl Batches for Reader {
-    type Item = ClaimRead;
-    type Reply = Option<FoundRow>;
+    type Item = RecordRead;
+    type Reply = (Option<Record>, Now);
 
     const FAILED: &'static str = "the SQLite store's reader has no connection";
 
@@ -74,17 +84,10 @@ impl Batches for Reader {
         let shared = batch.len() > 1 && db.execute(dedicated::BEGIN, &[]).is_ok();
         for pending in batch.drain(..) {
             let read = &pending.item;
-            let params = [
-                Param::Text(&read.scope),
-                Param::Text(&read.key),
-                Param::Int(read.now.wall),
-                Param::Blob(&read.fingerprint),
-                Param::Int(read.fingerprint_version),
-                boot_param(read.now.boot_id.as_ref()),
-                Param::Int(read.now.boot),
-            ];
-            let found = match db.query_row(statement!("sql/claim_read.sql"), &params, found_row) {
-                Ok(found) => found.transpose(),
+            let params = [Param::Text(&read.scope), Param::Text(&read.key)];
+            let now = Now::of(read.clock.as_ref());
+            let found = match db.query_row(READ, &params, |row| record_at(row, 0, now)) {
+                Ok(found) => found.transpose().map(|record| (record, now)),
                 Err(failure) => Err(StoreError::Database(failure.into_sqlx())),
             };
             pending.answer(found);
@@ -98,28 +101,4 @@ impl Batches for Reader {
         // came with).
         BatchEnd::Clean
     }
-}
-
-/// The columns of `claim_read.sql`, in its order.
-fn found_row(row: &Row<'_>) -> Result<FoundRow, StoreError> {
-    let flag = |column, name: &str| {
-        row.int(column)
-            .map(|value| value != 0)
-            .ok_or_else(|| StoreError::Corrupt(format!("the record's {name} is NULL")))
-    };
-    let state = row
-        .bytes(0)
-        .ok_or_else(|| StoreError::Corrupt("the record has no state".to_owned()))?;
-    Ok(FoundRow {
-        state: String::from_utf8(state)
-            .map_err(|_| StoreError::Corrupt("the record's state is not UTF-8".to_owned()))?,
-        ttl_ran_out: flag(1, "expiry")?,
-        lease_ran_out: flag(2, "lease")?,
-        same_fingerprint: flag(3, "fingerprint")?,
-        lease_remaining_ms: row.int(4),
-        ttl_remaining_ms: row.int(5),
-        status: row.int(6),
-        headers: row.bytes(7),
-        body: row.bytes(8),
-    })
 }

@@ -1,4 +1,4 @@
-//! The clock SQLite's leases are judged on, and the one rule that judges them.
+//! The clock SQLite's leases are on.
 //!
 //! Several processes of a host share one SQLite file, so a lease must be judged on a
 //! clock that every one of them reads alike and that a step of the wall clock (NTP, a VM
@@ -18,8 +18,8 @@
 //! judged on without a boot. TTLs (`expires_at`, `created_at`) are wall-clock time, which
 //! users read as calendar time: a wall step moves them.
 //!
-//! The rule is one SQL expression, [`lease_left_ms`], which the statements name as
-//! `lease_left_ms(?wall_now, ?boot_id, ?boot_now)` and [`expand`] writes out.
+//! A record read places its lease on the lease clock of the read's [`Now`]
+//! (`records.rs`, `lease_end`); the engine judges it there.
 
 use std::time::Duration;
 
@@ -69,77 +69,9 @@ impl Now {
     }
 }
 
-/// The lease rule, as SQL: how many milliseconds the record's lease has left, judged
-/// with `wall` (now on the wall clock), `boot_id` (the boot leases are judged in, or
-/// NULL) and `boot` (now on that boot's clock), each a parameter such as `?3`. `<= 0`:
-/// the lease ran out. NULL: no lease (a completed record).
-///
-/// - written or judged without a boot: on the wall clock, `lease_expires_at - wall` (a
-///   process that cannot read the boot falls back to the wall clock rather than take a
-///   lease written with one for run out);
-/// - written in this boot: on its monotonic clock, `lease_ends_boot_ms - boot`;
-/// - written in another boot: ran out, `0`.
-pub(super) fn lease_left_ms(wall: &str, boot_id: &str, boot: &str) -> String {
-    format!(
-        "(CASE WHEN lease_boot_id IS NULL OR {boot_id} IS NULL THEN lease_expires_at - {wall} \
-         WHEN lease_boot_id = {boot_id} THEN lease_ends_boot_ms - {boot} \
-         ELSE 0 END)"
-    )
-}
-
-/// `template` with every `lease_left_ms(a, b, c)` written out as [`lease_left_ms`].
-///
-/// # Panics
-///
-/// On a call without its three arguments (a mistake in a statement file, caught by the
-/// first test that runs it).
-pub(super) fn expand(template: &str) -> String {
-    const CALL: &str = "lease_left_ms(";
-    let mut out = String::with_capacity(template.len() + 256);
-    let mut rest = template;
-    while let Some(at) = rest.find(CALL) {
-        out.push_str(&rest[..at]);
-        let args_start = at + CALL.len();
-        let close = rest[args_start..]
-            .find(')')
-            .map(|i| args_start + i)
-            .unwrap_or_else(|| panic!("unclosed lease_left_ms( in {template}"));
-        let args: Vec<&str> = rest[args_start..close].split(',').map(str::trim).collect();
-        let [wall, boot_id, boot] = args[..] else {
-            panic!("lease_left_ms takes three arguments: {template}");
-        };
-        out.push_str(&lease_left_ms(wall, boot_id, boot));
-        rest = &rest[close + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// A statement file with the lease rule written out, built once: a `&'static str` with
-/// one address for the store's prepared-statement caches.
-macro_rules! statement {
-    ($file:literal) => {{
-        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-            $crate::store::sqlite::lease_time::expand(include_str!($file))
-        });
-        SQL.as_str()
-    }};
-}
-pub(super) use statement;
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn expands_every_call_with_its_own_parameters() {
-        let sql = expand("SELECT lease_left_ms(?3, ?6, ?7) <= 0, lease_left_ms(?1,?2,?4)");
-        assert!(!sql.contains("lease_left_ms("));
-        assert!(sql.contains("lease_boot_id IS NULL OR ?6 IS NULL THEN lease_expires_at - ?3"));
-        assert!(sql.contains("lease_boot_id = ?6 THEN lease_ends_boot_ms - ?7"));
-        assert!(sql.contains("lease_boot_id = ?2 THEN lease_ends_boot_ms - ?4"));
-        assert!(sql.ends_with("END)"));
-    }
 
     #[test]
     fn a_clock_without_a_boot_judges_leases_on_the_wall_clock() {

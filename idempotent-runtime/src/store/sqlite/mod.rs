@@ -19,34 +19,30 @@
 //!   `CLOCK_BOOTTIME`, stored with the kernel's boot id, and a lease written in another
 //!   boot has run out. A clock with no boot id (other systems) leaves leases on the wall
 //!   clock, exposed to its steps. See `lease_time.rs`.
-//! - A claim reads first: a replay, `409` or `422` is answered from that plain read and
-//!   never takes SQLite's one write lock. Every write is a single statement that decides
-//!   atomically: a new key is one `INSERT … ON CONFLICT DO NOTHING`; a record the
-//!   takeover rule lets the claim replace is taken by an `UPDATE … WHERE <that reason
-//!   still holds>` — so the claim knows, and reports, whether it took over an expired
-//!   record or a lost lease (see `claim.rs`).
+//! - **The protocol is the engine's** ([`Fenced`](crate::store::Fenced)): the table is a
+//!   register of records (`records.rs`) that inserts a record unless the key has one,
+//!   reads one, changes one only at the version its caller read (every write bumps
+//!   `version`, migration 0004) and deletes by version. Which claim takes a record over,
+//!   which steps survive, whether a release keeps the record and what the sweeper deletes
+//!   are decided once, in Rust, for every store. An insert reads first: a replay, `409`
+//!   or `422` is answered from that plain read and never takes SQLite's one write lock.
+//!   A write that changed nothing reads the record back in the same call, so a duplicate
+//!   that raced the read or a stale compare-and-set costs no second trip.
 //! - **Recorded steps** (recovery points, `store/steps.rs`) are one `steps` BLOB column
 //!   of the record (migration 0003; NULL: none, and only an in-progress record holds
-//!   any): `record_step.sql` appends a step's encoding with `||`, cast back to a BLOB so
-//!   the bytes stay as they are (outputs hold NUL and 0xFF), fenced by the token like
-//!   `complete.sql`, which clears them. A takeover of a lost lease keeps them and returns
-//!   them from its own `UPDATE … RETURNING steps`, so the claim gets exactly the steps
-//!   committed before it (the read before the write only decides to write); a takeover of
-//!   an expired record clears them. A release deletes a record without steps
-//!   (`release.sql`) and keeps one with steps in progress, its lease ended now on the
-//!   lease clock and its token `FencingToken::RELEASED` (`release_keep.sql`). A claim of a
-//!   new key is unchanged: the same read and insert, no statement more.
+//!   any), appended with `||` and cast back to a BLOB so the bytes stay as they are
+//!   (outputs hold NUL and 0xFF).
 //! - **Group commit.** Every write of the store (claims' inserts and takeovers,
 //!   renewals, recorded steps, completions, releases, purges) goes through one writer task, which runs
 //!   the writes waiting (a bounded batch) in one `BEGIN IMMEDIATE … COMMIT` and answers
 //!   each only after the commit: one transaction (one WAL commit, one fsync at
 //!   `synchronous = FULL`) for many requests, and no queue of connections polling for
 //!   the write lock. Each write is still its single statement, in arrival order, so
-//!   every decision and every fencing check is the same as one transaction each; a
+//!   every compare-and-set is the same as in one transaction each; a
 //!   statement that fails (a constraint) fails only its own caller; a transaction that
 //!   fails as a whole fails every write in it, none is answered as done. Reads (every
 //!   replay, `409`, `422`) never queue behind the writer. See `group_commit.rs`.
-//!   A purge is the one long write: it is cut into writes of [`PURGE_SLICE`] records,
+//!   A purge is the one long write: it is cut into writes of a hundred records,
 //!   each followed by a wait as long as it took, so a sweep of a large backlog takes at
 //!   most half of the writer's time and holds it a few milliseconds at a time.
 //! - **A held write lock does not cost a live owner its lease.** A transactional
@@ -54,7 +50,7 @@
 //!   renewals time out in the engine after a third of their lease. The writer still
 //!   applies every renewal that reached it, before the other writes of its batch
 //!   (`group_commit.rs`, the renewal rule), so a retry's takeover queued behind the same
-//!   lock is judged on the owner's latest renewal and finds the lease alive. This holds
+//!   lock meets the owner's latest renewal, and its compare-and-set is stale. This holds
 //!   for the requests of one store. A store in another process on the same file has its
 //!   own writer, which may win the lock first when it frees; for that case a
 //!   transactional handler holds the lock at most
@@ -62,7 +58,7 @@
 //!   [`with_max_transaction_hold`](SqliteStore::with_max_transaction_hold)), and every
 //!   lease of every process sharing the file must be at least three times that hold: a
 //!   lease renewed just before the lock was taken then outlives the hold.
-//! - **Group read.** The claims' reads are batched the same way by one reader task, a
+//! - **Group read.** The reads of records are batched the same way by one reader task, a
 //!   batch in one read transaction: one snapshot and one set of WAL locks for many reads
 //!   (`group_read.rs`). The writer and the reader each run every batch on a connection of
 //!   their own, in one call on its C handle on Tokio's blocking pool, not statement by
@@ -77,30 +73,23 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::operator::OperatorStatements;
 use super::sql::{self, EmbeddedMigration};
-use super::{
-    Capabilities, ClaimAnswer, ClaimRequest, FencingToken, ForgetOutcome, RecordInfo, RecordedStep,
-    Store, StoreError, StoredResponse, TxSupport, encode_step,
-};
+use super::{Capabilities, Fenced, Forward, RecordStore, Store, StoreError, TxSupport};
 use crate::clock::{Clock, SystemClock};
-use group_commit::Write;
+use records::SqliteRecords;
 
 mod checkpoint;
-mod claim;
 mod dedicated;
 mod group_commit;
 mod group_read;
 mod lease_time;
-mod operator;
 mod raw_connection;
-mod transaction;
+mod records;
 mod writers;
 
 #[doc(hidden)]
@@ -123,6 +112,11 @@ const MIGRATIONS: &[EmbeddedMigration] = &[
         description: "recorded steps",
         sql: include_str!("../../../migrations/sqlite/0003_recorded_steps.sql"),
     },
+    EmbeddedMigration {
+        version: 4,
+        description: "record versions",
+        sql: include_str!("../../../migrations/sqlite/0004_record_versions.sql"),
+    },
 ];
 
 /// How often opening tries to apply the migrations. Two processes (or pools) opening one
@@ -134,15 +128,6 @@ const MIGRATION_ATTEMPTS: u32 = 10;
 /// [`SqliteStore::connect_with_clock`]).
 const OPEN_ATTEMPTS: u32 = 10;
 
-/// How many expired records one write of a purge deletes: on a table whose key index
-/// is larger than the cache, each dirties a page of it, so a slice holds the writer for
-/// a few milliseconds at most.
-const PURGE_SLICE: u32 = 100;
-
-const COMPLETE: &str = include_str!("sql/complete.sql");
-/// Appends a step; the writer runs it, and a transactional handler on its connection.
-const RECORD_STEP: &str = include_str!("sql/record_step.sql");
-
 /// A [`Store`] in an SQLite database file: the single-host embedded default (see the
 /// module docs).
 ///
@@ -152,15 +137,10 @@ const RECORD_STEP: &str = include_str!("sql/record_step.sql");
 /// the last clone is dropped.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
-    clock: Arc<dyn Clock>,
+    /// The protocol over the table: a clone shares the owners' versions.
+    fenced: Fenced<SqliteRecords>,
+    /// Transactional handlers' writes, sharing those versions.
     transactions: TxSupport,
-    /// The store's own writes in flight; transactional handlers let them go first.
-    writes: Arc<writers::StoreWrites>,
-    /// The one writer every write of the store goes through (group commit).
-    writer: group_commit::GroupCommit,
-    /// The one reader every claim's read goes through (group read).
-    reader: group_read::GroupRead,
 }
 
 impl SqliteStore {
@@ -299,21 +279,19 @@ impl SqliteStore {
     }
 
     fn with_parts(pool: SqlitePool, clock: Arc<dyn Clock>) -> Self {
-        let writes = Arc::new(writers::StoreWrites::default());
-        let transactions = transaction::support(
-            pool.clone(),
-            writes.clone(),
-            Self::DEFAULT_MAX_TRANSACTION_HOLD,
-        );
-        let writer = group_commit::GroupCommit::start(pool.clone(), writes.clone());
-        let reader = group_read::GroupRead::start(pool.clone());
-        Self {
+        Self::over(SqliteRecords::start(
             pool,
             clock,
+            Self::DEFAULT_MAX_TRANSACTION_HOLD,
+        ))
+    }
+
+    fn over(records: SqliteRecords) -> Self {
+        let fenced = Fenced::new(records);
+        let transactions = fenced.transactions::<sqlx::Sqlite>();
+        Self {
+            fenced,
             transactions,
-            writes,
-            writer,
-            reader,
         }
     }
 
@@ -332,21 +310,28 @@ impl SqliteStore {
     /// outlives it. Set it before cloning the store (clones made before keep the hold
     /// they had).
     #[must_use]
-    pub fn with_max_transaction_hold(mut self, hold: Duration) -> Self {
-        self.transactions = transaction::support(self.pool.clone(), self.writes.clone(), hold);
-        self
+    pub fn with_max_transaction_hold(self, hold: Duration) -> Self {
+        let mut records = self.fenced.records().clone();
+        records.max_hold = hold;
+        Self::over(records)
     }
 
     /// The group-commit writer's counters so far (tests and diagnostics; not a stable
     /// API).
     #[doc(hidden)]
     pub fn group_commit_stats(&self) -> GroupCommitStats {
-        self.writer.stats()
+        self.fenced.records().writer.stats()
     }
 
     /// The connection pool, to share with the rest of the app.
     pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        &self.fenced.records().pool
+    }
+
+    /// The record register under the store: what the protocol reads and writes, one
+    /// statement per operation (see the module docs).
+    pub fn records(&self) -> &impl RecordStore {
+        self.fenced.records()
     }
 
     /// The embedded migrations as a [`Migrator`] recording into
@@ -405,147 +390,16 @@ fn is_url(url_or_path: &str) -> bool {
     url_or_path.starts_with("sqlite:")
 }
 
-#[async_trait]
-impl Store for SqliteStore {
-    async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
-        let _write = self.writes.enter();
-        let (outcome, replay_lives_for) =
-            sql::claim_with_retries(claim, || self.claim_once(claim)).await?;
-        Ok(ClaimAnswer {
-            outcome,
-            replay_lives_for,
-        })
-    }
-
-    async fn renew(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let _write = self.writes.enter();
-        let now = lease_time::Now::of(self.clock.as_ref());
-        let renewed = self
-            .writer
-            .write(Write::Renew {
-                scope: scope.to_owned(),
-                key: key.to_owned(),
-                token,
-                lease_expires_at: now.lease_expires_at(lease),
-                boot_id: now.boot_id,
-                lease_ends_boot: now.lease_ends_boot(lease),
-                keep_until: now.lease_expires_at(ttl),
-            })
-            .await?;
-        Ok(renewed > 0)
-    }
-
-    async fn complete(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        let _write = self.writes.enter();
-        let completed = self
-            .writer
-            .write(Write::Complete {
-                scope: scope.to_owned(),
-                key: key.to_owned(),
-                token,
-                response: response.clone(),
-            })
-            .await?;
-        Ok(completed > 0)
-    }
-
-    async fn record_step(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-        step: &RecordedStep,
-    ) -> Result<bool, StoreError> {
-        let _write = self.writes.enter();
-        let recorded = self
-            .writer
-            .write(Write::RecordStep {
-                scope: scope.to_owned(),
-                key: key.to_owned(),
-                token,
-                step: encode_step(step),
-            })
-            .await?;
-        Ok(recorded > 0)
-    }
-
-    async fn release(
-        &self,
-        scope: &str,
-        key: &str,
-        token: FencingToken,
-    ) -> Result<bool, StoreError> {
-        let _write = self.writes.enter();
-        let released = self
-            .writer
-            .write(Write::Release {
-                scope: scope.to_owned(),
-                key: key.to_owned(),
-                token,
-                now: lease_time::Now::of(self.clock.as_ref()),
-            })
-            .await?;
-        Ok(released > 0)
-    }
-
-    async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        // The one writer serves the claims too: a batch is deleted in slices, each queued
-        // behind the writes waiting by then, and after each the purge waits as long as
-        // the slice took, so it never holds the write lock for long nor takes more than
-        // half of the writer's time from the claims.
-        let mut deleted = 0;
-        let mut left = limit;
-        while left > 0 {
-            let slice = left.min(PURGE_SLICE);
-            let started = tokio::time::Instant::now();
-            let purged = self
-                .writer
-                .write(Write::Purge {
-                    now: lease_time::Now::of(self.clock.as_ref()),
-                    limit: i64::from(slice),
-                })
-                .await?;
-            deleted += purged;
-            if purged < u64::from(slice) {
-                break;
-            }
-            left -= slice;
-            if left > 0 {
-                tokio::time::sleep(started.elapsed()).await;
-            }
-        }
-        Ok(deleted)
-    }
-
-    async fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, StoreError> {
-        self.inspect_record(scope, key).await
-    }
-
-    async fn forget(
-        &self,
-        scope: &str,
-        key: &str,
-        force: bool,
-    ) -> Result<ForgetOutcome, StoreError> {
-        self.forget_record(scope, key, force).await
+/// Every operation is the protocol's over the table ([`Fenced`]); the store adds the
+/// transactional handlers, whose writes share the owners' versions.
+impl Forward for SqliteStore {
+    fn inner(&self) -> &dyn Store {
+        &self.fenced
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
-            .with_clock(self.clock.clone())
+        self.fenced
+            .capabilities()
             .with_transactions(self.transactions.clone())
     }
 }

@@ -95,33 +95,6 @@ impl RawConnection {
         })
     }
 
-    /// Runs `sql` with `params` to completion, reading its first row (a `RETURNING`
-    /// clause's) with `read`: the rows it changed, and what `read` made of that row
-    /// (`None`: it returned none).
-    pub(super) fn execute_returning<T>(
-        &mut self,
-        sql: &'static str,
-        params: &[Param<'_>],
-        read: impl FnOnce(&Row<'_>) -> T,
-    ) -> Result<(u64, Option<T>), SqliteFailure> {
-        self.with_statement(sql, params, |this, stmt| {
-            let first = this.step(stmt)?.then(|| {
-                read(&Row {
-                    stmt,
-                    _statement: PhantomData,
-                })
-            });
-            // Stepped to its end, so the count is the statement's own, whatever rows it
-            // returned after the first.
-            if first.is_some() {
-                while this.step(stmt)? {}
-            }
-            // SAFETY: as in `execute`.
-            let changes = unsafe { ffi::sqlite3_changes(this.db.as_ptr()) };
-            Ok((u64::try_from(changes).unwrap_or(0), first))
-        })
-    }
-
     /// Runs `sql` with `params` and reads its first row with `read`; `None`: no row.
     pub(super) fn query_row<T>(
         &mut self,
