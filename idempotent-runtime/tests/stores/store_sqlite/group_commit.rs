@@ -29,6 +29,10 @@ pub(crate) fn trials() -> Vec<Trial> {
             concurrent_writers_share_batches_and_keep_every_guarantee,
         ),
         async_trial(
+            "group_commit::each_write_is_one_trip_to_the_writer_and_a_read_answer_none",
+            each_write_is_one_trip_to_the_writer_and_a_read_answer_none,
+        ),
+        async_trial(
             "group_commit::a_failing_write_fails_alone_in_its_batch",
             a_failing_write_fails_alone_in_its_batch,
         ),
@@ -112,6 +116,72 @@ fn response_of(token: FencingToken) -> StoredResponse {
         headers: vec![("x-token".to_owned(), token.0.to_string().into_bytes())],
         body: Some(Bytes::from(format!("{{\"token\":{}}}", token.0))),
     }
+}
+
+/// The writer's trips per operation, one request at a time (each write is a batch of its
+/// own): a fresh key, a renewal, a step and a completion one each; a replay and a `409`
+/// none (answered from the insert's read first); a takeover one (its compare-and-set,
+/// after the read that found the record).
+async fn each_write_is_one_trip_to_the_writer_and_a_read_answer_none() {
+    let setup = setup().await;
+    let (store, clock) = (&setup.store, &setup.clock);
+    let writes = || store.group_commit_stats().writes;
+    let owner = FencingToken::random();
+    let mut before = writes();
+    let mut trips = |label: &str, expected: u64| {
+        let now = writes();
+        assert_eq!(now - before, expected, "writes for {label}");
+        before = now;
+    };
+    store.claim(&request("k", owner)).await.unwrap();
+    trips("a fresh key", 1);
+    assert!(matches!(
+        store
+            .claim(&request("k", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::InProgress { .. }
+    ));
+    trips("a duplicate in flight", 0);
+    assert!(store.renew(SCOPE, "k", owner, LEASE, TTL).await.unwrap());
+    trips("a renewal", 1);
+    let step = idempotent_runtime::store::RecordedStep {
+        name: "charge".to_owned(),
+        output: Bytes::from_static(b"ch_1"),
+        recorded_at: std::time::UNIX_EPOCH,
+    };
+    assert!(store.record_step(SCOPE, "k", owner, &step).await.unwrap());
+    trips("a step", 1);
+    assert!(
+        store
+            .complete(SCOPE, "k", owner, &response_of(owner))
+            .await
+            .unwrap()
+    );
+    trips("a completion", 1);
+    assert!(matches!(
+        store
+            .claim(&request("k", FencingToken::random()))
+            .await
+            .unwrap()
+            .outcome,
+        ClaimOutcome::Replay(_)
+    ));
+    trips("a replay", 0);
+    let lost = FencingToken::random();
+    store.claim(&request("lost", lost)).await.unwrap();
+    trips("a fresh key", 1);
+    clock.advance(LEASE + Duration::from_secs(1));
+    let retry = FencingToken::random();
+    assert!(matches!(
+        store.claim(&request("lost", retry)).await.unwrap().outcome,
+        ClaimOutcome::Claimed {
+            takeover: Some(Takeover::LeaseLost),
+            ..
+        }
+    ));
+    trips("a takeover", 1);
 }
 
 /// SQLite's write lock, held by a connection of the test's own.
