@@ -1,8 +1,8 @@
 //! The takeover rule: when a claim may replace a record that is already there, and why.
 //!
-//! Every store applies this one rule. The SQL stores also spell it in their statements
-//! (where the decision has to be atomic); their classification of a record a claim found
-//! goes through [`takeover`], so the two can be checked against each other.
+//! Every store applies this one rule, through [`Fenced`](super::Fenced) (`fenced/rules.rs`
+//! turns a record into what [`takeover`] judges), and the protocol model calls the same
+//! function: no store spells it in SQL or Lua.
 
 /// Why a claim took over an earlier record of the same key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

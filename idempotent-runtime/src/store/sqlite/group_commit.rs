@@ -19,11 +19,12 @@
 //!
 //! - **Durable before answered.** A claim is committed before its handler runs, a
 //!   completion before its response is sent: the reply follows `COMMIT`.
-//! - **The same decisions.** Each write is the single statement it was before group
-//!   commit, with the same parameters (the claim's "now" is still taken before its
-//!   read), run in queue order: writes on one key in one batch see each other's effects
-//!   exactly as they would one transaction after another. Fencing is the statements'
-//!   `WHERE token = ?`, unchanged.
+//! - **The same effects.** Each write is its single statement (an insert unless the key
+//!   has a record, a compare-and-set on the record's version, a delete by version), run
+//!   in the batch's order (below): writes on one key in one batch see each other's
+//!   effects exactly as they would one transaction after another. A write that changed
+//!   nothing is answered the record as the batch leaves it, read in the same
+//!   transaction.
 //! - **A failing write fails alone.** A statement refused by a constraint undoes only
 //!   itself — SQLite's statement atomicity — and the transaction goes on; its caller gets
 //!   the error, the others commit. Any other failure of a statement (an I/O error, a full

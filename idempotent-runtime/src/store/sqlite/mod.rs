@@ -48,9 +48,10 @@
 //! - **A held write lock does not cost a live owner its lease.** A transactional
 //!   handler (or another process) holding SQLite's write lock stalls the writer, and
 //!   renewals time out in the engine after a third of their lease. The writer still
-//!   applies every renewal that reached it, before the other writes of its batch
-//!   (`group_commit.rs`, the renewal rule), so a retry's takeover queued behind the same
-//!   lock meets the owner's latest renewal, and its compare-and-set is stale. This holds
+//!   runs every renewal that reached it, before the other writes of its batch
+//!   (`group_commit.rs`, the renewal rule), and the protocol carries each renewal to its
+//!   end though the engine stopped waiting for it, so a retry's takeover queued behind
+//!   the same lock meets the owner's latest renewal, and its compare-and-set is stale. This holds
 //!   for the requests of one store. A store in another process on the same file has its
 //!   own writer, which may win the lock first when it frees; for that case a
 //!   transactional handler holds the lock at most
