@@ -20,45 +20,9 @@ use proc_macro::TokenStream;
 /// and the same request gets the recorded answer (plus `Idempotent-Replayed: true`)
 /// without running the handler again.
 ///
-/// ```
-/// # use std::borrow::Cow;
-/// # use axum::extract::{FromRef, FromRequestParts, State};
-/// # use axum::http::{StatusCode, request::Parts};
-/// # use axum::{Json, Router, routing::post};
-/// use idempotent_runtime::{Idempotency, IdempotencyKey, Scope, idempotent};
-/// # #[derive(Clone)]
-/// # struct AppState { idempotency: Idempotency }
-/// # impl FromRef<AppState> for Idempotency {
-/// #     fn from_ref(state: &AppState) -> Self { state.idempotency.clone() }
-/// # }
-/// # struct Caller(String);
-/// # impl<S: Send + Sync> FromRequestParts<S> for Caller {
-/// #     type Rejection = StatusCode;
-/// #     async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, StatusCode> {
-/// #         Ok(Caller("acct_alice".into()))
-/// #     }
-/// # }
-/// impl Scope for Caller {
-///     fn scope(&self) -> Cow<'_, str> {
-///         Cow::Borrowed(&self.0)
-///     }
-/// }
-///
-/// #[idempotent(scope = caller, ttl = "24h")]
-/// async fn create_payment(
-///     caller: Caller,                  // authenticated; implements `Scope`
-///     key: IdempotencyKey,             // only if needed: the claimed key, for downstream keys
-///     State(app): State<AppState>,
-///     Json(amount): Json<u64>,
-/// ) -> Result<(StatusCode, Json<String>), StatusCode> {
-///     let downstream_key = key.derive("charge"); // send this to the payment provider
-///     let _ = (caller, app, amount);
-///     Ok((StatusCode::CREATED, Json(downstream_key)))
-/// }
-///
-/// # let state = AppState { idempotency: Idempotency::new(idempotent_runtime::store::MemoryStore::new()) };
-/// let app: Router = Router::new().route("/payments", post(create_payment)).with_state(state);
-/// ```
+/// An example of each use, an Axum handler and a consumer function, is under Examples in
+/// `idempotent_runtime`'s documentation of this attribute (`idempotent_runtime::idempotent`),
+/// where they are compiled and run.
 ///
 /// The handler stays an ordinary Axum handler for any router state `S` with
 /// `Idempotency: FromRef<S>`.
@@ -166,31 +130,6 @@ use proc_macro::TokenStream;
 /// With a key expression, the attribute makes a plain `async fn` (a queue consumer's
 /// function, a job) run once per message id: calling it runs the body through
 /// `Idempotency::once`, and the declared `Result<T, E>` becomes `Outcome<T, E>`.
-///
-/// ```
-/// use idempotent_runtime::store::MemoryStore;
-/// use idempotent_runtime::{Idempotency, IdempotencyKey, Outcome, idempotent};
-///
-/// #[derive(serde::Serialize)]
-/// struct Order {
-///     id: String,
-///     cents: u64,
-/// }
-///
-/// #[idempotent(key = order.id, scope = "orders", ttl = "7d")]
-/// async fn charge(idempotency: &Idempotency, order: Order, key: IdempotencyKey) -> Result<u64, String> {
-///     let _provider_key = key.derive("gateway"); // the same on every run of this order
-///     Ok(order.cents)
-/// }
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let idempotency = Idempotency::new(MemoryStore::new());
-/// let order = || Order { id: "o_1".into(), cents: 1999 };
-/// assert!(matches!(charge(&idempotency, order()).await, Outcome::Ran(1999)));
-/// assert!(matches!(charge(&idempotency, order()).await, Outcome::Replayed(1999)));
-/// # }
-/// ```
 ///
 /// - `key = <expr>` (required): the message's id, an expression over the arguments whose
 ///   value implements `Display` (`key = order.id`, `key = msg.id()`, `key = id`). A key

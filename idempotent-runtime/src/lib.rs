@@ -197,6 +197,85 @@ pub mod webhook;
 pub use config::{HandlerConfig, OnServerError};
 pub use engine::{Idempotency, IdempotencyBuilder, Outcome};
 pub use fingerprint::{Fingerprint, FingerprintMode};
+// The attribute's examples are on this re-export, not on the macro: here they compile
+// against the runtime this crate's tests build anyway, where a proc-macro's dev-dependency
+// on it would be built a second time, with features of its own. Rustdoc shows them first.
+/// Makes an Axum handler, or a consumer function, run once per idempotency key: an
+/// example of each first, then the reference.
+///
+/// # Examples
+///
+/// A handler: the first request with a key runs it, a retry with the same key and the same
+/// request gets the recorded answer.
+///
+/// ```
+/// # use std::borrow::Cow;
+/// # use axum::extract::{FromRef, FromRequestParts, State};
+/// # use axum::http::{StatusCode, request::Parts};
+/// # use axum::{Json, Router, routing::post};
+/// use idempotent_runtime::{Idempotency, IdempotencyKey, Scope, idempotent};
+/// # #[derive(Clone)]
+/// # struct AppState { idempotency: Idempotency }
+/// # impl FromRef<AppState> for Idempotency {
+/// #     fn from_ref(state: &AppState) -> Self { state.idempotency.clone() }
+/// # }
+/// # struct Caller(String);
+/// # impl<S: Send + Sync> FromRequestParts<S> for Caller {
+/// #     type Rejection = StatusCode;
+/// #     async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, StatusCode> {
+/// #         Ok(Caller("acct_alice".into()))
+/// #     }
+/// # }
+/// impl Scope for Caller {
+///     fn scope(&self) -> Cow<'_, str> {
+///         Cow::Borrowed(&self.0)
+///     }
+/// }
+///
+/// #[idempotent(scope = caller, ttl = "24h")]
+/// async fn create_payment(
+///     caller: Caller,                  // authenticated; implements `Scope`
+///     key: IdempotencyKey,             // only if needed: the claimed key, for downstream keys
+///     State(app): State<AppState>,
+///     Json(amount): Json<u64>,
+/// ) -> Result<(StatusCode, Json<String>), StatusCode> {
+///     let downstream_key = key.derive("charge"); // send this to the payment provider
+///     let _ = (caller, app, amount);
+///     Ok((StatusCode::CREATED, Json(downstream_key)))
+/// }
+///
+/// # let state = AppState { idempotency: Idempotency::new(idempotent_runtime::store::MemoryStore::new()) };
+/// let app: Router = Router::new().route("/payments", post(create_payment)).with_state(state);
+/// ```
+///
+/// A consumer function (a key expression): each call with the same message id after the
+/// first gets the recorded outcome, [`Outcome::Replayed`].
+///
+/// ```
+/// use idempotent_runtime::store::MemoryStore;
+/// use idempotent_runtime::{Idempotency, IdempotencyKey, Outcome, idempotent};
+///
+/// #[derive(serde::Serialize)]
+/// struct Order {
+///     id: String,
+///     cents: u64,
+/// }
+///
+/// #[idempotent(key = order.id, scope = "orders", ttl = "7d")]
+/// async fn charge(idempotency: &Idempotency, order: Order, key: IdempotencyKey) -> Result<u64, String> {
+///     let _provider_key = key.derive("gateway"); // the same on every run of this order
+///     Ok(order.cents)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let idempotency = Idempotency::new(MemoryStore::new());
+/// let order = || Order { id: "o_1".into(), cents: 1999 };
+/// assert!(matches!(charge(&idempotency, order()).await, Outcome::Ran(1999)));
+/// assert!(matches!(charge(&idempotency, order()).await, Outcome::Replayed(1999)));
+/// # }
+/// ```
+#[doc(inline)]
 pub use idempotent_macros::idempotent;
 // The attribute's duration grammar, for durations an application reads at run time
 // (flags, environment variables), so that both accept the same text.

@@ -1,6 +1,6 @@
 //! The compile tests of `#[idempotent]`, in a package of their own: trybuild compiles each
 //! case against this package's dependencies, built again in trybuild's own target, so the
-//! package depends on what the cases use (the runtime with SQLite, Axum, serde, sqlx,
+//! package depends on what the cases use (the runtime with Postgres, Axum, serde, sqlx,
 //! tracing) and nothing else — not the demos' database drivers, HTTP client and CLI.
 //!
 //! The cases are in `tests/ui/pass` (handlers that must compile, and build a router) and

@@ -26,7 +26,7 @@ mod expansion_passes_clippy {
     use axum::routing::post;
     use axum::{Json, Router};
     use idempotent_runtime::store::MemoryStore;
-    use idempotent_runtime::{Idempotency, IdempotencyKey, Scope, Sqlite, Tx, idempotent};
+    use idempotent_runtime::{Idempotency, IdempotencyKey, Postgres, Scope, Tx, idempotent};
 
     struct Caller(String);
 
@@ -101,10 +101,10 @@ mod expansion_passes_clippy {
     #[idempotent(scope = caller)]
     async fn transactional(
         caller: Caller,
-        tx: &mut Tx<Sqlite>,
+        tx: &mut Tx<Postgres>,
         body: String,
     ) -> Result<StatusCode, StatusCode> {
-        sqlx::query("INSERT INTO notes (account, body) VALUES (?, ?)")
+        sqlx::query("INSERT INTO notes (account, body) VALUES ($1, $2)")
             .bind(caller.0)
             .bind(body)
             .execute(tx.conn())
@@ -136,9 +136,9 @@ mod expansion_passes_clippy {
         idempotency: Idempotency,
         tenant: String,
         order: Order,
-        tx: &mut Tx<Sqlite>,
+        tx: &mut Tx<Postgres>,
     ) -> Result<u64, String> {
-        sqlx::query("INSERT INTO ledger (tenant, id) VALUES (?, ?)")
+        sqlx::query("INSERT INTO ledger (tenant, id) VALUES ($1, $2)")
             .bind(tenant)
             .bind(order.id)
             .execute(tx.conn())

@@ -1,8 +1,8 @@
 use axum::http::StatusCode;
-use idempotent_runtime::{Sqlite, Tx, idempotent};
+use idempotent_runtime::{Postgres, Tx, idempotent};
 
 #[idempotent(scope = caller)]
-async fn deposit(caller: String, tx: Tx<Sqlite>) -> Result<StatusCode, StatusCode> {
+async fn deposit(caller: String, tx: Tx<Postgres>) -> Result<StatusCode, StatusCode> {
     let _ = (caller, tx);
     Ok(StatusCode::CREATED)
 }

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 // The handler is refused, so no router uses it.
 use axum::Json;
 //
-use idempotent_runtime::{Idempotency, IdempotencyKey, Scope, Sqlite, Tx, idempotent};
+use idempotent_runtime::{Idempotency, IdempotencyKey, Postgres, Scope, Tx, idempotent};
 use serde::Deserialize;
 
 #[derive(Clone)]
@@ -72,10 +72,10 @@ impl IntoResponse for DbError {
 async fn deposit(
     caller: Caller,
     key: IdempotencyKey,
-    tx: &mut Tx<Sqlite>,
+    tx: &mut Tx<Postgres>,
     Json(deposit): Json<Deposit>,
 ) -> Result<impl IntoResponse, DbError> {
-    sqlx::query("INSERT INTO ledger (id, account, amount) VALUES (?, ?, ?)")
+    sqlx::query("INSERT INTO ledger (id, account, amount) VALUES ($1, $2, $3)")
         .bind(key.derive("ledger"))
         .bind(&caller.0)
         .bind(deposit.amount)

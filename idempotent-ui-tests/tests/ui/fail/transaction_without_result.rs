@@ -1,8 +1,8 @@
 use axum::http::StatusCode;
-use idempotent_runtime::{Sqlite, Tx, idempotent};
+use idempotent_runtime::{Postgres, Tx, idempotent};
 
 #[idempotent(scope = caller)]
-async fn deposit(caller: String, tx: &mut Tx<Sqlite>) -> StatusCode {
+async fn deposit(caller: String, tx: &mut Tx<Postgres>) -> StatusCode {
     let _ = (caller, tx);
     StatusCode::CREATED
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idempotent_runtime::{Idempotency, IdempotencyKey, Outcome, Sqlite, Tx, idempotent};
+use idempotent_runtime::{Idempotency, IdempotencyKey, Outcome, Postgres, Tx, idempotent};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize)]
@@ -56,10 +56,10 @@ async fn import(
 async fn book(
     idempotency: Idempotency,
     order: Order,
-    tx: &mut Tx<Sqlite>,
+    tx: &mut Tx<Postgres>,
 ) -> Result<(), sqlx::Error> {
     let _ = idempotency.header_name();
-    sqlx::query("INSERT INTO ledger (id) VALUES (?)")
+    sqlx::query("INSERT INTO ledger (id) VALUES ($1)")
         .bind(order.id)
         .execute(tx.conn())
         .await

@@ -11,7 +11,7 @@ use axum::http::request::Parts;
 use axum::routing::post;
 use axum::{Json, Router};
 use idempotent_runtime::store::MemoryStore;
-use idempotent_runtime::{Idempotency, IdempotencyKey, Scope, Sqlite, Tx, idempotent};
+use idempotent_runtime::{Idempotency, IdempotencyKey, Postgres, Scope, Tx, idempotent};
 
 #[derive(Clone)]
 struct AppState {
@@ -60,7 +60,7 @@ async fn state_inferred(caller: Caller, State(app): State<AppState>, body: Strin
 
 #[idempotent(scope = caller)]
 #[axum::debug_handler(state = AppState)]
-async fn transactional(caller: Caller, tx: &mut Tx<Sqlite>) -> Result<StatusCode, StatusCode> {
+async fn transactional(caller: Caller, tx: &mut Tx<Postgres>) -> Result<StatusCode, StatusCode> {
     let _ = (caller.0, tx.conn());
     Ok(StatusCode::CREATED)
 }

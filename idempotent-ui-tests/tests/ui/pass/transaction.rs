@@ -1,4 +1,4 @@
-//! A transactional handler: `tx: &mut Tx<Sqlite>` is not an extractor; the
+//! A transactional handler: `tx: &mut Tx<Postgres>` is not an extractor; the
 //! engine opens the transaction, and commits it with the stored response.
 
 use std::borrow::Cow;
@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idempotent_runtime::store::MemoryStore;
-use idempotent_runtime::{Idempotency, IdempotencyKey, Scope, Sqlite, Tx, idempotent};
+use idempotent_runtime::{Idempotency, IdempotencyKey, Postgres, Scope, Tx, idempotent};
 use serde::Deserialize;
 
 #[derive(Clone)]
@@ -72,10 +72,10 @@ impl IntoResponse for DbError {
 async fn deposit(
     caller: Caller,
     key: IdempotencyKey,
-    tx: &mut Tx<Sqlite>,
+    tx: &mut Tx<Postgres>,
     Json(deposit): Json<Deposit>,
 ) -> Result<(StatusCode, String), DbError> {
-    sqlx::query("INSERT INTO ledger (id, account, amount) VALUES (?, ?, ?)")
+    sqlx::query("INSERT INTO ledger (id, account, amount) VALUES ($1, $2, $3)")
         .bind(key.derive("ledger"))
         .bind(&caller.0)
         .bind(deposit.amount)
