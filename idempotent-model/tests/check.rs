@@ -17,9 +17,11 @@ fn threads() -> usize {
 }
 
 /// Checks `model` to the end and asserts every property (the invariants, and the
-/// coverage properties that show the bounds reach them).
+/// coverage properties that show the bounds reach them). Depth first: every state is
+/// visited all the same, without breadth first's queue, which costs a third of the time
+/// (`finds` keeps breadth first, for the shortest trace).
 fn holds(model: Protocol) {
-    let checker = model.checker().threads(threads()).spawn_bfs().join();
+    let checker = model.checker().threads(threads()).spawn_dfs().join();
     println!(
         "{} states ({} unique), depth {}",
         checker.state_count(),
