@@ -16,6 +16,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
 
 pub use libtest_mimic::{Arguments, Trial};
@@ -36,8 +37,18 @@ pub fn run(trials: Vec<Trial>) -> ! {
 pub fn async_trial<F, Fut>(name: impl Into<String>, test: F) -> Trial
 where
     F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = ()>,
+    Fut: Future<Output = ()> + 'static,
 {
+    boxed_trial(name.into(), Box::new(move || Box::pin(test())))
+}
+
+/// A test's future, boxed.
+type BoxedTest = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()>>> + Send>;
+
+/// [`async_trial`] past the boxing: the runtime's `block_on` and the harness's wrapper
+/// are compiled once for all tests, not once per test, which a test binary of hundreds
+/// of trials pays for in build time.
+fn boxed_trial(name: String, test: BoxedTest) -> Trial {
     Trial::test(name, move || {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(4)
