@@ -69,8 +69,8 @@ pub async fn open(kind: StoreKind, data_dir: &Path) -> Result<Arc<dyn Store>, Un
     }
 }
 
-/// The store's own defaults (`SqliteStore::connect`: WAL, `synchronous = NORMAL`, its pool
-/// options), or the same with `synchronous = FULL`.
+/// The store's own defaults (`SqliteStore::connect`: WAL, `synchronous = FULL`, its pool
+/// options), or the same with `synchronous = NORMAL`.
 async fn open_sqlite(
     kind: StoreKind,
     data_dir: &Path,
@@ -83,11 +83,12 @@ async fn open_sqlite(
     remove_database(&path)?;
     let path_str = path.to_str().ok_or("the data directory is not UTF-8")?;
     let store = if kind == StoreKind::SqliteFull {
-        let options = SqliteStore::connect_options(path_str)?.synchronous(SqliteSynchronous::Full);
+        SqliteStore::connect(path_str).await?
+    } else {
+        let options =
+            SqliteStore::connect_options(path_str)?.synchronous(SqliteSynchronous::Normal);
         let pool = SqliteStore::pool_options().connect_with(options).await?;
         SqliteStore::from_pool(pool).await?
-    } else {
-        SqliteStore::connect(path_str).await?
     };
     eprintln!(
         "sqlite: {} synchronous = {}",
