@@ -159,19 +159,71 @@ pub trait Harness: Send + Sync + Sized + 'static {
     }
 }
 
-type Check = fn() -> Pin<Box<dyn Future<Output = ()>>>;
+type Check = fn(Backend) -> Pin<Box<dyn Future<Output = ()>>>;
 
-/// Lists the checks with their names, as `fn` pointers for backend `H`.
+/// Lists the checks with their names, as `fn` pointers.
 macro_rules! checks {
-    ($h:ty; $($check:ident),+ $(,)?) => {
-        [$((stringify!($check), (|| Box::pin($check::<$h>()) as Pin<Box<dyn Future<Output = ()>>>) as Check)),+]
+    ($($check:ident),+ $(,)?) => {
+        [$((stringify!($check), (|backend| Box::pin($check(backend)) as Pin<Box<dyn Future<Output = ()>>>) as Check)),+]
     };
+}
+
+/// A harness as the checks hold it: [`Harness`] without its constructor, so that it can
+/// sit behind a pointer.
+#[async_trait::async_trait]
+trait Instance: Send + Sync {
+    fn store(&self) -> Arc<dyn Store>;
+    async fn advance(&self, by: Duration);
+    async fn step_wall(&self, by_millis: i64) -> bool;
+}
+
+#[async_trait::async_trait]
+impl<H: Harness> Instance for H {
+    fn store(&self) -> Arc<dyn Store> {
+        Harness::store(self)
+    }
+
+    async fn advance(&self, by: Duration) {
+        Harness::advance(self, by).await;
+    }
+
+    async fn step_wall(&self, by_millis: i64) -> bool {
+        Harness::step_wall(self, by_millis).await
+    }
+}
+
+/// The backend a check runs on: makes a fresh [`Harness`] of it for each store the check
+/// needs.
+///
+/// The checks take a `Backend`, not a type parameter, so each is compiled once in this
+/// crate, not once per backend in every test binary that runs the suite.
+#[derive(Clone, Copy)]
+pub struct Backend {
+    new: fn() -> NewInstance,
+}
+
+/// A harness being made, as [`Backend`] hands it out.
+type NewInstance = Pin<Box<dyn Future<Output = Box<dyn Instance>> + Send>>;
+
+impl Backend {
+    /// The backend of harness `H`.
+    pub fn of<H: Harness>() -> Self {
+        Self {
+            new: || Box::pin(async { Box::new(H::new().await) as Box<dyn Instance> }),
+        }
+    }
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend").finish_non_exhaustive()
+    }
 }
 
 /// Every conformance check for backend `H`, one test each, marked ignored when
 /// [`Harness::unavailable`] gives a reason.
 pub fn trials<H: Harness>() -> Vec<Trial> {
-    let checks = checks![H;
+    let checks = checks![
         check_claim_complete_replay,
         check_mismatch_while_in_progress,
         check_mismatch_when_completed,
@@ -233,9 +285,12 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_steps_an_intent_and_its_output_both_come_back,
         check_function_runs_once_and_replays_its_output,
     ];
+    let backend = Backend::of::<H>();
     let trials = checks
         .into_iter()
-        .map(|(name, check)| super::async_trial(format!("conformance::{name}"), check))
+        .map(|(name, check)| {
+            super::async_trial(format!("conformance::{name}"), move || check(backend))
+        })
         .collect();
     super::ignored_if(H::unavailable(), trials)
 }
@@ -243,11 +298,10 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
 /// The checks of the record seam ([`RecordsHarness`]) for backend `H`, one test each,
 /// marked ignored as [`trials`] are; a store on the seam runs them besides [`trials`].
 pub fn record_trials<H: RecordsHarness>() -> Vec<Trial> {
-    let checks = checks![H; check_records_delete_many_deletes_the_versions_read];
-    let trials = checks
-        .into_iter()
-        .map(|(name, check)| super::async_trial(format!("conformance::{name}"), check))
-        .collect();
+    let trials = vec![super::async_trial(
+        "conformance::check_records_delete_many_deletes_the_versions_read",
+        check_records_delete_many_deletes_the_versions_read::<H>,
+    )];
     super::ignored_if(H::unavailable(), trials)
 }
 
@@ -261,8 +315,8 @@ const KEY: &str = "8e03978e-40d5-43e8-bc93-6894a57f9324";
 const TTL: Duration = Duration::from_secs(3600);
 const LEASE: Duration = Duration::from_secs(30);
 
-async fn setup<H: Harness>() -> (H, Arc<dyn Store>) {
-    let harness = H::new().await;
+async fn setup(backend: Backend) -> (Box<dyn Instance>, Arc<dyn Store>) {
+    let harness = (backend.new)().await;
     let store = harness.store();
     (harness, store)
 }
@@ -400,8 +454,8 @@ fn assert_in_progress(outcome: &ClaimOutcome, at_most: Duration) {
 
 /// New key → Claimed with the request's token; complete → the same key and fingerprint
 /// replay the stored response byte for byte, as often as asked.
-pub async fn check_claim_complete_replay<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_claim_complete_replay(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let token = FencingToken::random();
     assert_eq!(
         claim_with(&*store, SCOPE, KEY, fp(1), token).await,
@@ -423,8 +477,8 @@ pub async fn check_claim_complete_replay<H: Harness>() {
 /// [`Store::claim`]'s remaining life ([`ClaimAnswer::replay_lives_for`]) comes only with a
 /// replay, and never exceeds the record's: at most the TTL, and shrinking as
 /// the store's clock moves (the engine's replay cache keeps its copy no longer than it).
-pub async fn check_replay_life_bounds_the_record<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_replay_life_bounds_the_record(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let with_expiry = |fingerprint: Fingerprint| {
         let store = store.clone();
         async move {
@@ -482,8 +536,8 @@ pub async fn check_replay_life_bounds_the_record<H: Harness>() {
 
 /// Another fingerprint while the original runs → Mismatch, and the original keeps its
 /// claim.
-pub async fn check_mismatch_while_in_progress<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_mismatch_while_in_progress(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     let (outcome, _) = claim(&*store, fp(2)).await;
     assert_eq!(outcome, ClaimOutcome::Mismatch);
@@ -495,8 +549,8 @@ pub async fn check_mismatch_while_in_progress<H: Harness>() {
 }
 
 /// Another fingerprint after completion → Mismatch, and the record still replays.
-pub async fn check_mismatch_when_completed<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_mismatch_when_completed(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(complete(&*store, token, &response("a")).await);
     let (outcome, _) = claim(&*store, fp(2)).await;
@@ -506,8 +560,8 @@ pub async fn check_mismatch_when_completed<H: Harness>() {
 }
 
 /// The same digest made by another fingerprint version is another request.
-pub async fn check_mismatch_on_fingerprint_version<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_mismatch_on_fingerprint_version(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let v1 = fp(7);
     let v2 = Fingerprint { version: 2, ..v1 };
     let token = must_claim(&*store, SCOPE, KEY, v1).await;
@@ -526,8 +580,8 @@ pub async fn check_mismatch_on_fingerprint_version<H: Harness>() {
 
 /// A duplicate of a running request → InProgress with 1s ≤ retry_after ≤ the lease time
 /// left, shrinking as time passes, never zero.
-pub async fn check_in_progress_retry_after<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_in_progress_retry_after(backend: Backend) {
+    let (h, store) = setup(backend).await;
     must_claim(&*store, SCOPE, KEY, fp(1)).await;
     let (outcome, _) = claim(&*store, fp(1)).await;
     assert_in_progress(&outcome, LEASE);
@@ -541,8 +595,8 @@ pub async fn check_in_progress_retry_after<H: Harness>() {
 
 /// A completed record whose TTL ran out is gone: the next request claims anew, even
 /// with another fingerprint. Until then it replays.
-pub async fn check_ttl_takeover_of_completed<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_ttl_takeover_of_completed(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(complete(&*store, old, &response("old")).await);
     h.advance(TTL - Duration::from_secs(60)).await;
@@ -578,8 +632,8 @@ pub async fn check_ttl_takeover_of_completed<H: Harness>() {
 
 /// An in-progress record whose TTL *and* lease ran out is gone too, whatever its
 /// fingerprint, and its owner is fenced off; while its lease is live it is not expired.
-pub async fn check_ttl_takeover_of_in_progress<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_ttl_takeover_of_in_progress(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     // An owner that renewed just before its TTL ran out, then stopped heartbeating
     // (crashed): the record lives a TTL past the renewal, then it is expired, and a
@@ -612,8 +666,8 @@ pub async fn check_ttl_takeover_of_in_progress<H: Harness>() {
 
 /// A claim whose lease ran out (owner crashed) is taken over by the same fingerprint,
 /// with the new request's token; the lease runs until exactly `lease_expires_at`.
-pub async fn check_lease_takeover_same_fingerprint<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_lease_takeover_same_fingerprint(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE - Duration::from_secs(1)).await;
     let (outcome, _) = claim(&*store, fp(1)).await;
@@ -640,8 +694,8 @@ pub async fn check_lease_takeover_same_fingerprint<H: Harness>() {
 /// The reason a takeover reports: expiry wins over a lost lease (a same-fingerprint
 /// retry of a record past both its TTL and its lease took over an *expired* record);
 /// a record that was released or purged is claimed as new, not taken over.
-pub async fn check_takeover_reasons<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_takeover_reasons(backend: Backend) {
+    let (h, store) = setup(backend).await;
     // Past both the TTL and the lease, same fingerprint: expired.
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(TTL).await;
@@ -663,8 +717,8 @@ pub async fn check_takeover_reasons<H: Harness>() {
 
 /// A different fingerprint never takes over a live record, even one whose lease ran out:
 /// that is key reuse, not a retry.
-pub async fn check_lease_takeover_refused_for_other_fingerprint<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_lease_takeover_refused_for_other_fingerprint(backend: Backend) {
+    let (h, store) = setup(backend).await;
     must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE + Duration::from_secs(1)).await;
     let (outcome, _) = claim(&*store, fp(2)).await;
@@ -675,8 +729,8 @@ pub async fn check_lease_takeover_refused_for_other_fingerprint<H: Harness>() {
 
 /// After a takeover the old owner's complete, release and renew return false and change
 /// nothing: no overwrite, no delete, no lease extension.
-pub async fn check_stale_token_changes_nothing<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_stale_token_changes_nothing(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE).await;
     let new = must_take_over(&*store, fp(1), Takeover::LeaseLost).await;
@@ -698,8 +752,8 @@ pub async fn check_stale_token_changes_nothing<H: Harness>() {
 }
 
 /// A token that never claimed, or claims under another key or scope, owns nothing.
-pub async fn check_unknown_token_changes_nothing<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_unknown_token_changes_nothing(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let stranger = FencingToken::random();
     assert!(
         !complete(&*store, stranger, &response("x")).await,
@@ -732,8 +786,8 @@ pub async fn check_unknown_token_changes_nothing<H: Harness>() {
 
 /// Release deletes the claim: the next request claims the key (even with another
 /// fingerprint), and the released token owns nothing any more.
-pub async fn check_release_lets_next_request_claim<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_release_lets_next_request_claim(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(release(&*store, first).await);
     assert!(!release(&*store, first).await, "released twice");
@@ -753,8 +807,8 @@ pub async fn check_release_lets_next_request_claim<H: Harness>() {
 
 /// Renew moves the lease to now + lease: past the original lease the claim is still
 /// held, and it runs out at the renewed time.
-pub async fn check_renew_extends_lease<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_renew_extends_lease(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(Duration::from_secs(20)).await;
     assert!(renew(&*store, token, LEASE).await);
@@ -778,8 +832,8 @@ pub async fn check_renew_extends_lease<H: Harness>() {
 /// A heartbeat near the end of the TTL keeps the running claim alive past it: a handler
 /// that outlives its TTL is not taken over by a request with another fingerprint, and
 /// its record lives a whole TTL past the heartbeat.
-pub async fn check_renew_keeps_a_running_claim_past_its_ttl<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_renew_keeps_a_running_claim_past_its_ttl(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(TTL - Duration::from_secs(10)).await;
     assert!(renew(&*store, token, LEASE).await);
@@ -814,8 +868,8 @@ pub async fn check_renew_keeps_a_running_claim_past_its_ttl<H: Harness>() {
 
 /// An owner whose lease ran out but which nobody took over still owns its claim: a late
 /// heartbeat or completion succeeds.
-pub async fn check_owner_keeps_expired_lease_until_taken_over<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_owner_keeps_expired_lease_until_taken_over(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE * 2).await;
     assert!(renew(&*store, token, LEASE).await);
@@ -880,8 +934,8 @@ fn exactly_one_winner(
 
 /// 64 simultaneous first requests with one key: exactly one wins, the rest are told the
 /// request is in progress, and the winner can complete.
-pub async fn check_concurrent_claims_one_winner<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_concurrent_claims_one_winner(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let outcomes = concurrent_claims(&store, 64, |_| KEY.to_owned()).await;
     let winner = exactly_one_winner(&outcomes, None);
     assert!(complete(&*store, winner, &response("won")).await);
@@ -891,8 +945,8 @@ pub async fn check_concurrent_claims_one_winner<H: Harness>() {
 
 /// 64 simultaneous retries of a crashed owner's claim (lease ran out): exactly one takes
 /// it over.
-pub async fn check_concurrent_takeover_one_winner<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_concurrent_takeover_one_winner(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let crashed = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE).await;
     let outcomes = concurrent_claims(&store, 64, |_| KEY.to_owned()).await;
@@ -904,8 +958,8 @@ pub async fn check_concurrent_takeover_one_winner<H: Harness>() {
 
 /// 64 simultaneous claims of different keys all win: write contention is waited out,
 /// never reported as an error.
-pub async fn check_concurrent_distinct_keys_all_claimed<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_concurrent_distinct_keys_all_claimed(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let outcomes = concurrent_claims(&store, 64, |i| format!("key-{i}")).await;
     for (i, (outcome, token)) in outcomes.iter().enumerate() {
         assert_eq!(
@@ -924,10 +978,10 @@ pub async fn check_concurrent_distinct_keys_all_claimed<H: Harness>() {
 /// the claimers): never an error, never two owners at once, and every owner's release
 /// succeeds. Enough rounds that a lock conflict a database resolves by rolling a release
 /// back (InnoDB's deadlock detection) turns up, which the store must retry, not report.
-pub async fn check_claims_racing_releases_never_share_a_key<H: Harness>() {
+pub async fn check_claims_racing_releases_never_share_a_key(backend: Backend) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     const CLAIMERS: usize = 16;
-    let (_h, store) = setup::<H>().await;
+    let (_h, store) = setup(backend).await;
     let owners = Arc::new(AtomicUsize::new(0));
     let wins = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(tokio::sync::Barrier::new(CLAIMERS));
@@ -975,8 +1029,8 @@ pub async fn check_claims_racing_releases_never_share_a_key<H: Harness>() {
 /// claims of all four keys batched together, on a store that batches). Never an error,
 /// never two owners of a key, and every fenced write of an owner takes effect
 /// ([`race_claims_against_fenced_writes`] on the one store).
-pub async fn check_claims_racing_fenced_writes_never_fail<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_claims_racing_fenced_writes_never_fail(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     race_claims_against_fenced_writes(&[store]).await;
 }
 
@@ -1077,8 +1131,8 @@ pub async fn race_claims_against_fenced_writes(instances: &[Arc<dyn Store>]) {
 
 /// The same key in two scopes is two records: both claim (with different fingerprints),
 /// each replays its own response, and one scope's token cannot touch the other's.
-pub async fn check_scope_isolation<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_scope_isolation(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let alice = must_claim(&*store, "acct_alice", KEY, fp(1)).await;
     let bob = must_claim(&*store, "acct_bob", KEY, fp(2)).await;
     assert!(
@@ -1114,8 +1168,8 @@ pub async fn check_scope_isolation<H: Harness>() {
 }
 
 /// Keys and scopes compare byte for byte: case, trailing spaces and prefixes matter.
-pub async fn check_keys_compared_exactly<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_keys_compared_exactly(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     for (i, key) in ["key", "Key", "KEY", "key ", " key", "ke", "key\t"]
         .into_iter()
         .enumerate()
@@ -1128,8 +1182,8 @@ pub async fn check_keys_compared_exactly<H: Harness>() {
 }
 
 /// The longest key the header allows (255 chars) and a long scope round-trip.
-pub async fn check_long_keys_and_scopes<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_long_keys_and_scopes(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let key: String = (0..255).map(|i| (b'!' + (i % 94) as u8) as char).collect();
     let scope = format!("tenant/{}", "s".repeat(1000));
     let token = must_claim(&*store, &scope, &key, fp(1)).await;
@@ -1147,8 +1201,8 @@ pub async fn check_long_keys_and_scopes<H: Harness>() {
 
 /// Status, headers (raw non-UTF-8 bytes, empty values, repeated names in order) and a
 /// 1 MiB body of every byte value come back exactly as stored.
-pub async fn check_headers_and_large_body_round_trip<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_headers_and_large_body_round_trip(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let mut state = 0x2545_f491_4f6c_dd1d_u64;
     let body: Vec<u8> = (0..1024 * 1024)
         .map(|i| {
@@ -1217,8 +1271,8 @@ pub async fn check_headers_and_large_body_round_trip<H: Harness>() {
 
 /// A body over the cap (`None`) replays as `None` with its status and headers; an empty
 /// body replays as an empty body, not as `None`; no headers replay as no headers.
-pub async fn check_body_none_and_empty_round_trip<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_body_none_and_empty_round_trip(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let cases = [
         StoredResponse {
             status: 200,
@@ -1252,9 +1306,9 @@ pub async fn check_body_none_and_empty_round_trip<H: Harness>() {
 
 /// purge_expired deletes only records whose TTL ran out (completed or in progress), at
 /// most `limit` per call, and returns how many it deleted.
-pub async fn check_purge_expired<H: Harness>() {
+pub async fn check_purge_expired(backend: Backend) {
     const EARLY: Duration = Duration::from_secs(30);
-    let (h, store) = setup::<H>().await;
+    let (h, store) = setup(backend).await;
     let claim_ttl = |key: String, ttl: Duration| {
         let store = Arc::clone(&store);
         async move {
@@ -1342,9 +1396,9 @@ pub async fn check_purge_expired<H: Harness>() {
 
 /// A purge of more records than one statement of some stores deletes (they slice or
 /// chunk a large batch) still deletes exactly `limit`, and the rest on the next call.
-pub async fn check_purge_expired_past_one_statement<H: Harness>() {
+pub async fn check_purge_expired_past_one_statement(backend: Backend) {
     const RECORDS: usize = 600;
-    let (h, store) = setup::<H>().await;
+    let (h, store) = setup(backend).await;
     let records = (0..RECORDS).map(|i| {
         let store = Arc::clone(&store);
         async move {
@@ -1367,8 +1421,8 @@ pub async fn check_purge_expired_past_one_statement<H: Harness>() {
 
 /// After completion the token owns no in-progress claim: completing again returns false
 /// and leaves the first response in place; release and renew return false too.
-pub async fn check_complete_twice<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_complete_twice(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(complete(&*store, token, &response("first")).await);
     assert!(!complete(&*store, token, &response("second")).await);
@@ -1386,10 +1440,10 @@ pub async fn check_complete_twice<H: Harness>() {
 /// the claim after it decides: a replay after `complete`, a new claim after `release`.
 /// The bound is generous: a store may resolve on its poll step, a notifying store on
 /// its notification.
-pub async fn check_watch_wakes_after_complete_and_release<H: Harness>() {
+pub async fn check_watch_wakes_after_complete_and_release(backend: Backend) {
     const BOUND: Duration = Duration::from_secs(60);
     let poll = Duration::from_millis(50);
-    let (_h, store) = setup::<H>().await;
+    let (_h, store) = setup(backend).await;
 
     // Ended before the watch is first awaited.
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
@@ -1426,8 +1480,8 @@ pub async fn check_watch_wakes_after_complete_and_release<H: Harness>() {
 /// - an in-process store gives its clock (it keeps time in this process);
 /// - a clock it gives is the one its records expire by: [`Harness::advance`] moves it by
 ///   as much, and a record whose TTL ran out on it is gone.
-pub async fn check_capabilities_are_consistent<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_capabilities_are_consistent(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let offered = store.capabilities();
     if offered.in_process {
         assert!(
@@ -1566,7 +1620,9 @@ mod tests {
             .enable_all()
             .build()
             .expect("a Tokio runtime")
-            .block_on(check_capabilities_are_consistent::<MisstatedHarness<M>>());
+            .block_on(check_capabilities_are_consistent(Backend::of::<
+                MisstatedHarness<M>,
+            >()));
     }
 
     #[test]

@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
 use super::{
-    Harness, KEY, SCOPE, assert_in_progress, claim, complete, fp, must_claim, must_take_over,
-    renew, response, setup,
+    Backend, Instance, KEY, SCOPE, assert_in_progress, claim, complete, fp, must_claim,
+    must_take_over, renew, response, setup,
 };
 use crate::config::HandlerConfig;
 use crate::engine::Idempotency;
@@ -56,7 +56,7 @@ fn replayed(response: &Response) -> bool {
 /// Lets `total` of real time pass while the store's clock runs at twice the speed (it
 /// is advanced by each step as well), so leases run out in the store twice as fast as
 /// the engines see: a renewing holder keeps its lease, one that stopped loses it.
-async fn pass_double_time<H: Harness>(harness: &H, total: Duration) {
+async fn pass_double_time(harness: &dyn Instance, total: Duration) {
     let step = LEASE / 8;
     let mut passed = Duration::ZERO;
     while passed < total {
@@ -69,8 +69,8 @@ async fn pass_double_time<H: Harness>(harness: &H, total: Duration) {
 /// Interleaving 1 of the protocol review: engine A's claim is applied at once but
 /// answered after its lease could have run out; a retry on engine B took the key over
 /// and ran meanwhile. A must not run too: it answers `503`, and its release is fenced.
-pub async fn check_fault_claim_answered_late_does_not_run<H: Harness>() {
-    let (harness, store) = setup::<H>().await;
+pub async fn check_fault_claim_answered_late_does_not_run(backend: Backend) {
+    let (harness, store) = setup(backend).await;
     let faulty = Arc::new(Faulty::new(store.clone()));
     let (a, b) = (engine(faulty.clone()), engine(store));
     faulty.inject(Operation::Claim, Fault::DelayAnswer(LEASE + LEASE / 2));
@@ -98,8 +98,8 @@ pub async fn check_fault_claim_answered_late_does_not_run<H: Harness>() {
 /// A claim the store applied but whose answer was lost: the engine answers `503` and
 /// runs nothing; the key is in progress until the lease runs out, then a retry runs it
 /// once.
-pub async fn check_fault_claim_applied_but_failed_runs_once<H: Harness>() {
-    let (harness, store) = setup::<H>().await;
+pub async fn check_fault_claim_applied_but_failed_runs_once(backend: Backend) {
+    let (harness, store) = setup(backend).await;
     let faulty = Arc::new(Faulty::new(store.clone()));
     let (a, b) = (engine(faulty.clone()), engine(store));
     faulty.inject(Operation::Claim, Fault::FailAfterApplying);
@@ -121,8 +121,8 @@ pub async fn check_fault_claim_applied_but_failed_runs_once<H: Harness>() {
 
 /// A completion the store applied but whose answer was lost: the engine's next attempt
 /// finds the record completed; the retry replays it, nothing runs twice.
-pub async fn check_fault_completion_applied_but_failed_is_kept<H: Harness>() {
-    let (_harness, store) = setup::<H>().await;
+pub async fn check_fault_completion_applied_but_failed_is_kept(backend: Backend) {
+    let (_harness, store) = setup(backend).await;
     let faulty = Arc::new(Faulty::new(store.clone()));
     let (a, b) = (engine(faulty.clone()), engine(store));
     faulty.inject(Operation::Complete, Fault::FailAfterApplying);
@@ -137,8 +137,8 @@ pub async fn check_fault_completion_applied_but_failed_is_kept<H: Harness>() {
 /// The completion case of the review: the store applies renewals but refuses every
 /// completion. The engine holding the lease keeps trying past its retry window, so a
 /// retry gets `409` rather than a second run; once completions go through, it replays.
-pub async fn check_fault_refused_completions_keep_the_key<H: Harness>() {
-    let (harness, store) = setup::<H>().await;
+pub async fn check_fault_refused_completions_keep_the_key(backend: Backend) {
+    let (harness, store) = setup(backend).await;
     let faulty = Arc::new(Faulty::new(store.clone()));
     let (a, b) = (engine(faulty.clone()), engine(store));
     faulty.inject_always(Operation::Complete, Fault::Fail);
@@ -146,7 +146,7 @@ pub async fn check_fault_refused_completions_keep_the_key<H: Harness>() {
     let first = request(&a, &runs).await;
     assert_eq!(first.status(), StatusCode::CREATED);
     // Past the retry window, for more than a lease of the store's time.
-    pass_double_time(&harness, LEASE * 2).await;
+    pass_double_time(&*harness, LEASE * 2).await;
     let retry = request(&b, &runs).await;
     assert_eq!(
         retry.status(),
@@ -176,8 +176,8 @@ pub async fn check_fault_refused_completions_keep_the_key<H: Harness>() {
 /// renewal, completion or release reaches the store again). Once A's lease ran out, the
 /// retry of the same request on engine B takes the record over and resumes after the
 /// recorded step: the step's side effect happened once.
-pub async fn check_fault_crash_after_the_ttl_resumes_the_steps<H: Harness>() {
-    let (harness, store) = setup::<H>().await;
+pub async fn check_fault_crash_after_the_ttl_resumes_the_steps(backend: Backend) {
+    let (harness, store) = setup(backend).await;
     let faulty = Arc::new(Faulty::new(store.clone()));
     let (a, b) = (engine(faulty.clone()), engine(store));
     let config = HandlerConfig::new().ttl(LEASE.saturating_mul(3));
@@ -217,7 +217,7 @@ pub async fn check_fault_crash_after_the_ttl_resumes_the_steps<H: Harness>() {
     );
     // A keeps running for five leases of the store's time, past its TTL of three, and
     // keeps its lease by renewing.
-    pass_double_time(&harness, LEASE.saturating_mul(5)).await;
+    pass_double_time(&*harness, LEASE.saturating_mul(5)).await;
     // Killed: nothing of A reaches the store any more. Its lease runs out.
     for operation in [Operation::Renew, Operation::Complete, Operation::Release] {
         faulty.inject_always(operation, Fault::Hang);
@@ -237,8 +237,8 @@ pub async fn check_fault_crash_after_the_ttl_resumes_the_steps<H: Harness>() {
 /// forward step of the wall clock larger than the lease (NTP, a VM resumed) does not
 /// expire a live lease, so a retry gets `409` and the owner keeps renewing; it moves the
 /// TTL, which is calendar time. Nothing to step on a store whose clock is a server's.
-pub async fn check_fault_forward_wall_step_keeps_a_live_lease<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_fault_forward_wall_step_keeps_a_live_lease(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     if !h.step_wall(60_000).await {
         return;
@@ -258,8 +258,8 @@ pub async fn check_fault_forward_wall_step_keeps_a_live_lease<H: Harness>() {
 
 /// A backward step of the wall clock does not keep a crashed owner's lease alive: the
 /// lease still runs out one lease after it was granted.
-pub async fn check_fault_backward_wall_step_keeps_no_lease_alive<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_fault_backward_wall_step_keeps_no_lease_alive(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let _crashed = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     if !h.step_wall(-60_000).await {
         return;
@@ -272,8 +272,10 @@ pub async fn check_fault_backward_wall_step_keeps_no_lease_alive<H: Harness>() {
 /// output was not recorded and its claim not released. Once the lease has run out, the
 /// retry finds the intent without an output and asks `verify` instead of calling again:
 /// one call, and the request completes with the verified output.
-pub async fn check_fault_an_unrecorded_at_most_once_call_is_verified_not_repeated<H: Harness>() {
-    let (harness, store) = setup::<H>().await;
+pub async fn check_fault_an_unrecorded_at_most_once_call_is_verified_not_repeated(
+    backend: Backend,
+) {
+    let (harness, store) = setup(backend).await;
     let faulty = Arc::new(Faulty::new(store));
     let engine = engine(faulty.clone());
     let (calls, verifies) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
@@ -323,8 +325,8 @@ pub async fn check_fault_an_unrecorded_at_most_once_call_is_verified_not_repeate
 /// closed on every retry (`500 step_outcome_unknown`, the call not made again), the
 /// record naming the step; once an operator resolves it, the next retry resumes with
 /// the operator's output.
-pub async fn check_fault_an_unknown_outcome_fails_closed_until_resolved<H: Harness>() {
-    let (_harness, store) = setup::<H>().await;
+pub async fn check_fault_an_unknown_outcome_fails_closed_until_resolved(backend: Backend) {
+    let (_harness, store) = setup(backend).await;
     let faulty = Arc::new(Faulty::new(store));
     let engine = engine(faulty.clone());
     let calls = Arc::new(AtomicUsize::new(0));

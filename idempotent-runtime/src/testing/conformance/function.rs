@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Harness, KEY, SCOPE, setup};
+use super::{Backend, KEY, SCOPE, setup};
 use crate::config::HandlerConfig;
 use crate::engine::{Failure, Idempotency, Outcome};
 use crate::fingerprint::Fingerprint;
@@ -69,8 +69,8 @@ async fn call(
 /// the function once; every other call gets its typed output back from the store; a
 /// call with another payload is refused; a function's error releases the key, and the
 /// next call runs it.
-pub async fn check_function_runs_once_and_replays_its_output<H: Harness>() {
-    let (_harness, store) = setup::<H>().await;
+pub async fn check_function_runs_once_and_replays_its_output(backend: Backend) {
+    let (_harness, store) = setup(backend).await;
     let engines = [engine(store.clone()), engine(store)];
     let runs = Arc::new(AtomicUsize::new(0));
     let calls: Vec<_> = (0..32)

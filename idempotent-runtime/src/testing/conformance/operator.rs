@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Harness, KEY, LEASE, SCOPE, TTL, claim, claim_in, complete, fp, must_claim, release, renew,
+    Backend, KEY, LEASE, SCOPE, TTL, claim, claim_in, complete, fp, must_claim, release, renew,
     response, setup,
 };
 use crate::fingerprint::Fingerprint;
@@ -43,8 +43,8 @@ fn assert_refused(outcome: &ForgetOutcome, at_most: Duration) {
 /// Inspect reports nothing for a key never claimed; an in-progress record with its
 /// fingerprint (version included), creation, expiry and lease, its holder alive until
 /// the lease runs out; a completed record with its status; and nothing once expired.
-pub async fn check_inspect_reports_each_state<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_inspect_reports_each_state(backend: Backend) {
+    let (h, store) = setup(backend).await;
     assert_eq!(inspect(&*store, SCOPE).await, None, "never claimed");
     let v2 = Fingerprint {
         version: 2,
@@ -108,8 +108,8 @@ pub async fn check_inspect_reports_each_state<H: Harness>() {
 
 /// Forgetting a completed record deletes it: it is reported as it was, inspect finds
 /// nothing, and the next request with the key (any fingerprint) is a new claim.
-pub async fn check_forget_completed_lets_the_key_run_as_new<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_forget_completed_lets_the_key_run_as_new(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(complete(&*store, token, &response("a")).await);
     let before = inspect(&*store, SCOPE).await.expect("completed");
@@ -129,8 +129,8 @@ pub async fn check_forget_completed_lets_the_key_run_as_new<H: Harness>() {
 /// A request running under a live lease is not forgotten unless forced: `Refused` with
 /// the lease time left (shrinking as time passes), nothing changed, and the owner still
 /// completes.
-pub async fn check_forget_refuses_a_live_claim<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_forget_refuses_a_live_claim(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert_refused(&forget(&*store, SCOPE, false).await, LEASE);
     h.advance(LEASE - Duration::from_secs(10)).await;
@@ -147,8 +147,8 @@ pub async fn check_forget_refuses_a_live_claim<H: Harness>() {
 
 /// A forced forget deletes a live claim: the original owner's `renew`, `complete` and
 /// `release` then change nothing, also after a new request claimed the key as new.
-pub async fn check_forced_forget_fences_the_owner<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_forced_forget_fences_the_owner(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     let before = inspect(&*store, SCOPE).await.expect("in progress");
     assert_eq!(
@@ -173,8 +173,8 @@ pub async fn check_forced_forget_fences_the_owner<H: Harness>() {
 
 /// A claim whose lease ran out (its owner crashed) is forgotten without force, and its
 /// owner is fenced off.
-pub async fn check_forget_after_the_lease_ran_out<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_forget_after_the_lease_ran_out(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let old = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE).await;
     match forget(&*store, SCOPE, false).await {
@@ -189,8 +189,8 @@ pub async fn check_forget_after_the_lease_ran_out<H: Harness>() {
 
 /// Forget of a key with no live record says so, for a key never claimed, released, or
 /// expired (an expired record is removed too: the next claim is new, not a takeover).
-pub async fn check_forget_of_nothing<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_forget_of_nothing(backend: Backend) {
+    let (h, store) = setup(backend).await;
     assert_eq!(forget(&*store, SCOPE, true).await, ForgetOutcome::NotFound);
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(release(&*store, token).await);
@@ -203,9 +203,9 @@ pub async fn check_forget_of_nothing<H: Harness>() {
 }
 
 /// Forget in one scope leaves the same key of another scope alone.
-pub async fn check_forget_is_scoped<H: Harness>() {
+pub async fn check_forget_is_scoped(backend: Backend) {
     const BOB: &str = "acct_bob";
-    let (_h, store) = setup::<H>().await;
+    let (_h, store) = setup(backend).await;
     for scope in [SCOPE, BOB] {
         let token = must_claim(&*store, scope, KEY, fp(1)).await;
         assert!(
@@ -228,8 +228,8 @@ pub async fn check_forget_is_scoped<H: Harness>() {
 
 /// 16 operators forgetting one completed record at once: exactly one deletes it, the
 /// others find nothing.
-pub async fn check_concurrent_forgets_delete_once<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_concurrent_forgets_delete_once(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let token = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(complete(&*store, token, &response("a")).await);
     let barrier = Arc::new(tokio::sync::Barrier::new(16));
@@ -258,8 +258,8 @@ pub async fn check_concurrent_forgets_delete_once<H: Harness>() {
 /// Forced forgets racing their owners' completions, on 32 keys at once: each pair ends
 /// one of two ways — the forget first (the completion records nothing) or the completion
 /// first (the forget deletes the completed record) — and the key is free either way.
-pub async fn check_forget_racing_completion_is_consistent<H: Harness>() {
-    let (_h, store) = setup::<H>().await;
+pub async fn check_forget_racing_completion_is_consistent(backend: Backend) {
+    let (_h, store) = setup(backend).await;
     let mut tokens = Vec::new();
     for i in 0..32 {
         tokens.push(must_claim(&*store, SCOPE, &format!("race-{i}"), fp(1)).await);

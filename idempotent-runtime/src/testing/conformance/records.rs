@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Harness, LEASE, SCOPE, TTL, claim_with, fp, must_claim, response, setup};
+use super::{Harness, LEASE, SCOPE, TTL, claim_with, fp, must_claim, response};
 use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, RecordStore, Takeover};
 
 /// A backend whose [`Store`](crate::Store) is [`Fenced`](crate::store::Fenced) over a
@@ -19,7 +19,8 @@ pub trait RecordsHarness: Harness {
 /// at the version read; one renewed by its owner and one taken over between the read
 /// and the delete stay, and so do the live ones.
 pub async fn check_records_delete_many_deletes_the_versions_read<H: RecordsHarness>() {
-    let (h, store) = setup::<H>().await;
+    let h = H::new().await;
+    let store = h.store();
     let mut owners = Vec::new();
     for i in 0..6 {
         let key = format!("short-{i}");

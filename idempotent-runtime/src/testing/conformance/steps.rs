@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 
 use super::{
-    Harness, KEY, LEASE, SCOPE, TTL, assert_in_progress, claim, complete, fp, must_claim, release,
+    Backend, KEY, LEASE, SCOPE, TTL, assert_in_progress, claim, complete, fp, must_claim, release,
     renew, response, setup,
 };
 use crate::store::{
@@ -50,8 +50,8 @@ async fn must_resume(store: &dyn Store, steps: &[RecordedStep]) -> FencingToken 
 /// Steps recorded under the claim come back, in order and byte for byte, to the claim
 /// that takes the record over after the lease ran out; that claim's own steps append to
 /// them; a new key and a takeover of nothing recorded carry none.
-pub async fn check_steps_recorded_come_back_to_a_takeover<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_steps_recorded_come_back_to_a_takeover(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     let authorise = step("authorise", r#"{"authorisation":"auth_1"}"#);
     let ledger = step("ledger", r#"{"entry":42}"#);
@@ -68,8 +68,8 @@ pub async fn check_steps_recorded_come_back_to_a_takeover<H: Harness>() {
 
 /// Outputs are bytes: empty, NUL and 0xFF bytes, non-UTF-8, a 255-byte name and a
 /// 256 KiB output all round-trip.
-pub async fn check_steps_outputs_round_trip_as_bytes<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_steps_outputs_round_trip_as_bytes(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     let large: Vec<u8> = (0..256 * 1024).map(|i| (i * 7 % 256) as u8).collect();
     let steps = [
@@ -100,8 +100,8 @@ pub async fn check_steps_outputs_round_trip_as_bytes<H: Harness>() {
 /// Recording is fenced like `complete`: a token that never claimed, a token whose record
 /// was taken over, a completed claim's and a forgotten claim's token record nothing, and
 /// nothing they tried shows up later.
-pub async fn check_steps_are_fenced_by_the_token<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_steps_are_fenced_by_the_token(backend: Backend) {
+    let (h, store) = setup(backend).await;
     assert!(
         !record(&*store, FencingToken::random(), &step("ghost", "1")).await,
         "no record: nothing owns it"
@@ -149,9 +149,9 @@ pub async fn check_steps_are_fenced_by_the_token<H: Harness>() {
 /// with its lease ended, the same request takes it over at once and resumes, another
 /// request is a mismatch; the released token owns nothing. A release of a claim with
 /// no steps deletes it, as before. A watch on the key wakes for both.
-pub async fn check_steps_release_keeps_the_recovery_point<H: Harness>() {
+pub async fn check_steps_release_keeps_the_recovery_point(backend: Backend) {
     const BOUND: Duration = Duration::from_secs(60);
-    let (_h, store) = setup::<H>().await;
+    let (_h, store) = setup(backend).await;
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     let authorise = step("authorise", "auth_1");
     assert!(record(&*store, first, &authorise).await);
@@ -217,8 +217,8 @@ pub async fn check_steps_release_keeps_the_recovery_point<H: Harness>() {
 /// Completion replaces the steps with the response (inspect shows none), and a claim
 /// after the TTL starts a new lifetime without them, as does a takeover of an in-progress
 /// record whose TTL ran out.
-pub async fn check_steps_end_with_completion_and_expiry<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_steps_end_with_completion_and_expiry(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     assert!(record(&*store, first, &step("authorise", "auth_1")).await);
     assert!(complete(&*store, first, &response("charged")).await);
@@ -262,8 +262,8 @@ pub async fn check_steps_end_with_completion_and_expiry<H: Harness>() {
 /// renewal, so the sweeper leaves it and the retry of the same request takes it over as
 /// [`Takeover::LeaseLost`] and resumes after the recorded step instead of running it
 /// again.
-pub async fn check_steps_survive_a_crash_after_the_ttl<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_steps_survive_a_crash_after_the_ttl(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let ttl = LEASE * 3;
     let token = FencingToken::random();
     let outcome = store
@@ -308,8 +308,8 @@ pub async fn check_steps_survive_a_crash_after_the_ttl<H: Harness>() {
 
 /// `inspect` shows a running claim's steps (names, outputs, when); `forget` reports them
 /// and deletes them with the record, so the next claim of the key starts without them.
-pub async fn check_steps_inspect_and_forget<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_steps_inspect_and_forget(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     let steps = [step("authorise", "auth_1"), step("ledger", "entry_1")];
     for step in &steps {
@@ -343,9 +343,9 @@ pub async fn check_steps_inspect_and_forget<H: Harness>() {
 /// record answered, the winner's steps agree with it (a step acknowledged before the
 /// takeover is in the winner's answer, one refused is not), and every loser, and the old
 /// owner after the takeover, records nothing.
-pub async fn check_steps_race_a_takeover<H: Harness>() {
+pub async fn check_steps_race_a_takeover(backend: Backend) {
     for round in 0..8 {
-        let (h, store) = setup::<H>().await;
+        let (h, store) = setup(backend).await;
         let key = format!("race-{round}");
         let old = super::must_claim(&*store, SCOPE, &key, fp(1)).await;
         let before = step("authorise", "auth_1");
@@ -436,8 +436,8 @@ pub async fn check_steps_race_a_takeover<H: Harness>() {
 /// An at-most-once step records its intent (an empty output) before its call and its
 /// output after, under one name: a store keeps both entries, in order, and `inspect`
 /// names the steps whose intent has no output yet.
-pub async fn check_steps_an_intent_and_its_output_both_come_back<H: Harness>() {
-    let (h, store) = setup::<H>().await;
+pub async fn check_steps_an_intent_and_its_output_both_come_back(backend: Backend) {
+    let (h, store) = setup(backend).await;
     let first = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     let at = UNIX_EPOCH + Duration::from_millis(1_764_000_000_000);
     let charge_intent = RecordedStep::intent("charge", at);
