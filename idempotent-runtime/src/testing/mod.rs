@@ -82,3 +82,25 @@ pub fn ignored_if(unavailable: Option<String>, trials: Vec<Trial>) -> Vec<Trial>
         .map(|trial| trial.with_ignored_flag(true))
         .collect()
 }
+
+/// Panics on purpose, as a test of what a panicking handler leaves behind does, without
+/// printing the panic and its backtrace as the default hook would for a failure.
+///
+/// The first call installs a process-wide panic hook that passes every other panic to
+/// the hook installed before it, so a test that fails still says why.
+pub fn panic_deliberately(what: &'static str) -> ! {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<DeliberatePanic>().is_none() {
+                previous(info);
+            }
+        }));
+    });
+    std::panic::panic_any(DeliberatePanic(what))
+}
+
+/// The payload of [`panic_deliberately`]: what the test meant to break.
+#[derive(Debug, Clone, Copy)]
+pub struct DeliberatePanic(pub &'static str);

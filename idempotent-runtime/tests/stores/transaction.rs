@@ -18,7 +18,7 @@ use idempotent_runtime::transaction::{TxDatabase, TxStore};
 use idempotent_runtime::{Fingerprint, HandlerConfig, Idempotency, Outcome, Store, StoreError, Tx};
 
 use idempotent_runtime::testing::conformance::Harness;
-use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
+use idempotent_runtime::testing::{self, Trial, async_trial, ignored_if};
 
 /// Ledger statements on one database; the same SQL (`$N` placeholders, rewritten for
 /// MySQL) on each.
@@ -193,7 +193,9 @@ async fn deposit<H: Harness, DB: Ledger>(setup: &Setup<H, DB>, key: &str, then: 
                         Err((StatusCode::BAD_REQUEST, "refused after writing").into_response())
                     }
                     (Ok(()), Then::ServerError) => Ok(StatusCode::BAD_GATEWAY.into_response()),
-                    (Ok(()), Then::Panic) => panic!("handler bug after writing"),
+                    (Ok(()), Then::Panic) => {
+                        testing::panic_deliberately("handler bug after writing")
+                    }
                 };
                 result
             },
@@ -722,7 +724,9 @@ async fn inbox<H: Harness, DB: Ledger>(
                     (Err(err), _) => Err(err.to_string()),
                     (Ok(()), Then::Created) => Ok((key.as_str().to_owned(), run as i64)),
                     (Ok(()), Then::Err | Then::ServerError) => Err("refused after writing".into()),
-                    (Ok(()), Then::Panic) => panic!("function bug after writing"),
+                    (Ok(()), Then::Panic) => {
+                        testing::panic_deliberately("function bug after writing")
+                    }
                 }
             },
         )

@@ -45,7 +45,6 @@ pub(crate) struct ContractApp {
 impl ContractApp {
     /// The app, its handler taking `latency` for each charge.
     pub(crate) async fn new(protection: Protection, latency: Duration) -> Self {
-        quiet_deliberate_panics();
         let dir = tempfile::tempdir().expect("temporary directory");
         let clock = ManualClock::new();
         let path = dir.path().join("contract.db");
@@ -160,31 +159,12 @@ async fn charge(
     (StatusCode::CREATED, headers, Json(body)).into_response()
 }
 
-/// What [`panic_first_time`] panics with: the contract's panic case, which the engine
-/// answers with `500` (and releases the key).
-const DELIBERATE_PANIC: &str = "deliberate panic: a handler's first attempt fails";
-
 /// Panics on its first run, answers `201` after.
 fn panic_first_time(state: &AppState) -> StatusCode {
     if state.runs.fetch_add(1, Ordering::SeqCst) == 0 {
-        std::panic::panic_any(DELIBERATE_PANIC);
+        idempotent_runtime::testing::panic_deliberately("a handler's first attempt fails");
     }
     StatusCode::CREATED
-}
-
-/// Keeps [`DELIBERATE_PANIC`] off the output, where the default hook would print it with
-/// a backtrace like a failure; every other panic goes to the hook installed before (the
-/// process-wide hook is installed once, for every test in the binary).
-fn quiet_deliberate_panics() {
-    static INSTALL: std::sync::Once = std::sync::Once::new();
-    INSTALL.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if info.payload().downcast_ref::<&str>() != Some(&DELIBERATE_PANIC) {
-                previous(info);
-            }
-        }));
-    });
 }
 
 // ---- the attribute app -------------------------------------------------------------
