@@ -10,6 +10,7 @@ use super::group_commit::{Answer, Batch, MAX_BATCH_BYTES, Value, inline, run_req
 use super::records::{COMPLETE_SET, update_statement};
 use super::scope_key_sha256;
 use crate::store::sql::CompletionColumns;
+use crate::store::sql::batcher::Gathered;
 use crate::store::{StoreError, StoredResponse};
 
 const COMPLETE_BATCH: &str = include_str!("sql/complete_batch.sql");
@@ -52,17 +53,22 @@ impl QueuedCompletion {
     }
 }
 
-impl Batch for QueuedCompletion {
-    /// Whether the completion took effect (the record was at its version).
-    type Reply = bool;
+impl Gathered for QueuedCompletion {
+    type Record<'a> = &'a [u8];
+    const ONE_PER_RECORD: bool = false;
 
-    fn record_id(&self) -> &[u8] {
+    fn record(&self) -> Self::Record<'_> {
         &self.id
     }
 
     fn bytes(&self) -> usize {
         self.headers.len() + self.body.as_ref().map_or(0, |body| body.len())
     }
+}
+
+impl Batch for QueuedCompletion {
+    /// Whether the completion took effect (the record was at its version).
+    type Reply = bool;
 
     async fn run<'c>(
         db: &'c mut MySqlConnection,

@@ -29,7 +29,7 @@
 //!   write follows (`lock_conflict.rs`).
 //! - **One element the server refuses fails alone.** Any other error the server reported
 //!   runs the elements one batch of one each, so only the one at fault gets its error.
-//! - **A lost connection fails its batch.** An I/O error or [`BATCH_TIMEOUT`] answers
+//! - **A lost connection fails its batch.** An I/O error or [`BATCH_TIMEOUT`](batcher::BATCH_TIMEOUT) answers
 //!   every caller of the batch with an error (`503`) and closes the connection; the next
 //!   batch takes another. Such a batch is not run again: it may have committed.
 //!
@@ -39,7 +39,6 @@
 //! does not — and ends when the last clone of the store is dropped; if it is gone (that
 //! runtime shut down), inserts and completions fail with an error, never a silent success.
 
-use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::time::Duration;
@@ -50,17 +49,13 @@ use sqlx::{AssertSqlSafe, Either, Executor, MySql};
 use tokio::time::Instant;
 
 use super::lock_conflict::{Resends, is_lock_conflict};
-use crate::store::sql::batcher::{self, MAX_BATCH, Waiting};
+use crate::store::sql::batcher::{self, Gathered, MAX_BATCH, Waiting, one_each, timed};
 
 /// Bytes of responses per completion request at most; a response larger than this does
 /// not join a batch. Each byte travels as two hexadecimal digits, so a request stays well
 /// within the server's `max_allowed_packet` (16 MiB by default on MariaDB, 64 MiB on
 /// MySQL 8).
 pub(super) const MAX_BATCH_BYTES: usize = 512 * 1024;
-
-/// How long one batch may take to get its connection and run: a connection whose server
-/// stopped answering must not hold up every insert for as long as TCP takes to give up.
-pub(super) const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connection idle this long is closed and replaced before its next batch, rather than
 /// risking one the server closed meanwhile (`wait_timeout`).
@@ -76,18 +71,12 @@ type Queued<B> = batcher::Queued<B, <B as Batch>::Reply>;
 /// the last clone is dropped.
 pub(super) type Batcher<B> = batcher::Batcher<B, <B as Batch>::Reply>;
 
-/// What one batcher batches: inserts or completions.
-pub(super) trait Batch: Send + Sync + Sized + 'static {
+/// What one batcher batches: inserts or completions. Their [`Gathered::record`] is the
+/// record's `scope_key_sha256`; a batch may hold two elements for one record (its
+/// statements run one after the other).
+pub(super) trait Batch: Gathered + Send + Sync + Sized + 'static {
     /// What each caller gets back.
     type Reply: Clone + Send + 'static;
-
-    /// The `scope_key_sha256` of the record it is about: the order a batch locks rows in.
-    fn record_id(&self) -> &[u8];
-
-    /// The bytes it adds to a request, counted against [`MAX_BATCH_BYTES`].
-    fn bytes(&self) -> usize {
-        0
-    }
 
     /// Runs `batch` (sorted by record) as one request on `db`; exactly one reply per
     /// element, in order. `Err`: a statement failed; what it did is rolled back, and
@@ -205,62 +194,14 @@ impl BatchConnection {
             self.open = Some((db, Instant::now()));
             Ok(replies)
         };
-        let replies = tokio::time::timeout(BATCH_TIMEOUT, work)
-            .await
-            .unwrap_or_else(|_| {
-                Err(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "a group commit request did not finish within {}s",
-                        BATCH_TIMEOUT.as_secs()
-                    ),
-                )))
-            })?;
-        if replies.len() != batch.len() {
-            return Err(sqlx::Error::Protocol(format!(
-                "a batch of {} got {} answers",
-                batch.len(),
-                replies.len()
-            )));
-        }
-        Ok(replies)
+        one_each(batch.len(), timed(work).await?)
     }
 }
 
 /// The batcher's loop: gathers a batch, runs it, answers it; until every sender is gone.
 async fn serve<B: Batch>(mut db: BatchConnection, mut waiting: Waiting<B, B::Reply>) {
-    // Items taken from the queue but past a batch's bytes: they go first next time.
-    let mut deferred: VecDeque<Queued<B>> = VecDeque::new();
-    let mut arrived: Vec<Queued<B>> = Vec::with_capacity(MAX_BATCH);
     let mut batch: Vec<Queued<B>> = Vec::with_capacity(MAX_BATCH);
-    loop {
-        if deferred.is_empty() {
-            if !waiting.recv(&mut arrived).await {
-                return;
-            }
-            deferred.extend(arrived.drain(..));
-        }
-        let mut bytes = 0;
-        while batch.len() < MAX_BATCH {
-            let Some(next) = deferred.pop_front().or_else(|| waiting.try_next()) else {
-                break;
-            };
-            if next.gave_up() {
-                // Its caller gave up (the engine's store timeout): nobody would act on it.
-                continue;
-            }
-            if !batch.is_empty() && bytes + next.item.bytes() > MAX_BATCH_BYTES {
-                deferred.push_front(next);
-                break;
-            }
-            bytes += next.item.bytes();
-            batch.push(next);
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        // One lock order for every batch (see the module docs).
-        batch.sort_unstable_by(|a, b| a.item.record_id().cmp(b.item.record_id()));
+    while waiting.next_batch(&mut batch, MAX_BATCH_BYTES).await {
         run_batch(&mut db, &mut batch).await;
     }
 }

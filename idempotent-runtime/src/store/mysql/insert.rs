@@ -10,6 +10,7 @@ use sqlx::{Either, Row};
 use super::group_commit::{Answer, Batch, Value, inline, run_request};
 use super::records::spliced;
 use crate::fingerprint::Fingerprint;
+use crate::store::sql::batcher::Gathered;
 use crate::store::sql::{now_of, record_of, to_column};
 use crate::store::{FencingToken, Inserted, Record, StoreError};
 
@@ -24,14 +25,19 @@ pub(super) struct QueuedInsert {
     pub(super) ttl_micros: i64,
 }
 
+impl Gathered for QueuedInsert {
+    type Record<'a> = &'a [u8];
+    const ONE_PER_RECORD: bool = false;
+
+    fn record(&self) -> Self::Record<'_> {
+        &self.id
+    }
+}
+
 impl Batch for QueuedInsert {
     /// `None`: no record after the insert (deleted in between), or the batch was rolled
     /// back on a lock conflict: insert again.
     type Reply = Option<Inserted>;
-
-    fn record_id(&self) -> &[u8] {
-        &self.id
-    }
 
     async fn run<'c>(
         db: &'c mut MySqlConnection,

@@ -20,31 +20,24 @@
 //! - **One element the server refuses fails alone**: a refused statement committed
 //!   nothing, and its elements then run one statement each; a deadlock or serialization
 //!   failure runs it once more first.
-//! - **A lost connection fails its batch**: an I/O error or [`BATCH_TIMEOUT`] answers
+//! - **A lost connection fails its batch**: an I/O error or [`BATCH_TIMEOUT`](batcher::BATCH_TIMEOUT) answers
 //!   every caller with an error (`503`) and closes the connection; the batch is not run
 //!   again, since it may have committed.
 //! - **Bounded**: [`MAX_BATCH`] elements and [`MAX_BATCH_BYTES`] of responses per
 //!   statement; callers that gave up before their statement was sent are left out.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{Row, SqlStr};
 
 use super::connections::StatementConnections;
-use crate::store::sql::batcher::{self, MAX_BATCH, Waiting};
+use crate::store::sql::batcher::{self, Gathered, MAX_BATCH, Waiting, one_each, timed};
 
 /// Bytes of responses per statement at most (a first element is always taken): far
 /// below Postgres's 1 GiB limit on one `bytea[]` value.
 const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
-
-/// How long one batch may take to get its connection and run its statement: a
-/// connection whose server stopped answering must not hold up every caller for as long
-/// as TCP takes to give up.
-const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Answer<B> = batcher::Answer<<B as Batch>::Reply>;
 type Queued<B> = batcher::Queued<B, <B as Batch>::Reply>;
@@ -52,18 +45,11 @@ type Queued<B> = batcher::Queued<B, <B as Batch>::Reply>;
 /// The sending side of one batching task, which ends when the last clone is dropped.
 pub(super) type Batcher<B> = batcher::Batcher<B, <B as Batch>::Reply>;
 
-/// What one task batches: inserts or completions.
-pub(super) trait Batch: Send + Sync + Sized + 'static {
+/// What one task batches: inserts or completions, one element per record
+/// ([`Gathered::ONE_PER_RECORD`]: the statement's arrays take each record once).
+pub(super) trait Batch: Gathered + Send + Sync + Sized + 'static {
     /// What each caller gets back.
     type Reply: Send + 'static;
-
-    /// The record it is about: `(scope, key)`, distinct within a batch.
-    fn record(&self) -> (&str, &str);
-
-    /// The bytes it adds to a statement, counted against [`MAX_BATCH_BYTES`].
-    fn bytes(&self) -> usize {
-        0
-    }
 
     /// Runs `batch` (records distinct) as `statement` on `db`: one reply per element, in
     /// order. `Err`: the statement failed, nothing of it was committed.
@@ -101,38 +87,9 @@ async fn serve<B: Batch>(
     connections: Arc<StatementConnections>,
     mut waiting: Waiting<B, B::Reply>,
 ) {
-    // Taken from the queue but left for a later batch (a second element for a record,
-    // or past the bytes): they go first next time.
-    let mut deferred: VecDeque<Queued<B>> = VecDeque::new();
-    let mut arrived = Vec::with_capacity(MAX_BATCH);
-    loop {
-        if deferred.is_empty() {
-            if !waiting.recv(&mut arrived).await {
-                return;
-            }
-            deferred.extend(arrived.drain(..));
-        }
-        let mut batch: Vec<Queued<B>> = Vec::with_capacity(MAX_BATCH);
-        let mut later = VecDeque::new();
-        let mut bytes = 0;
-        while batch.len() < MAX_BATCH {
-            let Some(next) = deferred.pop_front().or_else(|| waiting.try_next()) else {
-                break;
-            };
-            if next.gave_up() {
-                continue;
-            }
-            let repeated = batch.iter().any(|b| b.item.record() == next.item.record());
-            if repeated || (!batch.is_empty() && bytes + next.item.bytes() > MAX_BATCH_BYTES) {
-                later.push_back(next);
-                continue;
-            }
-            bytes += next.item.bytes();
-            batch.push(next);
-        }
-        later.extend(deferred.drain(..));
-        deferred = later;
-        run_batch(&statement, &connections, batch).await;
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while waiting.next_batch(&mut batch, MAX_BATCH_BYTES).await {
+        run_batch(&statement, &connections, &mut batch).await;
     }
 }
 
@@ -140,17 +97,15 @@ async fn serve<B: Batch>(
 async fn run_batch<B: Batch>(
     statement: &SqlStr,
     connections: &StatementConnections,
-    mut batch: Vec<Queued<B>>,
+    batch: &mut Vec<Queued<B>>,
 ) {
-    // One lock order for every batch (see the module docs).
-    batch.sort_unstable_by(|a, b| a.item.record().cmp(&b.item.record()));
-    let mut result = run_together(statement, connections, &mut batch).await;
+    let mut result = run_together(statement, connections, batch).await;
     if matches!(&result, Err(error) if worth_running_again(error)) {
-        result = run_together(statement, connections, &mut batch).await;
+        result = run_together(statement, connections, batch).await;
     }
     match result {
         Ok(replies) => {
-            for (queued, reply) in batch.into_iter().zip(replies) {
+            for (queued, reply) in batch.drain(..).zip(replies) {
                 queued.answer(reply);
             }
         }
@@ -158,7 +113,7 @@ async fn run_batch<B: Batch>(
         // may be at fault.
         Err(error) if batch.len() > 1 && error.as_database_error().is_some() => {
             tracing::debug!(%error, items = batch.len(), "a group commit statement was refused; running its items one by one");
-            for queued in batch {
+            for queued in batch.drain(..) {
                 let alone = timed(async {
                     let lent = connections.acquire().await?;
                     run_on(statement, lent, &[&queued.item]).await
@@ -170,7 +125,7 @@ async fn run_batch<B: Batch>(
                 });
             }
         }
-        Err(error) => batcher::fail_all(&mut batch, FAILED, Vec::new(), error),
+        Err(error) => batcher::fail_all(batch, FAILED, Vec::new(), error),
     }
 }
 
@@ -202,30 +157,7 @@ async fn run_on<B: Batch>(
 ) -> Result<Vec<Answer<B>>, sqlx::Error> {
     let replies = B::run(statement, lent.connection(), items).await?;
     lent.release();
-    if replies.len() != items.len() {
-        return Err(sqlx::Error::Protocol(format!(
-            "a batch of {} got {} answers",
-            items.len(),
-            replies.len()
-        )));
-    }
-    Ok(replies)
-}
-
-/// `work` within [`BATCH_TIMEOUT`]; past it, dropped (its connection closed) and an I/O
-/// error.
-async fn timed<T>(work: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, sqlx::Error> {
-    tokio::time::timeout(BATCH_TIMEOUT, work)
-        .await
-        .unwrap_or_else(|_| {
-            Err(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "a group commit statement did not finish within {}s",
-                    BATCH_TIMEOUT.as_secs()
-                ),
-            )))
-        })
+    one_each(items.len(), replies)
 }
 
 /// A deadlock or serialization failure: the server rolled the statement back, and the

@@ -33,6 +33,7 @@ use super::group::{self, Batch, Batcher, element_of};
 use super::notify::Notifier;
 use super::schema::{Schema, Statements};
 use crate::fingerprint::Fingerprint;
+use crate::store::sql::batcher::Gathered;
 use crate::store::sql::{CompletionColumns, from_column, now_of, record_of, to_column};
 use crate::store::{
     Capabilities, Change, FencingToken, Inserted, KeyedRecord, Record, RecordStore, StoreError,
@@ -345,13 +346,18 @@ struct QueuedInsert {
     lease: PgInterval,
 }
 
+impl Gathered for QueuedInsert {
+    type Record<'a> = (&'a str, &'a str);
+    const ONE_PER_RECORD: bool = true;
+
+    fn record(&self) -> Self::Record<'_> {
+        (&self.scope, &self.key)
+    }
+}
+
 impl Batch for QueuedInsert {
     /// `None`: stopped by a record the snapshot does not show (see the module docs).
     type Reply = Option<Inserted>;
-
-    fn record(&self) -> (&str, &str) {
-        (&self.scope, &self.key)
-    }
 
     async fn run<'c>(
         statement: &'c SqlStr,
@@ -435,17 +441,22 @@ impl QueuedCompletion {
     }
 }
 
-impl Batch for QueuedCompletion {
-    /// The record's version once completed; `None`: it was not at the version given.
-    type Reply = Option<u64>;
+impl Gathered for QueuedCompletion {
+    type Record<'a> = (&'a str, &'a str);
+    const ONE_PER_RECORD: bool = true;
 
-    fn record(&self) -> (&str, &str) {
+    fn record(&self) -> Self::Record<'_> {
         (&self.scope, &self.key)
     }
 
     fn bytes(&self) -> usize {
         self.headers.len() + self.body.as_ref().map_or(0, |body| body.len())
     }
+}
+
+impl Batch for QueuedCompletion {
+    /// The record's version once completed; `None`: it was not at the version given.
+    type Reply = Option<u64>;
 
     async fn run<'c>(
         statement: &'c SqlStr,

@@ -18,9 +18,18 @@
 //! - **Batches grow with the load, with no added wait when there is none.** The task
 //!   takes the first item as soon as it arrives and, with [`Waiting::gather`], lets the
 //!   requests already in flight add theirs before the batch is taken.
+//! - **One statement's batch, taken one way** ([`Waiting::next_batch`], Postgres's and
+//!   MySQL's): bounded in bytes too, sorted by record so that two batches lock rows in
+//!   one order, and, where the statement takes each record once, one item per record.
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use std::collections::VecDeque;
 use std::fmt;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use std::future::Future;
 use std::sync::Arc;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -67,6 +76,32 @@ pub(crate) struct Batcher<T, R> {
 /// The receiving side: what the task takes its batches from.
 pub(crate) struct Waiting<T, R> {
     queue: mpsc::Receiver<Queued<T, R>>,
+    /// Taken from the queue but left for a later batch by [`Waiting::next_batch`] (a
+    /// second item for a record, or past the bytes): they go first next time.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    deferred: VecDeque<Queued<T, R>>,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// An item of a batch run as one statement or request ([`Waiting::next_batch`]).
+pub(crate) trait Gathered {
+    /// The record it is about, in the order a batch locks rows in.
+    type Record<'a>: Ord
+    where
+        Self: 'a;
+
+    /// Whether a batch takes each record once (its statement's arrays hold one row per
+    /// record): a second item for a record already in the batch waits for the next one,
+    /// so that it sees the first's effect.
+    const ONE_PER_RECORD: bool;
+
+    /// The record it is about.
+    fn record(&self) -> Self::Record<'_>;
+
+    /// The bytes it adds to a batch, counted against the batch's bound.
+    fn bytes(&self) -> usize {
+        0
+    }
 }
 
 impl<T, R> Batcher<T, R> {
@@ -74,7 +109,12 @@ impl<T, R> Batcher<T, R> {
     /// the task is gone or dropped its item unanswered.
     pub(crate) fn channel(stopped: &'static str) -> (Self, Waiting<T, R>) {
         let (queue, waiting) = mpsc::channel(QUEUE);
-        (Self { queue, stopped }, Waiting { queue: waiting })
+        let waiting = Waiting {
+            queue: waiting,
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
+            deferred: VecDeque::new(),
+        };
+        (Self { queue, stopped }, waiting)
     }
 
     /// Queues `item` for the next batch and waits for its answer.
@@ -130,6 +170,55 @@ impl<T, R> Waiting<T, R> {
         self.queue.try_recv().ok()
     }
 
+    /// Waits for an item, then puts it and whatever else is waiting into the empty
+    /// `batch`, sorted by record: the items left for later first, at most [`MAX_BATCH`]
+    /// of them and `max_bytes` (a first item always goes), one per record where
+    /// [`Gathered::ONE_PER_RECORD`]; callers that gave up are left out. `false` once
+    /// every [`Batcher`] is dropped and nothing waits.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) async fn next_batch(
+        &mut self,
+        batch: &mut Vec<Queued<T, R>>,
+        max_bytes: usize,
+    ) -> bool
+    where
+        T: Gathered,
+    {
+        while batch.is_empty() {
+            if self.deferred.is_empty() {
+                if !self.recv(batch).await {
+                    return false;
+                }
+                self.deferred.extend(batch.drain(..));
+            }
+            let mut later = VecDeque::new();
+            let mut bytes = 0;
+            while batch.len() < MAX_BATCH {
+                let Some(next) = self.deferred.pop_front().or_else(|| self.try_next()) else {
+                    break;
+                };
+                if next.gave_up() {
+                    continue;
+                }
+                let repeated = T::ONE_PER_RECORD
+                    && batch
+                        .iter()
+                        .any(|taken| taken.item.record() == next.item.record());
+                let too_big = !batch.is_empty() && bytes + next.item.bytes() > max_bytes;
+                if repeated || too_big {
+                    later.push_back(next);
+                    continue;
+                }
+                bytes += next.item.bytes();
+                batch.push(next);
+            }
+            later.append(&mut self.deferred);
+            self.deferred = later;
+        }
+        batch.sort_unstable_by(|a, b| a.item.record().cmp(&b.item.record()));
+        true
+    }
+
     /// Lets the tasks that are ready to run queue their items before the batch is taken:
     /// a yield to the scheduler, then whatever arrived, again while items keep arriving
     /// and the batch has room ([`GATHER_ROUNDS`] times at most). With nothing else ready
@@ -156,6 +245,42 @@ impl<T, R> Waiting<T, R> {
             }
         }
     }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// How long one batch may take to get its connection and run: a connection whose server
+/// stopped answering must not hold up every caller for as long as TCP takes to give up.
+pub(crate) const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// `work` within [`BATCH_TIMEOUT`]; past it, dropped (its connection with it) and an I/O
+/// error.
+pub(crate) async fn timed<T>(
+    work: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(BATCH_TIMEOUT, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "a batch statement did not finish within {}s",
+                    BATCH_TIMEOUT.as_secs()
+                ),
+            )))
+        })
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// `replies`, when there is exactly one for each of a batch's `elements`.
+pub(crate) fn one_each<R>(elements: usize, replies: Vec<R>) -> Result<Vec<R>, sqlx::Error> {
+    if replies.len() != elements {
+        return Err(sqlx::Error::Protocol(format!(
+            "a batch of {elements} got {} answers",
+            replies.len()
+        )));
+    }
+    Ok(replies)
 }
 
 /// The failure of a whole batch, given to each of its callers.
@@ -270,6 +395,78 @@ mod tests {
                 .unwrap()
                 .unwrap();
         }
+    }
+
+    /// An item for [`Waiting::next_batch`]: a record and a size.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[derive(Debug, PartialEq)]
+    struct Item(u8, usize);
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    impl Gathered for Item {
+        type Record<'a> = u8;
+        const ONE_PER_RECORD: bool = true;
+
+        fn record(&self) -> u8 {
+            self.0
+        }
+
+        fn bytes(&self) -> usize {
+            self.1
+        }
+    }
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[tokio::test]
+    async fn a_statement_batch_is_sorted_within_its_bytes_with_one_item_per_record() {
+        let (batcher, mut waiting) = Batcher::<Item, ()>::channel("stopped");
+        let items = [Item(3, 1), Item(1, 1), Item(3, 2), Item(2, 8), Item(0, 1)];
+        let mut callers = Vec::new();
+        for item in items {
+            let asking = batcher.clone();
+            callers.push(tokio::spawn(async move { asking.ask(item).await }));
+            // Queued in this order.
+            while batcher.queued() < callers.len() {
+                tokio::task::yield_now().await;
+            }
+        }
+        let gave_up = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.ask(Item(4, 1)).await }
+        });
+        while batcher.queued() < 6 {
+            tokio::task::yield_now().await;
+        }
+        gave_up.abort();
+        let _ = gave_up.await;
+
+        let mut taken = Vec::new();
+        let mut batches = Vec::new();
+        for _ in 0..3 {
+            let mut batch = Vec::new();
+            assert!(waiting.next_batch(&mut batch, 4).await);
+            batches.push(batch.iter().map(|q| (q.item.0, q.item.1)).collect::<Vec<_>>());
+            taken.extend(batch);
+        }
+        assert_eq!(
+            batches,
+            [
+                // The second item for record 3 and the one past 4 bytes wait; the caller
+                // that gave up is left out.
+                vec![(0, 1), (1, 1), (3, 1)],
+                vec![(3, 2)],
+                // The first item of a batch goes whatever its size.
+                vec![(2, 8)],
+            ]
+        );
+        for queued in taken {
+            queued.answer(Ok(()));
+        }
+        for caller in callers {
+            caller.await.unwrap().unwrap();
+        }
+        drop(batcher);
+        assert!(!waiting.next_batch(&mut Vec::new(), 4).await, "closed");
     }
 
     #[tokio::test]
