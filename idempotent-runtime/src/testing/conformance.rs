@@ -118,6 +118,7 @@ pub use function::check_function_runs_once_and_replays_its_output;
 pub use instances::{
     check_instances_claims_racing_fenced_writes_never_fail,
     check_instances_concurrent_claims_one_winner,
+    check_instances_steps_racing_takeovers_are_answered_or_fenced,
 };
 pub use operator::{
     check_concurrent_forgets_delete_once, check_forced_forget_fences_the_owner,
@@ -272,6 +273,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_claims_racing_fenced_writes_never_fail,
         check_instances_concurrent_claims_one_winner,
         check_instances_claims_racing_fenced_writes_never_fail,
+        check_instances_steps_racing_takeovers_are_answered_or_fenced,
         check_scope_isolation,
         check_keys_compared_exactly,
         check_long_keys_and_scopes,

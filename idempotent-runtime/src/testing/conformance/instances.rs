@@ -4,12 +4,15 @@
 //! store passes them without racing anything.
 
 use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
 
 use super::{
     Backend, Instance, LEASE, SCOPE, claim_in, concurrent_claims, exactly_one_winner, fp,
     must_claim, race_claims_against_fenced_writes, response, setup,
 };
-use crate::store::{ClaimOutcome, Store, Takeover};
+use crate::store::{ClaimOutcome, RecordedStep, Store, Takeover};
 
 /// How many instances the checks race: the harness's store and three more.
 const INSTANCES: usize = 4;
@@ -70,4 +73,87 @@ pub async fn check_instances_claims_racing_fenced_writes_never_fail(backend: Bac
         return;
     };
     race_claims_against_fenced_writes(&stores).await;
+}
+
+/// Each of 150 old owners (per round, four rounds) records a second step at the moment a
+/// claim through another instance takes its record over for the lost lease, all keys at
+/// once: whatever the interleaving, the step is either in the takeover's answer (it was
+/// recorded first) or refused, never recorded yet missing from the answer (what a
+/// takeover that reads the steps from a snapshot older than the row it writes gives),
+/// and the record holds what the takeover answered.
+pub async fn check_instances_steps_racing_takeovers_are_answered_or_fenced(backend: Backend) {
+    const KEYS: usize = 150;
+    let (h, old) = setup(backend).await;
+    let Some(new) = h.another_store().await else {
+        return;
+    };
+    let (first, second) = (step("first", "1"), step("second", "2"));
+    for round in 0..4 {
+        let mut owners = Vec::new();
+        for i in 0..KEYS {
+            let key = format!("race-{round}-{i}");
+            let token = must_claim(&*old, SCOPE, &key, fp(1)).await;
+            let recorded = old.record_step(SCOPE, &key, token, &first).await;
+            assert!(recorded.expect("record_step"), "{key}: the owner records");
+            owners.push((key, token));
+        }
+        h.advance(LEASE).await;
+        let barrier = Arc::new(tokio::sync::Barrier::new(2 * KEYS));
+        let races: Vec<_> = owners
+            .into_iter()
+            .map(|(key, token)| {
+                let recording = tokio::spawn({
+                    let (old, key, second, barrier) = (
+                        Arc::clone(&old),
+                        key.clone(),
+                        second.clone(),
+                        Arc::clone(&barrier),
+                    );
+                    async move {
+                        barrier.wait().await;
+                        let recorded = old.record_step(SCOPE, &key, token, &second).await;
+                        recorded.expect("the old owner's record_step")
+                    }
+                });
+                let claiming = tokio::spawn({
+                    let (new, key, barrier) = (Arc::clone(&new), key.clone(), Arc::clone(&barrier));
+                    async move {
+                        barrier.wait().await;
+                        claim_in(&*new, SCOPE, &key, fp(1)).await
+                    }
+                });
+                (key, recording, claiming)
+            })
+            .collect();
+        for (key, recording, claiming) in races {
+            let recorded = recording.await.expect("step task");
+            let (outcome, token) = claiming.await.expect("claim task");
+            let expected = if recorded {
+                vec![first.clone(), second.clone()]
+            } else {
+                vec![first.clone()]
+            };
+            assert_eq!(
+                outcome,
+                ClaimOutcome::Claimed {
+                    token,
+                    takeover: Some(Takeover::LeaseLost),
+                    steps: expected.clone(),
+                },
+                "{key}: the old owner's step was recorded: {recorded}"
+            );
+            let info = new.inspect(SCOPE, &key).await.expect("inspect");
+            let steps = info.expect("live").steps;
+            assert_eq!(steps, expected, "{key}: the record holds the answer");
+        }
+    }
+}
+
+/// A step named `name` whose output says `output`.
+fn step(name: &str, output: &str) -> RecordedStep {
+    RecordedStep {
+        name: name.to_owned(),
+        output: Bytes::from(output.to_owned()),
+        recorded_at: UNIX_EPOCH + Duration::from_millis(1_700_000_000_000),
+    }
 }
