@@ -52,6 +52,9 @@
 //! recorded answer is lost: the engine's lease rule holds on every store. A store that
 //! keeps its clock in this process also implements [`Harness::step_wall`], and the
 //! clock-step checks assert that a step of the wall clock moves TTLs but never a lease.
+//! A store whose records live outside it (in a database, a file or a server) also
+//! implements [`Harness::another_store`], and the checks named `check_instances_…` race
+//! several stores on those records, as the instances of an app share one database.
 //!
 //! Semantics pinned here (the [`Store`] docs say the rest):
 //!
@@ -92,6 +95,7 @@ use super::Trial;
 
 mod faults;
 mod function;
+mod instances;
 mod operator;
 mod records;
 mod steps;
@@ -111,6 +115,11 @@ pub use faults::{
     check_fault_forward_wall_step_keeps_a_live_lease, check_fault_refused_completions_keep_the_key,
 };
 pub use function::check_function_runs_once_and_replays_its_output;
+pub use instances::{
+    check_instances_claims_racing_fenced_writes_never_fail,
+    check_instances_concurrent_claims_one_winner,
+    check_instances_steps_racing_takeovers_are_answered_or_fenced,
+};
 pub use operator::{
     check_concurrent_forgets_delete_once, check_forced_forget_fences_the_owner,
     check_forget_after_the_lease_ran_out, check_forget_completed_lets_the_key_run_as_new,
@@ -122,8 +131,9 @@ pub use steps::{
     check_steps_an_intent_and_its_output_both_come_back, check_steps_are_fenced_by_the_token,
     check_steps_end_with_completion_and_expiry, check_steps_inspect_and_forget,
     check_steps_outputs_round_trip_as_bytes, check_steps_race_a_takeover,
-    check_steps_recorded_come_back_to_a_takeover, check_steps_release_keeps_the_recovery_point,
-    check_steps_survive_a_crash_after_the_ttl,
+    check_steps_recorded_come_back_to_a_takeover,
+    check_steps_recorded_until_a_takeover_are_its_answer,
+    check_steps_release_keeps_the_recovery_point, check_steps_survive_a_crash_after_the_ttl,
 };
 
 /// A backend under test.
@@ -157,6 +167,17 @@ pub trait Harness: Send + Sync + Sized + 'static {
         let _ = by_millis;
         false
     }
+
+    /// Opens another store on this backend that shares [`store`](Harness::store)'s
+    /// records, as a second instance of an app does: its own pool, connection or client
+    /// onto the same database, file or server. Each call opens a new one. `None` (the
+    /// default): the backend has no such store (a memory store's records live in the
+    /// store itself), and the checks of several instances (`check_instances_…`) pass
+    /// without racing anything; every store on a shared database, file or server should
+    /// give one.
+    async fn another_store(&self) -> Option<Arc<dyn Store>> {
+        None
+    }
 }
 
 type Check = fn(Backend) -> Pin<Box<dyn Future<Output = ()>>>;
@@ -175,6 +196,7 @@ trait Instance: Send + Sync {
     fn store(&self) -> Arc<dyn Store>;
     async fn advance(&self, by: Duration);
     async fn step_wall(&self, by_millis: i64) -> bool;
+    async fn another_store(&self) -> Option<Arc<dyn Store>>;
 }
 
 #[async_trait::async_trait]
@@ -189,6 +211,10 @@ impl<H: Harness> Instance for H {
 
     async fn step_wall(&self, by_millis: i64) -> bool {
         Harness::step_wall(self, by_millis).await
+    }
+
+    async fn another_store(&self) -> Option<Arc<dyn Store>> {
+        Harness::another_store(self).await
     }
 }
 
@@ -245,6 +271,9 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_concurrent_distinct_keys_all_claimed,
         check_claims_racing_releases_never_share_a_key,
         check_claims_racing_fenced_writes_never_fail,
+        check_instances_concurrent_claims_one_winner,
+        check_instances_claims_racing_fenced_writes_never_fail,
+        check_instances_steps_racing_takeovers_are_answered_or_fenced,
         check_scope_isolation,
         check_keys_compared_exactly,
         check_long_keys_and_scopes,
@@ -281,6 +310,7 @@ pub fn trials<H: Harness>() -> Vec<Trial> {
         check_steps_end_with_completion_and_expiry,
         check_steps_inspect_and_forget,
         check_steps_race_a_takeover,
+        check_steps_recorded_until_a_takeover_are_its_answer,
         check_steps_survive_a_crash_after_the_ttl,
         check_steps_an_intent_and_its_output_both_come_back,
         check_function_runs_once_and_replays_its_output,
@@ -881,19 +911,20 @@ pub async fn check_owner_keeps_expired_lease_until_taken_over(backend: Backend) 
     assert_eq!(outcome, ClaimOutcome::Replay(response("late")));
 }
 
-/// Runs `n` claims of `(SCOPE, key_of(i))` at once; returns the outcomes with their tokens.
+/// Runs `n` claims of `(SCOPE, key_of(i))` at once, claim `i` through
+/// `stores[i % stores.len()]`; returns the outcomes with their tokens.
 async fn concurrent_claims(
-    store: &Arc<dyn Store>,
+    stores: &[Arc<dyn Store>],
     n: usize,
-    key_of: fn(usize) -> String,
+    key_of: impl Fn(usize) -> String,
 ) -> Vec<(ClaimOutcome, FencingToken)> {
     let barrier = Arc::new(tokio::sync::Barrier::new(n));
     let tasks: Vec<_> = (0..n)
         .map(|i| {
-            let store = Arc::clone(store);
+            let store = Arc::clone(&stores[i % stores.len()]);
             let barrier = Arc::clone(&barrier);
+            let key = key_of(i);
             tokio::spawn(async move {
-                let key = key_of(i);
                 barrier.wait().await;
                 claim_in(&*store, SCOPE, &key, fp(1)).await
             })
@@ -936,7 +967,7 @@ fn exactly_one_winner(
 /// request is in progress, and the winner can complete.
 pub async fn check_concurrent_claims_one_winner(backend: Backend) {
     let (_h, store) = setup(backend).await;
-    let outcomes = concurrent_claims(&store, 64, |_| KEY.to_owned()).await;
+    let outcomes = concurrent_claims(std::slice::from_ref(&store), 64, |_| KEY.to_owned()).await;
     let winner = exactly_one_winner(&outcomes, None);
     assert!(complete(&*store, winner, &response("won")).await);
     let (outcome, _) = claim(&*store, fp(1)).await;
@@ -949,7 +980,7 @@ pub async fn check_concurrent_takeover_one_winner(backend: Backend) {
     let (h, store) = setup(backend).await;
     let crashed = must_claim(&*store, SCOPE, KEY, fp(1)).await;
     h.advance(LEASE).await;
-    let outcomes = concurrent_claims(&store, 64, |_| KEY.to_owned()).await;
+    let outcomes = concurrent_claims(std::slice::from_ref(&store), 64, |_| KEY.to_owned()).await;
     let winner = exactly_one_winner(&outcomes, Some(Takeover::LeaseLost));
     assert_ne!(winner, crashed);
     assert!(!complete(&*store, crashed, &response("crashed")).await);
@@ -960,7 +991,8 @@ pub async fn check_concurrent_takeover_one_winner(backend: Backend) {
 /// never reported as an error.
 pub async fn check_concurrent_distinct_keys_all_claimed(backend: Backend) {
     let (_h, store) = setup(backend).await;
-    let outcomes = concurrent_claims(&store, 64, |i| format!("key-{i}")).await;
+    let outcomes =
+        concurrent_claims(std::slice::from_ref(&store), 64, |i| format!("key-{i}")).await;
     for (i, (outcome, token)) in outcomes.iter().enumerate() {
         assert_eq!(
             *outcome,

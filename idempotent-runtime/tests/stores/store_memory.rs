@@ -9,7 +9,9 @@ use idempotent_runtime::store::{MemoryStore, RecordStore};
 use idempotent_runtime::testing::Trial;
 use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 
-/// A fresh [`MemoryStore`] on a [`ManualClock`].
+/// A fresh [`MemoryStore`] on a [`ManualClock`]. It has no other store
+/// ([`Harness::another_store`] is `None`): a second `MemoryStore` shares no records with
+/// it, and the same store again would race only what the single-store checks race.
 struct MemoryHarness {
     store: Arc<MemoryStore>,
     clock: ManualClock,

@@ -1,8 +1,8 @@
 //! The conformance and transactional suites on [`MySqlStore`], plus what only MySQL has:
-//! connection errors, concurrent migrations, several pools (instances) on one table, the
-//! database clock, replays that write nothing, the in-place upgrades (recorded steps from
-//! v1, record versions from v3 with live records), how steps meet a takeover, the packet
-//! limit and the round trips of each operation.
+//! connection errors, concurrent migrations, the database clock, replays that write
+//! nothing, the in-place upgrades (recorded steps from v1, record versions from v3 with
+//! live records), the packet limit and the round trips of each operation. Several pools
+//! (instances) on one database race in the conformance suite's `check_instances_…`.
 //!
 //! Needs `IDEMPOTENT_TEST_MYSQL_URL` (e.g. `mysql://root@127.0.0.1:3306/test`; MySQL 8
 //! or MariaDB 10.6+); without it every database test is reported *ignored* (the reason
@@ -14,9 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotent_runtime::store::RecordStore;
-use idempotent_runtime::store::{
-    ClaimOutcome, ClaimRequest, FencingToken, StoredResponse, Takeover,
-};
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken, StoredResponse};
 use idempotent_runtime::store::{MySqlStore, RecordedStep, encode_headers, encode_step};
 use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
 use idempotent_runtime::testing::{Trial, async_trial, ignored_if};
@@ -212,6 +210,13 @@ impl Harness for MySqlHarness {
         .await
         .expect("shift timestamps");
     }
+
+    async fn another_store(&self) -> Option<Arc<dyn Store>> {
+        let store = MySqlStore::connect(&self.database.url())
+            .await
+            .unwrap_or_else(|e| panic!("{URL_VAR} is set but another store cannot open: {e}"));
+        Some(Arc::new(store))
+    }
 }
 
 impl RecordsHarness for MySqlHarness {
@@ -233,14 +238,6 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "concurrent_starts_migrate_one_fresh_database_once",
             concurrent_starts_migrate_one_fresh_database_once,
-        ),
-        async_trial(
-            "concurrent_claims_across_two_pools_have_one_winner",
-            concurrent_claims_across_two_pools_have_one_winner,
-        ),
-        async_trial(
-            "claims_of_four_instances_racing_fenced_writes_never_fail",
-            claims_of_four_instances_racing_fenced_writes_never_fail,
         ),
         async_trial(
             "timestamps_come_from_the_database_clock",
@@ -293,10 +290,6 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "upgrades_a_version_3_database_with_live_records_in_place",
             upgrades_a_version_3_database_with_live_records_in_place,
-        ),
-        async_trial(
-            "a_lease_lost_takeover_answers_with_exactly_the_steps_recorded_before_it",
-            a_lease_lost_takeover_answers_with_exactly_the_steps_recorded_before_it,
         ),
         async_trial(
             "a_step_past_max_allowed_packet_is_refused_and_the_steps_kept",
@@ -390,70 +383,6 @@ async fn concurrent_starts_migrate_one_fresh_database_once() {
             "{outcome:?}"
         );
     }
-}
-
-async fn concurrent_claims_across_two_pools_have_one_winner() {
-    let database = TestDatabase::new().await;
-    // Two stores = two pools = two app instances sharing the table.
-    let a = Arc::new(MySqlStore::connect(&database.url()).await.unwrap());
-    let b = Arc::new(MySqlStore::connect(&database.url()).await.unwrap());
-
-    for round in 0..3 {
-        let key = format!("race-{round}");
-        let barrier = Arc::new(tokio::sync::Barrier::new(64));
-        let tasks: Vec<_> = (0..64)
-            .map(|i| {
-                let store = if i % 2 == 0 { a.clone() } else { b.clone() };
-                let barrier = barrier.clone();
-                let key = key.clone();
-                tokio::spawn(async move {
-                    let token = FencingToken::random();
-                    barrier.wait().await;
-                    let outcome = store
-                        .claim(&claim_request(&key, token))
-                        .await
-                        .map(|answer| answer.outcome);
-                    (outcome.expect("claim"), token)
-                })
-            })
-            .collect();
-        let mut winners = Vec::new();
-        for task in tasks {
-            match task.await.expect("task") {
-                (
-                    ClaimOutcome::Claimed {
-                        token: won,
-                        takeover: None,
-                        ..
-                    },
-                    token,
-                ) => {
-                    assert_eq!(won, token);
-                    winners.push(token);
-                }
-                (ClaimOutcome::InProgress { retry_after }, _) => {
-                    assert!(retry_after >= Duration::from_secs(1) && retry_after <= LEASE);
-                }
-                (other, _) => panic!("unexpected outcome {other:?}"),
-            }
-        }
-        assert_eq!(winners.len(), 1, "round {round}: exactly one Claimed");
-    }
-}
-
-/// The conformance race of claims against the owners' fenced writes (`renew`,
-/// `record_step`, `complete`, `forget`, `release`) over four instances (stores, each with
-/// its pool and its claim batcher) on one table, so that the claim batches of several
-/// instances run at once too: never an error, never two owners.
-async fn claims_of_four_instances_racing_fenced_writes_never_fail() {
-    let database = TestDatabase::new().await;
-    let mut instances: Vec<Arc<dyn Store>> = Vec::new();
-    for _ in 0..4 {
-        instances.push(Arc::new(
-            MySqlStore::connect(&database.url()).await.unwrap(),
-        ));
-    }
-    conformance::race_claims_against_fenced_writes(&instances).await;
 }
 
 async fn timestamps_come_from_the_database_clock() {
@@ -1567,84 +1496,6 @@ async fn upgrades_a_version_3_database_with_live_records_in_place() {
         "the record as the takeover left it"
     );
     let _ = conn.close().await;
-}
-
-/// The old owner keeps recording steps while a retry takes its record over (lease lost):
-/// the takeover's answer holds exactly the steps whose `record_step` said `true` — every
-/// one committed before the takeover's row lock, none after (those are fenced off). A
-/// read of the steps from before the takeover's `UPDATE` would miss the ones that
-/// committed in between.
-async fn a_lease_lost_takeover_answers_with_exactly_the_steps_recorded_before_it() {
-    let harness = MySqlHarness::new().await;
-    let scope = "acct_alice";
-    for round in 0..20 {
-        let key = format!("race-{round}");
-        let old = FencingToken::random();
-        let claimed = harness
-            .store
-            .claim(&claim_request(&key, old))
-            .await
-            .unwrap();
-        assert!(matches!(claimed.outcome, ClaimOutcome::Claimed { .. }));
-        assert!(
-            harness
-                .store
-                .record_step(scope, &key, old, &step("s0", b"0"))
-                .await
-                .unwrap()
-        );
-        harness.advance(LEASE).await;
-
-        let (started, running) = tokio::sync::oneshot::channel();
-        let recorder = {
-            let store = harness.store.clone();
-            let key = key.clone();
-            tokio::spawn(async move {
-                let mut recorded = vec!["s0".to_owned()];
-                let mut started = Some(started);
-                for i in 1.. {
-                    let name = format!("s{i}");
-                    let taken = store
-                        .record_step(scope, &key, old, &step(&name, name.as_bytes()))
-                        .await
-                        .unwrap();
-                    if !taken {
-                        return recorded;
-                    }
-                    recorded.push(name);
-                    if let Some(started) = started.take() {
-                        let _ = started.send(());
-                    }
-                }
-                unreachable!()
-            })
-        };
-        running.await.expect("the old owner records steps");
-        let retry = FencingToken::random();
-        let outcome = harness
-            .store
-            .claim(&claim_request(&key, retry))
-            .await
-            .unwrap()
-            .outcome;
-        let recorded = recorder.await.unwrap();
-        let ClaimOutcome::Claimed {
-            token,
-            takeover: Some(Takeover::LeaseLost),
-            steps,
-        } = outcome
-        else {
-            panic!("round {round}: expected a lease-lost takeover, got {outcome:?}");
-        };
-        assert_eq!(token, retry);
-        let names: Vec<String> = steps.iter().map(|s| s.name.clone()).collect();
-        assert_eq!(names, recorded, "round {round}");
-        let info = harness.store.inspect(scope, &key).await.unwrap().unwrap();
-        assert_eq!(
-            info.steps, steps,
-            "round {round}: the record holds what was answered"
-        );
-    }
 }
 
 /// Past `max_allowed_packet` MySQL's `CONCAT` yields `NULL`, which outside strict mode is

@@ -1,7 +1,7 @@
 //! The conformance and transactional suites on [`PostgresStore`], plus what only
-//! Postgres has: connection errors, concurrent migrations, several pools (instances) on
-//! one table, the database clock, round trips, recovery points under concurrency and
-//! the upgrade that adds them.
+//! Postgres has: connection errors, concurrent migrations, the database clock, round
+//! trips, recovery points under concurrency and the upgrade that adds them. Several pools
+//! (instances) on one schema race in the conformance suite's `check_instances_…`.
 //!
 //! Needs `IDEMPOTENT_TEST_POSTGRES_URL` (e.g. `postgres://postgres@127.0.0.1:5432/test`);
 //! without it every database test is reported *ignored* (the reason printed once). Each
@@ -190,22 +190,9 @@ impl Harness for PostgresHarness {
     }
 
     async fn new() -> Self {
-        let url = database_url();
-        let schema = TestSchema::new(&url).await;
-        let options: PgConnectOptions = url
-            .parse()
-            .unwrap_or_else(|e| panic!("{URL_VAR} is not a Postgres URL: {e}"));
-        // Configured like `PostgresStore::connect`'s own pool.
-        let pool = PgPoolOptions::new()
-            .test_before_acquire(false)
-            .connect_with(options.options([("search_path", schema.name.as_str())]))
-            .await
-            .unwrap_or_else(|e| panic!("{URL_VAR} is set but unreachable: {e}"));
-        let store = PostgresStore::from_pool_in_schema(pool, &schema.name)
-            .await
-            .unwrap_or_else(|e| panic!("{URL_VAR} is set but the store cannot open: {e}"));
+        let schema = TestSchema::new(&database_url()).await;
         Self {
-            store: Arc::new(store),
+            store: Arc::new(PostgresHarness::open(&schema).await),
             schema,
         }
     }
@@ -224,6 +211,30 @@ impl Harness for PostgresHarness {
         .execute(self.store.pool())
         .await
         .expect("shift timestamps");
+    }
+
+    async fn another_store(&self) -> Option<Arc<dyn Store>> {
+        Some(Arc::new(PostgresHarness::open(&self.schema).await))
+    }
+}
+
+impl PostgresHarness {
+    /// A store in `schema` on a pool of its own, whose connections also have that schema
+    /// as their `search_path`.
+    async fn open(schema: &TestSchema) -> PostgresStore {
+        let options: PgConnectOptions = schema
+            .url
+            .parse()
+            .unwrap_or_else(|e| panic!("{URL_VAR} is not a Postgres URL: {e}"));
+        // Configured like `PostgresStore::connect`'s own pool.
+        let pool = PgPoolOptions::new()
+            .test_before_acquire(false)
+            .connect_with(options.options([("search_path", schema.name.as_str())]))
+            .await
+            .unwrap_or_else(|e| panic!("{URL_VAR} is set but unreachable: {e}"));
+        PostgresStore::from_pool_in_schema(pool, &schema.name)
+            .await
+            .unwrap_or_else(|e| panic!("{URL_VAR} is set but the store cannot open: {e}"))
     }
 }
 
@@ -254,10 +265,6 @@ pub(crate) fn trials() -> Vec<Trial> {
         async_trial(
             "a_fresh_and_a_restarted_open_log_no_notices",
             a_fresh_and_a_restarted_open_log_no_notices,
-        ),
-        async_trial(
-            "concurrent_claims_across_two_pools_have_one_winner",
-            concurrent_claims_across_two_pools_have_one_winner,
         ),
         async_trial(
             "timestamps_come_from_the_database_clock",
@@ -453,65 +460,6 @@ async fn concurrent_starts_migrate_one_fresh_schema_once() {
             matches!(outcome, ClaimOutcome::InProgress { .. }),
             "{outcome:?}"
         );
-    }
-}
-
-async fn concurrent_claims_across_two_pools_have_one_winner() {
-    let url = database_url();
-    let schema = TestSchema::new(&url).await;
-    // Two stores = two pools = two app instances sharing the table.
-    let a = Arc::new(
-        PostgresStore::connect_in_schema(&url, &schema.name)
-            .await
-            .unwrap(),
-    );
-    let b = Arc::new(
-        PostgresStore::connect_in_schema(&url, &schema.name)
-            .await
-            .unwrap(),
-    );
-    assert!(!a.pool().is_closed() && !b.pool().is_closed());
-
-    for round in 0..3 {
-        let key = format!("race-{round}");
-        let barrier = Arc::new(tokio::sync::Barrier::new(64));
-        let tasks: Vec<_> = (0..64)
-            .map(|i| {
-                let store = if i % 2 == 0 { a.clone() } else { b.clone() };
-                let barrier = barrier.clone();
-                let key = key.clone();
-                tokio::spawn(async move {
-                    let token = FencingToken::random();
-                    barrier.wait().await;
-                    let outcome = store
-                        .claim(&claim_request(&key, token))
-                        .await
-                        .map(|answer| answer.outcome);
-                    (outcome.expect("claim"), token)
-                })
-            })
-            .collect();
-        let mut winners = Vec::new();
-        for task in tasks {
-            match task.await.expect("task") {
-                (
-                    ClaimOutcome::Claimed {
-                        token: won,
-                        takeover: None,
-                        ..
-                    },
-                    token,
-                ) => {
-                    assert_eq!(won, token);
-                    winners.push(token);
-                }
-                (ClaimOutcome::InProgress { retry_after }, _) => {
-                    assert!(retry_after >= Duration::from_secs(1) && retry_after <= LEASE);
-                }
-                (other, _) => panic!("unexpected outcome {other:?}"),
-            }
-        }
-        assert_eq!(winners.len(), 1, "round {round}: exactly one Claimed");
     }
 }
 

@@ -23,10 +23,12 @@ use crate::transaction;
 
 const START: i64 = 1_700_000_000_000;
 
-/// A fresh [`SqliteStore`] in its own temporary directory, on a [`ManualClock`].
+/// A fresh [`SqliteStore`] in its own temporary directory, on a [`ManualClock`]; another
+/// store is another `SqliteStore` on the same file and clock (its own pool and writer).
 struct SqliteHarness {
     store: Arc<SqliteStore>,
     clock: ManualClock,
+    path: String,
     _dir: TempDir,
 }
 
@@ -35,16 +37,14 @@ impl Harness for SqliteHarness {
     async fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let clock = ManualClock::at_millis(START);
-        let path = dir.path().join("idempotency.db");
-        let store = SqliteStore::connect_with_clock(
-            path.to_str().expect("utf-8 path"),
-            Arc::new(clock.clone()),
-        )
-        .await
-        .expect("open sqlite store");
+        let path = path_in(&dir, "idempotency.db");
+        let store = SqliteStore::connect_with_clock(&path, Arc::new(clock.clone()))
+            .await
+            .expect("open sqlite store");
         Self {
             store: Arc::new(store),
             clock,
+            path,
             _dir: dir,
         }
     }
@@ -60,6 +60,13 @@ impl Harness for SqliteHarness {
     async fn step_wall(&self, by_millis: i64) -> bool {
         self.clock.step_wall(by_millis);
         true
+    }
+
+    async fn another_store(&self) -> Option<Arc<dyn Store>> {
+        let store = SqliteStore::connect_with_clock(&self.path, Arc::new(self.clock.clone()))
+            .await
+            .expect("open another store on the file");
+        Some(Arc::new(store))
     }
 }
 

@@ -455,3 +455,105 @@ pub async fn check_steps_an_intent_and_its_output_both_come_back(backend: Backen
     h.advance(LEASE).await;
     must_resume(&*store, &[charge_intent, charge, refund_intent]).await;
 }
+
+/// The old owner records steps from four tasks, each until it is fenced off, while a
+/// retry takes the record over (its lease ran out), twenty rounds, every other one
+/// through another instance ([`Harness::another_store`](super::Harness::another_store))
+/// when the backend has one: the takeover answers exactly the steps whose `record_step`
+/// said `true`, each task's in its own order, and the record holds what it answered;
+/// a task fenced once stays fenced. A store that reads the steps before the takeover's
+/// write (a snapshot, a stale version) misses those recorded in between.
+pub async fn check_steps_recorded_until_a_takeover_are_its_answer(backend: Backend) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const WRITERS: usize = 4;
+    // Bounds each task, so that a store that never fences fails instead of hanging.
+    const MAX_STEPS: usize = 5_000;
+    let (h, store) = setup(backend).await;
+    let other = h.another_store().await;
+    for round in 0..20 {
+        let key = format!("stream-{round}");
+        let old = super::must_claim(&*store, SCOPE, &key, fp(1)).await;
+        h.advance(LEASE).await;
+        let taker = match &other {
+            Some(other) if round % 2 == 1 => Arc::clone(other),
+            _ => Arc::clone(&store),
+        };
+        let acknowledged = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(tokio::sync::Barrier::new(WRITERS + 1));
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|writer| {
+                let (store, key, acknowledged, barrier) = (
+                    Arc::clone(&store),
+                    key.clone(),
+                    Arc::clone(&acknowledged),
+                    Arc::clone(&barrier),
+                );
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let mut recorded = Vec::new();
+                    for n in 0..MAX_STEPS {
+                        // Bytes a text path would mangle: NUL, 0xFF, invalid UTF-8.
+                        let step = RecordedStep {
+                            name: format!("w{writer}-{n}"),
+                            output: Bytes::from(vec![0, 0xFF, n as u8, 0xC3, 0x28, 0]),
+                            recorded_at: UNIX_EPOCH + Duration::from_millis(n as u64),
+                        };
+                        let taken = store
+                            .record_step(SCOPE, &key, old, &step)
+                            .await
+                            .expect("the old owner's record_step");
+                        if !taken {
+                            let again = step.clone();
+                            let taken = store.record_step(SCOPE, &key, old, &again).await;
+                            assert!(!taken.expect("record_step"), "fenced once, fenced for good");
+                            return recorded;
+                        }
+                        recorded.push(step);
+                        acknowledged.fetch_add(1, Ordering::SeqCst);
+                        // Lets the retry in on a store whose writes never wait.
+                        tokio::task::yield_now().await;
+                    }
+                    panic!("writer {writer} was never fenced off");
+                })
+            })
+            .collect();
+        barrier.wait().await;
+        // The takeover lands while the steps are being recorded, after some of them.
+        while acknowledged.load(Ordering::SeqCst) < WRITERS {
+            tokio::task::yield_now().await;
+        }
+        let (outcome, retry) = super::claim_in(&*taker, SCOPE, &key, fp(1)).await;
+        let ClaimOutcome::Claimed {
+            token,
+            takeover: Some(Takeover::LeaseLost),
+            steps,
+        } = outcome
+        else {
+            panic!("round {round}: expected a lease-lost takeover, got {outcome:?}");
+        };
+        assert_eq!(token, retry);
+        for (writer, task) in writers.into_iter().enumerate() {
+            let recorded = task.await.expect("writer task");
+            let prefix = format!("w{writer}-");
+            let answered: Vec<_> = steps
+                .iter()
+                .filter(|step| step.name.starts_with(&prefix))
+                .cloned()
+                .collect();
+            assert_eq!(
+                answered, recorded,
+                "round {round}: writer {writer}'s steps in the takeover's answer"
+            );
+        }
+        let info = store
+            .inspect(SCOPE, &key)
+            .await
+            .expect("inspect")
+            .expect("live");
+        assert_eq!(
+            info.steps, steps,
+            "round {round}: the record holds its answer"
+        );
+    }
+}

@@ -1,31 +1,24 @@
-//! Recovery points on Postgres, beyond the conformance suite: a step the old owner
-//! records while another instance takes the record over (READ COMMITTED, real
-//! concurrency on several connections), the in-place upgrade of a version-3 database, and
-//! the notification a release that keeps a record sends its waiters.
+//! Recovery points on Postgres, beyond the conformance suite: the in-place upgrade of a
+//! version-3 database, the notification a release that keeps a record sends its waiters,
+//! and a step recorded in a transaction.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 use idempotent_runtime::Store;
-use idempotent_runtime::store::{ClaimOutcome, FencingToken, Takeover};
+use idempotent_runtime::store::{ClaimOutcome, FencingToken};
 use idempotent_runtime::store::{PostgresStore, RecordedStep, encode_headers};
 use idempotent_runtime::testing::{Trial, async_trial};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgListener, PgPool};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row, SqlSafeStr};
-use tokio::sync::Barrier;
 
 use super::{TestSchema, database_url};
 use crate::fixtures::{FINGERPRINT, claim_request, must_resume, stored};
 
 pub(crate) fn trials() -> Vec<Trial> {
     vec![
-        async_trial(
-            "steps::a_step_racing_a_takeover_is_in_its_answer_or_fenced_off",
-            a_step_racing_a_takeover_is_in_its_answer_or_fenced_off,
-        ),
         async_trial(
             "steps::upgrades_a_version_3_database_in_place",
             upgrades_a_version_3_database_in_place,
@@ -73,92 +66,6 @@ async fn claim_id(pool: &PgPool, scope: &str, key: &str) -> String {
     .fetch_one(pool)
     .await
     .expect("claim id")
-}
-
-/// Each old owner records a second step at the moment a claim on another instance (its
-/// own pool and connections) takes its record over for the lost lease, many keys at once.
-/// Whatever the interleaving, the step is either in the takeover's answer (it committed
-/// first) or refused (`Ok(false)`): never recorded yet missing from the answer, which is
-/// what reading the steps from the claim's snapshot instead of the row it wrote gives
-/// when the step commits while the takeover waits for the row.
-async fn a_step_racing_a_takeover_is_in_its_answer_or_fenced_off() {
-    let url = database_url();
-    let schema = TestSchema::new(&url).await;
-    let old = Arc::new(
-        PostgresStore::connect_in_schema(&url, &schema.name)
-            .await
-            .unwrap(),
-    );
-    let new = Arc::new(
-        PostgresStore::connect_in_schema(&url, &schema.name)
-            .await
-            .unwrap(),
-    );
-    const KEYS: usize = 150;
-    let (first, second) = (step("first", "1"), step("second", "2"));
-    let (mut in_answer, mut fenced) = (0, 0);
-    for round in 0..4 {
-        let mut owners = Vec::new();
-        for i in 0..KEYS {
-            let key = format!("race-{round}-{i}");
-            let token = FencingToken::random();
-            let outcome = old.claim(&claim_request(&key, token)).await.unwrap();
-            assert!(matches!(outcome.outcome, ClaimOutcome::Claimed { .. }));
-            assert!(
-                old.record_step("acct_alice", &key, token, &first)
-                    .await
-                    .unwrap()
-            );
-            owners.push((key, token));
-        }
-        end_leases(old.pool(), &schema.table()).await;
-
-        let barrier = Arc::new(Barrier::new(2 * KEYS));
-        let mut tasks = Vec::new();
-        for (key, token) in owners {
-            let (old, new, second) = (old.clone(), new.clone(), second.clone());
-            let (stepping, claiming) = (barrier.clone(), barrier.clone());
-            let step_key = key.clone();
-            let recorded = tokio::spawn(async move {
-                stepping.wait().await;
-                old.record_step("acct_alice", &step_key, token, &second)
-                    .await
-                    .expect("record_step")
-            });
-            let claimed = tokio::spawn(async move {
-                let token = FencingToken::random();
-                claiming.wait().await;
-                let outcome = new.claim(&claim_request(&key, token)).await.expect("claim");
-                (key, token, outcome.outcome)
-            });
-            tasks.push((recorded, claimed));
-        }
-        for (recorded, claimed) in tasks {
-            let recorded = recorded.await.expect("step task");
-            let (key, token, outcome) = claimed.await.expect("claim task");
-            let ClaimOutcome::Claimed {
-                token: won,
-                takeover: Some(Takeover::LeaseLost),
-                steps,
-            } = outcome
-            else {
-                panic!("{key}: expected a LeaseLost takeover, got {outcome:?}");
-            };
-            assert_eq!(won, token);
-            let expected = if recorded {
-                in_answer += 1;
-                vec![first.clone(), second.clone()]
-            } else {
-                fenced += 1;
-                vec![first.clone()]
-            };
-            assert_eq!(steps, expected, "{key}: recorded {recorded}");
-            // The record holds exactly what the takeover answered.
-            let info = new.inspect("acct_alice", &key).await.unwrap().unwrap();
-            assert_eq!(info.steps, expected, "{key}");
-        }
-    }
-    eprintln!("steps in the takeover's answer: {in_answer}, fenced off: {fenced}");
 }
 
 /// The migration statements of versions 1 to `up_to`, as a database created by an

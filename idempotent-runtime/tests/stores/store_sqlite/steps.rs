@@ -1,7 +1,7 @@
 //! Recorded steps on a real SQLite file, as SQLite keeps them: one BLOB per record that
 //! each step is appended to byte for byte, a release that keeps a record with steps ends
-//! its lease on the boot clock, and a takeover answers with the steps its own statement
-//! saw, racing the old owner's steps on the one writer.
+//! its lease on the boot clock, steps in a transaction, and a handler resuming in a store
+//! reopened on the file.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,10 +36,6 @@ pub(crate) fn trials() -> Vec<Trial> {
             a_release_that_keeps_the_record_ends_its_lease_on_the_boot_clock,
         ),
         async_trial(
-            "steps::a_takeover_answers_every_step_recorded_before_it_and_fences_the_rest",
-            a_takeover_answers_every_step_recorded_before_it_and_fences_the_rest,
-        ),
-        async_trial(
             "steps::a_step_recorded_in_a_transaction_commits_or_rolls_back_with_it",
             a_step_recorded_in_a_transaction_commits_or_rolls_back_with_it,
         ),
@@ -56,8 +52,6 @@ pub(crate) fn trials() -> Vec<Trial> {
 
 const SCOPE: &str = "acct_alice";
 const KEY: &str = "key-1";
-/// How many steps a racing writer tries at most before the takeover must have fenced it.
-const MAX_STEPS: u32 = 5_000;
 
 /// A step whose output holds the bytes a text path would mangle: NUL, 0xFF, and an
 /// invalid UTF-8 sequence.
@@ -220,75 +214,6 @@ async fn a_release_that_keeps_the_record_ends_its_lease_on_the_boot_clock() {
             .unwrap();
     assert_eq!(left, 0);
     assert!(!store.release(SCOPE, "key-2", bare.token).await.unwrap());
-}
-
-/// The old owner records steps as fast as the writer takes them, from four tasks, while a
-/// retry takes the record over (its lease ran out on the clock): the steps the takeover
-/// answers are exactly those whose `record_step` said `true`, in order; every later one is
-/// fenced.
-async fn a_takeover_answers_every_step_recorded_before_it_and_fences_the_rest() {
-    for round in 0..20u8 {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::at_millis(START);
-        let store = Arc::new(open(&dir, &clock).await);
-        let old = FencingToken::random();
-        claim(&store, old).await;
-        clock.advance(Duration::from_secs(31));
-        let barrier = Arc::new(tokio::sync::Barrier::new(5));
-        // Four writers of the old owner's steps, each its own names, in its own order.
-        let recorders: Vec<_> = (0..4u8)
-            .map(|writer| {
-                let store = store.clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let mut recorded = Vec::new();
-                    // Until the takeover fences it off (bounded, so a store that never
-                    // fences fails here instead of hanging).
-                    for n in 0..MAX_STEPS {
-                        let s = step(&format!("w{writer}-{n}"), n.to_le_bytes()[0]);
-                        if store.record_step(SCOPE, KEY, old, &s).await.unwrap() {
-                            recorded.push(s);
-                        } else {
-                            // Fenced once: fenced for good.
-                            let again = step(&format!("w{writer}-again"), 0);
-                            assert!(!store.record_step(SCOPE, KEY, old, &again).await.unwrap());
-                            return recorded;
-                        }
-                    }
-                    panic!("writer {writer} was never fenced off");
-                })
-            })
-            .collect();
-        barrier.wait().await;
-        tokio::task::yield_now().await;
-        let retry = FencingToken::random();
-        let ClaimOutcome::Claimed {
-            token,
-            takeover,
-            steps,
-        } = claim(&store, retry).await
-        else {
-            panic!("round {round}: the retry takes the record over");
-        };
-        assert_eq!((token, takeover), (retry, Some(Takeover::LeaseLost)));
-        let mut answered: Vec<Vec<RecordedStep>> = vec![Vec::new(); 4];
-        for s in &steps {
-            let writer = usize::from(s.name.as_bytes()[1] - b'0');
-            answered[writer].push(s.clone());
-        }
-        // Each writer recorded until fenced: the takeover came in the middle of them.
-        for (writer, recorder) in recorders.into_iter().enumerate() {
-            let recorded = recorder.await.unwrap();
-            assert_eq!(
-                answered[writer], recorded,
-                "round {round}: writer {writer}'s steps the takeover answered"
-            );
-        }
-        // Nothing was appended after the takeover: the record holds what it answered.
-        let info = store.inspect(SCOPE, KEY).await.unwrap().unwrap();
-        assert_eq!(info.steps, steps, "round {round}");
-    }
 }
 
 async fn a_step_recorded_in_a_transaction_commits_or_rolls_back_with_it() {
