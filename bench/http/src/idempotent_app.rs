@@ -60,9 +60,14 @@ async fn create_slow_order(
     order::place_order(&caller, order, sequence)
 }
 
-/// The app over `store`, and its engine (to drain on shutdown).
+/// The app over `store`, and its engine (to drain on shutdown). `BENCH_REPLAY_CACHE=off`
+/// builds the engine without its replay cache (`mix.sh`'s A/B).
 pub fn router(store: Arc<dyn Store>, counters: Counters) -> (Router, Idempotency) {
-    let idempotency = Idempotency::builder_shared(store).build();
+    let mut builder = Idempotency::builder_shared(store);
+    if std::env::var("BENCH_REPLAY_CACHE").as_deref() == Ok("off") {
+        builder = builder.replay_cache(None);
+    }
+    let idempotency = builder.build();
     (router_with(idempotency.clone(), counters), idempotency)
 }
 
