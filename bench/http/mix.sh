@@ -4,6 +4,7 @@
 # cache on (the default) and off (BENCH_REPLAY_CACHE=off), next to the bare handler.
 # Repetitions are interleaved; the table gives medians and ratios to bare's median.
 #   bench/http/mix.sh [-s idempotent-sqlite-full,idempotent-postgres] [-r 5] [-d 5s] [--no-build]
+#                     [-k on,off: the cache settings to run] [-b BINARY: another build's server]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
@@ -11,11 +12,15 @@ stores="idempotent-sqlite-full,idempotent-postgres"
 reps=5
 duration=5s
 build=1
+caches="on,off"
+bin="$here/target/release/idempotent-http-bench"
 while [ $# -gt 0 ]; do
     case "$1" in
         -s) stores="$2"; shift 2 ;;
         -r) reps="$2"; shift 2 ;;
         -d) duration="$2"; shift 2 ;;
+        -k) caches="$2"; shift 2 ;;
+        -b) bin="$2"; build=0; shift 2 ;;
         --no-build) build=0; shift ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
@@ -25,7 +30,6 @@ export IDEMPOTENT_BENCH_MYSQL_URL="${IDEMPOTENT_BENCH_MYSQL_URL:-mysql://root@12
 export IDEMPOTENT_BENCH_REDIS_URL="${IDEMPOTENT_BENCH_REDIS_URL:-redis://127.0.0.1:6379/}"
 port=38080
 base="http://127.0.0.1:$port"
-bin="$here/target/release/idempotent-http-bench"
 data_dir="$here/target/bench-data"
 results="$here/target/bench-results/mix-$(date +%Y%m%d-%H%M%S).tsv"
 mkdir -p "$data_dir" "$(dirname "$results")"
@@ -35,7 +39,10 @@ command -v wrk >/dev/null || apt-get install -y wrk >/dev/null || { apt-get upda
 # Each run: "<variant> <cache on|off>".
 runs=("bare on")
 IFS=',' read -r -a selected <<< "$stores"
-for store in "${selected[@]}"; do runs+=("$store on" "$store off"); done
+IFS=',' read -r -a settings <<< "$caches"
+for store in "${selected[@]}"; do
+    for cache in "${settings[@]}"; do runs+=("$store $cache"); done
+done
 
 pid=""
 trap '[ -z "$pid" ] || kill "$pid" 2>/dev/null || true' EXIT
