@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The replay cache's A/B on a realistic mix: 90% fresh keys, 10% retries of keys from
-# the last minute (wrk/mix.lua), 64 connections, each store with the engine's replay
+# the last minute (wrk/fresh.lua with a retry percentage of 10), 64 connections, each store with the engine's replay
 # cache on (the default) and off (BENCH_REPLAY_CACHE=off), next to the bare handler.
 # Repetitions are interleaved; the table gives medians and ratios to bare's median.
 #   bench/http/mix.sh [-s idempotent-sqlite-full,idempotent-postgres] [-r 5] [-d 5s] [--no-build]
@@ -57,8 +57,8 @@ one_run() {
         kill -0 "$pid" 2>/dev/null || { echo "$variant did not start (log: $results.server.log)" >&2; exit 1; }
         sleep 0.1
     done
-    out="$(taskset -c 1 wrk -t1 -c64 -d"$duration" --timeout 5s --latency -s "$here/wrk/mix.lua" \
-        "$base/orders" -- "mix-$variant-$cache-$rep-$$" "$here/wrk/order.json")"
+    out="$(taskset -c 1 wrk -t1 -c64 -d"$duration" --timeout 5s --latency -s "$here/wrk/fresh.lua" \
+        "$base/orders" -- "mix-$variant-$cache-$rep-$$" "$here/wrk/order.json" "" 10)"
     kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
     pid=""
     echo "$out" | awk -v v="$variant" -v c="$cache" -v r="$rep" '
