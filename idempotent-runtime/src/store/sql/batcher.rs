@@ -445,7 +445,12 @@ mod tests {
         for _ in 0..3 {
             let mut batch = Vec::new();
             assert!(waiting.next_batch(&mut batch, 4).await);
-            batches.push(batch.iter().map(|q| (q.item.0, q.item.1)).collect::<Vec<_>>());
+            batches.push(
+                batch
+                    .iter()
+                    .map(|q| (q.item.0, q.item.1))
+                    .collect::<Vec<_>>(),
+            );
             taken.extend(batch);
         }
         assert_eq!(
