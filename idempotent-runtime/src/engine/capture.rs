@@ -18,7 +18,6 @@ use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
-use super::deadline::ByDeadline;
 use super::policy::NEVER_REPLAYED;
 
 /// What reading a response body up to the store cap found.
@@ -59,11 +58,11 @@ impl PartialReason {
 pub(super) async fn read_capped(mut body: Body, cap: usize, deadline: Instant) -> BodyRead {
     let mut buffered = BytesMut::new();
     loop {
-        let frame = match ByDeadline::new(deadline, body.frame()).await {
-            None => return partial(PartialReason::TimedOut, buffered, body),
-            Some(None) => return BodyRead::Whole(buffered.freeze()),
-            Some(Some(Err(err))) => return BodyRead::Failed(err.to_string()),
-            Some(Some(Ok(frame))) => frame,
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_elapsed) => return partial(PartialReason::TimedOut, buffered, body),
+            Ok(None) => return BodyRead::Whole(buffered.freeze()),
+            Ok(Some(Err(err))) => return BodyRead::Failed(err.to_string()),
+            Ok(Some(Ok(frame))) => frame,
         };
         // Trailers are not recorded (nor replayed): they rarely describe the operation.
         if let Ok(data) = frame.into_data() {

@@ -16,7 +16,6 @@ mod answers;
 mod builder;
 mod capture;
 mod claim;
-mod deadline;
 mod execution;
 mod function;
 mod heartbeat;

@@ -28,7 +28,6 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::Inner;
 use super::claim;
-use super::deadline::ByDeadline;
 use super::execution::Execution;
 use super::heartbeat::with_heartbeat;
 use super::inline::Uncancellable;
@@ -411,11 +410,11 @@ pub(super) fn execute<J: Judge>(
     async move {
         let started = execution.claim_answered_at;
         let ran = AssertUnwindSafe(async {
-            match ByDeadline::new(execution.deadline(), handler).await {
-                Some(output) => output.judge(&execution).await,
+            match tokio::time::timeout_at(execution.deadline(), handler).await {
+                Ok(output) => output.judge(&execution).await,
                 // The side effect may or may not have happened: record that, so that a
                 // retry cannot run it a second time.
-                None => Verdict::Record(interrupted_record(&execution)),
+                Err(_elapsed) => Verdict::Record(interrupted_record(&execution)),
             }
         })
         .catch_unwind();

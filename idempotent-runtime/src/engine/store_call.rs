@@ -6,14 +6,12 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::time::Instant;
 
-use super::deadline::ByDeadline;
 use crate::metrics::{self, StoreOperation};
 use crate::store::StoreError;
 
 /// The store operation `call`, started at `started`: failed with [`StoreError::Timeout`]
 /// when it is not done `timeout` after `started`, and timed into the store-operation
-/// metrics (a call dropped before it finished records nothing). A call done at its
-/// first poll arms no timer ([`ByDeadline`]).
+/// metrics (a call dropped before it finished records nothing).
 pub(super) fn store_call<T>(
     operation: StoreOperation,
     started: Instant,
@@ -53,6 +51,6 @@ fn bounded_from<T>(
     timeout: Duration,
     operation: impl Future<Output = Result<T, StoreError>>,
 ) -> impl Future<Output = Result<T, StoreError>> {
-    ByDeadline::new(started + timeout, operation)
+    tokio::time::timeout_at(started + timeout, operation)
         .map(move |output| output.unwrap_or(Err(StoreError::Timeout(timeout))))
 }
