@@ -866,7 +866,7 @@ impl Protocol {
                         lease: Self::duration(self.lease),
                         ttl: Self::duration(keep),
                     };
-                    let renewed = SeamRecord::changed(Some(&r.seam()), &renewal, SEAM_NOW);
+                    let renewed = r.seam().changed(&renewal, SEAM_NOW);
                     r.lease_left = ticks(rules::lease_left(&renewed, SEAM_NOW).unwrap_or(0));
                     r.ttl_left = ticks(renewed.expires_at);
                     s.history.life_left = self.ttl;

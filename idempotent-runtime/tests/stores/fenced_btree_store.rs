@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use idempotent_runtime::clock::{Clock, ManualClock};
 use idempotent_runtime::store::{
-    Capabilities, Change, Fenced, Inserted, KeyedRecord, Record, RecordStore, StoreNow, Updated,
+    Capabilities, Change, ClaimRequest, Fenced, Inserted, KeyedRecord, Record, RecordStore,
+    StoreNow, Updated,
 };
 use idempotent_runtime::testing::Trial;
 use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
@@ -50,17 +51,12 @@ fn id(scope: &str, key: &str) -> (String, String) {
 
 #[async_trait::async_trait]
 impl RecordStore for BTreeRecords {
-    async fn insert(
-        &self,
-        scope: &str,
-        key: &str,
-        claim: &Change<'_>,
-    ) -> Result<Inserted, StoreError> {
+    async fn insert(&self, claim: &ClaimRequest<'_>) -> Result<Inserted, StoreError> {
         let (mut records, now) = self.lock();
-        if let Some(record) = records.get(&id(scope, key)) {
+        if let Some(record) = records.get(&id(claim.scope, claim.key)) {
             return Ok(Inserted::Exists(record.clone(), now));
         }
-        records.insert(id(scope, key), Record::changed(None, claim, now));
+        records.insert(id(claim.scope, claim.key), Record::claimed(claim, now));
         Ok(Inserted::Inserted)
     }
 
@@ -79,7 +75,7 @@ impl RecordStore for BTreeRecords {
         let (mut records, now) = self.lock();
         match records.get_mut(&id(scope, key)) {
             Some(record) if record.version == version => {
-                *record = Record::changed(Some(record), change, now);
+                *record = record.changed(change, now);
                 Ok(Updated::Updated(record.version))
             }
             current => Ok(Updated::Stale(current.cloned(), now)),

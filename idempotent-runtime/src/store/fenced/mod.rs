@@ -96,18 +96,13 @@ pub enum RecordBody {
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub enum Change<'a> {
-    /// A new claim: this fingerprint and token, created now, expiring `ttl` from now,
-    /// leased for `lease` from now, in progress; the steps it holds stay when
-    /// `keep_steps`, else go, and so does a response.
-    Claim {
-        /// The claiming request's fingerprint.
-        fingerprint: &'a Fingerprint,
-        /// The claim's token.
-        token: FencingToken,
-        /// The claim's TTL.
-        ttl: Duration,
-        /// The claim's lease.
-        lease: Duration,
+    /// This claim takes the record over: in progress under the claim's fingerprint and
+    /// token, created now, expiring its `ttl` from now, leased for its `lease` from now;
+    /// the steps the record holds stay when `keep_steps`, else go, and so does a
+    /// response. (A claim of a key without a record is [`RecordStore::insert`].)
+    TakeOver {
+        /// The claim (its scope and key are the record's).
+        claim: &'a ClaimRequest<'a>,
         /// Keep the steps the record holds.
         keep_steps: bool,
     },
@@ -133,6 +128,10 @@ pub enum Inserted {
     Inserted,
     /// The key has this record (nothing was written), read at this instant.
     Exists(Record, StoreNow),
+    /// Nothing was written: the key had a record when the insert ran, deleted before the
+    /// store could read it (a store whose insert and read are not one atomic step). The
+    /// key may be free now; the protocol inserts again.
+    Gone,
 }
 
 /// What [`RecordStore::update`] did.
@@ -152,15 +151,9 @@ pub enum Updated {
 /// answers carry where the protocol needs it.
 #[async_trait]
 pub trait RecordStore: Send + Sync + std::fmt::Debug + 'static {
-    /// Inserts a record claimed by `claim` ([`Change::Claim`] applied to nothing, at
-    /// [`Record::first_version`] of its token) unless the key has one; then answers that
-    /// one and the store's now.
-    async fn insert(
-        &self,
-        scope: &str,
-        key: &str,
-        claim: &Change<'_>,
-    ) -> Result<Inserted, StoreError>;
+    /// Inserts the record `claim` makes of its key ([`Record::claimed`]) unless the key
+    /// has one; then answers that one and the store's now.
+    async fn insert(&self, claim: &ClaimRequest<'_>) -> Result<Inserted, StoreError>;
 
     /// The key's record, if any, and the store's now.
     async fn read(&self, scope: &str, key: &str) -> Result<(Option<Record>, StoreNow), StoreError>;
@@ -426,19 +419,12 @@ fn contention(scope: &str, key: &str) -> StoreError {
 impl<R: RecordStore> Store for Fenced<R> {
     async fn claim(&self, claim: &ClaimRequest<'_>) -> Result<ClaimAnswer, StoreError> {
         let (scope, key) = (claim.scope, claim.key);
-        let change = |keep_steps| Change::Claim {
-            fingerprint: claim.fingerprint,
-            token: claim.token,
-            ttl: claim.ttl,
-            lease: claim.lease,
-            keep_steps,
-        };
         // The record a stale takeover found instead: decided on at once.
         let mut found = None;
         for _ in 0..ATTEMPTS {
             let (record, now) = match found.take() {
                 Some(found) => found,
-                None => match self.records.insert(scope, key, &change(false)).await? {
+                None => match self.records.insert(claim).await? {
                     Inserted::Inserted => {
                         self.remember(claim.token, Record::first_version(claim.token));
                         return Ok(ClaimOutcome::Claimed {
@@ -449,6 +435,8 @@ impl<R: RecordStore> Store for Fenced<R> {
                         .into());
                     }
                     Inserted::Exists(record, now) => (record, now),
+                    // Each time, a delete (a release, a purge) won: finite, as below.
+                    Inserted::Gone => continue,
                 },
             };
             let reason = match rules::claim(&record, now, claim.fingerprint) {
@@ -457,9 +445,13 @@ impl<R: RecordStore> Store for Fenced<R> {
                 Decision::Replay | Decision::InProgress => return answer(record, now),
             };
             let keep = steps_survive(reason);
+            let take_over = Change::TakeOver {
+                claim,
+                keep_steps: keep,
+            };
             match self
                 .records
-                .update(scope, key, record.version, &change(keep))
+                .update(scope, key, record.version, &take_over)
                 .await?
             {
                 Updated::Updated(version) => {
@@ -646,38 +638,43 @@ impl Record {
         u64::from_ne_bytes(token.0.to_ne_bytes())
     }
 
-    /// The record `change` makes of this one (`None`: of no record) at `now`, at the
-    /// next version: what a [`RecordStore`] in this process writes, so that it applies
-    /// changes exactly as the seam defines them.
-    pub fn changed(previous: Option<&Self>, change: &Change<'_>, now: StoreNow) -> Self {
+    /// The record `claim` inserts for a key without one at `now`: what a
+    /// [`RecordStore`] in this process writes, so that it inserts exactly as the seam
+    /// defines it.
+    pub fn claimed(claim: &ClaimRequest<'_>, now: StoreNow) -> Self {
+        Self::fresh(claim, Self::first_version(claim.token), Bytes::new(), now)
+    }
+
+    /// An in-progress record of `claim` at `version`, holding `steps`.
+    fn fresh(claim: &ClaimRequest<'_>, version: u64, steps: Bytes, now: StoreNow) -> Self {
+        Self {
+            fingerprint: *claim.fingerprint,
+            token: claim.token,
+            version,
+            created_at: now.wall_millis,
+            expires_at: now.wall_millis.saturating_add(millis(claim.ttl)),
+            body: RecordBody::InProgress {
+                lease_expires_at: now.lease_millis.saturating_add(millis(claim.lease)),
+                steps,
+            },
+        }
+    }
+
+    /// The record `change` makes of this one at `now`, at the next version: what a
+    /// [`RecordStore`] in this process writes, so that it applies changes exactly as the
+    /// seam defines them.
+    pub fn changed(&self, change: &Change<'_>, now: StoreNow) -> Self {
         let wall_after = |d: Duration| now.wall_millis.saturating_add(millis(d));
         let lease_after = |d: Duration| now.lease_millis.saturating_add(millis(d));
-        let version = previous.map_or(0, |record| record.version.wrapping_add(1));
-        if let Change::Claim {
-            fingerprint,
-            token,
-            ttl,
-            lease,
-            keep_steps,
-        } = *change
-        {
-            let steps = match previous.map(|record| &record.body) {
-                Some(RecordBody::InProgress { steps, .. }) if keep_steps => steps.clone(),
+        let version = self.version.wrapping_add(1);
+        if let Change::TakeOver { claim, keep_steps } = *change {
+            let steps = match &self.body {
+                RecordBody::InProgress { steps, .. } if keep_steps => steps.clone(),
                 _ => Bytes::new(),
             };
-            return Self {
-                fingerprint: *fingerprint,
-                token,
-                version: previous.map_or(Self::first_version(token), |_| version),
-                created_at: now.wall_millis,
-                expires_at: wall_after(ttl),
-                body: RecordBody::InProgress {
-                    lease_expires_at: lease_after(lease),
-                    steps,
-                },
-            };
+            return Self::fresh(claim, version, steps, now);
         }
-        let mut record = previous.expect("only a claim changes no record").clone();
+        let mut record = self.clone();
         record.version = version;
         match (*change, &mut record.body) {
             (

@@ -19,8 +19,8 @@ use crate::fingerprint::Fingerprint;
 use crate::sharded::{Id, Identified, Sharded, Table};
 use crate::store::record::CompactResponse;
 use crate::store::{
-    Capabilities, Change, FencingToken, Inserted, KeyedRecord, MemoryUsage, Record, RecordBody,
-    RecordStore, StoreError, StoreNow, Updated,
+    Capabilities, Change, ClaimRequest, FencingToken, Inserted, KeyedRecord, MemoryUsage, Record,
+    RecordBody, RecordStore, StoreError, StoreNow, Updated,
 };
 
 /// How many independently locked tables hold the records.
@@ -64,9 +64,9 @@ impl Identified for Held {
 }
 
 impl Held {
-    /// The record a claim inserts, as the seam defines it ([`Record::changed`]).
-    fn inserted(id: Id, claim: &Change<'_>, now: StoreNow) -> Self {
-        let record = Record::changed(None, claim, now);
+    /// The record a claim inserts, as the seam defines it ([`Record::claimed`]).
+    fn inserted(id: Id, claim: &ClaimRequest<'_>, now: StoreNow) -> Self {
+        let record = Record::claimed(claim, now);
         let body = match record.body {
             RecordBody::InProgress {
                 lease_expires_at,
@@ -94,27 +94,18 @@ impl Held {
     fn apply(&mut self, change: &Change<'_>, now: impl FnOnce() -> StoreNow) {
         self.version = self.version.wrapping_add(1);
         match (*change, &mut self.body) {
-            (
-                Change::Claim {
-                    fingerprint,
-                    token,
-                    ttl,
-                    lease,
-                    keep_steps,
-                },
-                body,
-            ) => {
+            (Change::TakeOver { claim, keep_steps }, body) => {
                 let now = now();
                 let steps = match body {
                     HeldBody::InProgress { steps, .. } if keep_steps => std::mem::take(steps),
                     _ => Vec::new(),
                 };
-                self.fingerprint = *fingerprint;
-                self.token = token;
+                self.fingerprint = *claim.fingerprint;
+                self.token = claim.token;
                 self.created_at = now.wall_millis;
-                self.expires_at = now.wall_millis.saturating_add(millis(ttl));
+                self.expires_at = now.wall_millis.saturating_add(millis(claim.ttl));
                 self.body = HeldBody::InProgress {
-                    lease_expires_at: now.lease_millis.saturating_add(millis(lease)),
+                    lease_expires_at: now.lease_millis.saturating_add(millis(claim.lease)),
                     steps,
                 };
             }
@@ -234,14 +225,9 @@ impl MemoryRecords {
 
 #[async_trait]
 impl RecordStore for MemoryRecords {
-    async fn insert(
-        &self,
-        scope: &str,
-        key: &str,
-        claim: &Change<'_>,
-    ) -> Result<Inserted, StoreError> {
+    async fn insert(&self, claim: &ClaimRequest<'_>) -> Result<Inserted, StoreError> {
         let now = self.now();
-        let id = self.records.id(scope, key);
+        let id = self.records.id(claim.scope, claim.key);
         let mut shard = self.records.lock(id);
         match shard.entry(id) {
             Entry::Vacant(vacant) => {
@@ -360,17 +346,22 @@ mod tests {
             headers: vec![("location".to_owned(), b"/p/1".to_vec())],
             body: Some(Bytes::from_static(b"{}")),
         };
-        let token = FencingToken(42);
-        let claim = |keep_steps| Change::Claim {
+        let claim = |token, ttl| ClaimRequest {
+            scope: "s",
+            key: "k",
             fingerprint: &fingerprint,
-            token: FencingToken(43),
-            ttl: Duration::from_secs(60),
+            token: FencingToken(token),
+            ttl: Duration::from_secs(ttl),
             lease: Duration::from_secs(10),
+        };
+        let (first, retry) = (claim(42, 30), claim(43, 60));
+        let take_over = |keep_steps| Change::TakeOver {
+            claim: &retry,
             keep_steps,
         };
         let changes = [
-            claim(true),
-            claim(false),
+            take_over(true),
+            take_over(false),
             Change::Renew {
                 lease: Duration::from_secs(5),
                 ttl: Duration::from_secs(500),
@@ -383,13 +374,6 @@ mod tests {
             Change::Complete(&response),
             Change::EndLease,
         ];
-        let first = Change::Claim {
-            fingerprint: &fingerprint,
-            token,
-            ttl: Duration::from_secs(30),
-            lease: Duration::from_secs(10),
-            keep_steps: false,
-        };
         let started = StoreNow {
             wall_millis: 1_700_000_000_000,
             lease_millis: 50_000,
@@ -402,14 +386,12 @@ mod tests {
         for held in [in_progress, completed] {
             let before = held.record().unwrap();
             assert_eq!(before, {
-                let first = Record::changed(None, &first, started);
+                let first = Record::claimed(&first, started);
                 match &held.body {
                     HeldBody::InProgress { .. } => {
-                        Record::changed(Some(&first), &Change::AppendStep(b"one"), started)
+                        first.changed(&Change::AppendStep(b"one"), started)
                     }
-                    HeldBody::Completed(_) => {
-                        Record::changed(Some(&first), &Change::Complete(&response), started)
-                    }
+                    HeldBody::Completed(_) => first.changed(&Change::Complete(&response), started),
                 }
             });
             for change in &changes {
@@ -430,7 +412,7 @@ mod tests {
                 changed.apply(change, || now);
                 assert_eq!(
                     changed.record().unwrap(),
-                    Record::changed(Some(&before), change, now),
+                    before.changed(change, now),
                     "{change:?} of {before:?}"
                 );
             }

@@ -115,10 +115,4 @@ impl Batch for QueuedCompletion {
             .map(|&matched| Ok(matched == 1))
             .collect())
     }
-
-    fn rolled_back() -> Option<bool> {
-        // A completion must not be answered "stale" for a lock conflict: its batch is sent
-        // again.
-        None
-    }
 }

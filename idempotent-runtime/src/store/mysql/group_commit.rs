@@ -24,9 +24,8 @@
 //!   elements are sorted by record (`scope_key_sha256`), so batches of different
 //!   instances lock rows in one order.
 //! - **A lock conflict runs again.** A batch InnoDB rolled back on a deadlock or a lock
-//!   wait timeout committed nothing: its callers are told so ([`Batch::rolled_back`]) — an
-//!   insert runs again — or, for completions, the batch is sent again by the rule every
-//!   write follows (`lock_conflict.rs`).
+//!   wait timeout committed nothing: it is sent again by the rule every write follows
+//!   (`lock_conflict.rs`).
 //! - **One element the server refuses fails alone.** Any other error the server reported
 //!   runs the elements one batch of one each, so only the one at fault gets its error.
 //! - **A lost connection fails its batch.** An I/O error or [`BATCH_TIMEOUT`](batcher::BATCH_TIMEOUT) answers
@@ -85,11 +84,6 @@ pub(super) trait Batch: Gathered + Send + Sync + Sized + 'static {
         db: &'c mut MySqlConnection,
         batch: &'c [&'c Self],
     ) -> impl Future<Output = Result<Vec<Answer<Self>>, sqlx::Error>> + Send + 'c;
-
-    /// The reply of an element whose batch InnoDB rolled back on a lock conflict, when
-    /// the caller acts on that itself; `None`: the batch is a fenced write, sent again
-    /// (`lock_conflict.rs`).
-    fn rolled_back() -> Option<Self::Reply>;
 }
 
 /// A value written into a batch request's text.
@@ -224,16 +218,9 @@ async fn run_batch<B: Batch>(db: &mut BatchConnection, batch: &mut Vec<Queued<B>
         batcher::fail_all(batch, FAILED, Vec::new(), error);
         return;
     }
+    // Rolled back each time `send` sent it.
     if is_lock_conflict(&error) {
-        match B::rolled_back() {
-            Some(reply) => {
-                for queued in batch.drain(..) {
-                    queued.answer(Ok(reply.clone()));
-                }
-            }
-            // A batch of completions rolled back each time `send` sent it.
-            None => batcher::fail_all(batch, FAILED, Vec::new(), error),
-        }
+        batcher::fail_all(batch, FAILED, Vec::new(), error);
         return;
     }
     // The server refused a statement, so nothing of the batch took effect; only one
@@ -242,28 +229,25 @@ async fn run_batch<B: Batch>(db: &mut BatchConnection, batch: &mut Vec<Queued<B>
     for queued in batch.drain(..) {
         let reply = match send(db, &[&queued.item]).await {
             Ok(mut reply) => reply.pop().expect("one reply for one item"),
-            Err(error) if is_lock_conflict(&error) => match B::rolled_back() {
-                Some(reply) => Ok(reply),
-                None => Err(error.into()),
-            },
             Err(error) => Err(error.into()),
         };
         queued.answer(reply);
     }
 }
 
-/// Runs `batch` on `db`; a batch of fenced writes (one with no [`Batch::rolled_back`]
-/// answer: completions) is sent again while InnoDB rolls it back for a lock conflict.
+/// Runs `batch` on `db`, sent again while InnoDB rolls it back for a lock conflict
+/// (`lock_conflict.rs`).
 async fn send<B: Batch>(
     db: &mut BatchConnection,
     batch: &[&B],
 ) -> Result<Vec<Answer<B>>, sqlx::Error> {
-    let mut resends = Resends::new("a batch of completions");
+    let mut resends = Resends::new("a batch of inserts or completions");
     loop {
         let answer = db.run(batch).await;
-        if B::rolled_back().is_some() || !resends.again(&answer) {
+        if !resends.again(&answer) {
             return answer;
         }
+        tokio::time::sleep(resends.pause()).await;
     }
 }
 

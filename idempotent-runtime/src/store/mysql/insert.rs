@@ -35,8 +35,7 @@ impl Gathered for QueuedInsert {
 }
 
 impl Batch for QueuedInsert {
-    /// `None`: no record after the insert (deleted in between), or the batch was rolled
-    /// back on a lock conflict: insert again.
+    /// `None`: no record after the insert (deleted in between: [`Inserted::Gone`]).
     type Reply = Option<Inserted>;
 
     async fn run<'c>(
@@ -96,10 +95,6 @@ impl Batch for QueuedInsert {
             .into_iter()
             .map(|reply| reply.unwrap_or(Ok(None)))
             .collect())
-    }
-
-    fn rolled_back() -> Option<Option<Inserted>> {
-        Some(None)
     }
 }
 

@@ -7,9 +7,9 @@
 //! waiting for the same entry closes a cycle, and InnoDB rolls one statement back (error
 //! 1213), often the update, which has done the least. A statement that waited
 //! `innodb_lock_wait_timeout` for a row lock is rolled back too (1205). Every write —
-//! an insert batch, a compare-and-set alone or a batch of completions, a delete — follows
-//! [`Resends`] (an insert batch by answering its callers to insert again), so a write
-//! that lost such a race is sent again, not answered `503` (and its step run again).
+//! a batch of inserts or completions, a compare-and-set alone, a delete — follows
+//! [`Resends`], so a write that lost such a race is sent again, not answered `503` (and
+//! its step run again).
 //!
 //! Not the writes inside a handler's transaction (`records.rs`' `TxRecords`): a deadlock
 //! rolls back the whole transaction, the handler's own writes with it, so only the unit
@@ -92,6 +92,16 @@ impl Resends {
             _ => false,
         }
     }
+
+    /// The pause before the next send: up to a millisecond per attempt so far, drawn at
+    /// random. Sent again at once, the statements of a deadlock tend to meet in the same
+    /// cycle again; a short, random pause lets one of them finish first.
+    pub(super) fn pause(&self) -> std::time::Duration {
+        let most = u64::try_from(self.attempt)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(1000);
+        std::time::Duration::from_micros(rand::random_range(0..=most))
+    }
 }
 
 /// Sends the fenced write `send` by the [`Resends`] rule: again while InnoDB rolls it back
@@ -110,17 +120,6 @@ where
         if !resends.again(&answer) {
             return answer;
         }
-        // Sent again at once, the statements of a deadlock tend to meet in the same
-        // cycle again: a short, random pause lets one of them finish first.
-        tokio::time::sleep(resend_pause(resends.attempt)).await;
+        tokio::time::sleep(resends.pause()).await;
     }
-}
-
-/// The pause before resending a write for the `attempt`-th time: up to a millisecond per
-/// attempt so far, drawn at random.
-fn resend_pause(attempt: usize) -> std::time::Duration {
-    let most = u64::try_from(attempt)
-        .unwrap_or(u64::MAX)
-        .saturating_mul(1000);
-    std::time::Duration::from_micros(rand::random_range(0..=most))
 }

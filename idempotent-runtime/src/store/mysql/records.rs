@@ -35,8 +35,8 @@ use super::lock_conflict::resend_on_lock_conflict;
 use super::{micros, scope_key_sha256};
 use crate::store::sql::{CompletionColumns, now_of, record_of, to_column};
 use crate::store::{
-    Change, FencingToken, Inserted, KeyedRecord, Record, RecordBody, RecordStore, StoreError,
-    StoreNow, TxRecords, Updated,
+    Change, ClaimRequest, FencingToken, Inserted, KeyedRecord, Record, RecordBody, RecordStore,
+    StoreError, StoreNow, TxRecords, Updated,
 };
 
 /// The record columns a statement's row carries (`{record}` in `sql/`), times in whole
@@ -90,11 +90,6 @@ const END_LEASE: &str = "\
 /// an `INSERT IGNORE`, which would store a longer value cut short (with a warning)
 /// instead of failing, so longer ones are refused before they are sent.
 const MAX_COLUMN_BYTES: usize = 65_535;
-
-/// How many times an insert runs again when the record that stopped it was gone before
-/// it could be read, or its batch was rolled back on a lock conflict: each time another
-/// writer won, so this only runs out under a storm of writes to one key.
-const INSERT_ATTEMPTS: usize = 8;
 
 /// How many records one statement of the sweeper's deletes names at most (a few hundred
 /// bytes of text each).
@@ -208,19 +203,13 @@ impl MySqlRecords {
         change: &Change<'q>,
     ) -> Result<Query<'q, MySql, MySqlArguments>, StoreError> {
         let query = match *change {
-            Change::Claim {
-                fingerprint,
-                token,
-                ttl,
-                lease,
-                keep_steps,
-            } => sqlx::query(self.sql.claim.clone())
+            Change::TakeOver { claim, keep_steps } => sqlx::query(self.sql.claim.clone())
                 .bind(keep_steps)
-                .bind(&fingerprint.digest[..])
-                .bind(fingerprint.version)
-                .bind(token.0)
-                .bind(micros(ttl))
-                .bind(micros(lease)),
+                .bind(&claim.fingerprint.digest[..])
+                .bind(claim.fingerprint.version)
+                .bind(claim.token.0)
+                .bind(micros(claim.ttl))
+                .bind(micros(claim.lease)),
             Change::Renew { lease, ttl } => sqlx::query(self.sql.renew.clone())
                 .bind(micros(ttl))
                 .bind(micros(lease)),
@@ -287,41 +276,19 @@ fn check_lengths(scope: &str, key: &str) -> Result<(), StoreError> {
 
 #[async_trait]
 impl RecordStore for MySqlRecords {
-    async fn insert(
-        &self,
-        scope: &str,
-        key: &str,
-        claim: &Change<'_>,
-    ) -> Result<Inserted, StoreError> {
-        let Change::Claim {
-            fingerprint,
-            token,
-            ttl,
-            lease,
-            ..
-        } = *claim
-        else {
-            return Err(StoreError::backend("an insert takes a claim"));
-        };
+    async fn insert(&self, claim: &ClaimRequest<'_>) -> Result<Inserted, StoreError> {
+        let (scope, key) = (claim.scope, claim.key);
         check_lengths(scope, key)?;
-        for _ in 0..INSERT_ATTEMPTS {
-            let queued = QueuedInsert {
-                id: scope_key_sha256(scope, key),
-                scope: scope.to_owned(),
-                key: key.to_owned(),
-                fingerprint: *fingerprint,
-                token,
-                lease_micros: micros(lease),
-                ttl_micros: micros(ttl),
-            };
-            if let Some(inserted) = self.inserts.ask(queued).await? {
-                return Ok(inserted);
-            }
-            tracing::debug!(event = "store_reinsert", "record gone under an insert");
-        }
-        Err(StoreError::backend(format!(
-            "the record of ({scope:?}, {key:?}) kept appearing and going under {INSERT_ATTEMPTS} inserts"
-        )))
+        let queued = QueuedInsert {
+            id: scope_key_sha256(scope, key),
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            fingerprint: *claim.fingerprint,
+            token: claim.token,
+            lease_micros: micros(claim.lease),
+            ttl_micros: micros(claim.ttl),
+        };
+        Ok(self.inserts.ask(queued).await?.unwrap_or(Inserted::Gone))
     }
 
     async fn read(&self, scope: &str, key: &str) -> Result<(Option<Record>, StoreNow), StoreError> {

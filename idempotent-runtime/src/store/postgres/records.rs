@@ -36,18 +36,13 @@ use crate::fingerprint::Fingerprint;
 use crate::store::sql::batcher::Gathered;
 use crate::store::sql::{CompletionColumns, from_column, now_of, record_of, to_column};
 use crate::store::{
-    Capabilities, Change, FencingToken, Inserted, KeyedRecord, Record, RecordStore, StoreError,
-    StoreNow, TxRecords, Updated,
+    Capabilities, Change, ClaimRequest, FencingToken, Inserted, KeyedRecord, Record, RecordStore,
+    StoreError, StoreNow, TxRecords, Updated,
 };
 
 /// TTLs and leases are clamped to this (1000 years) so `now() + interval` stays inside
 /// what `timestamptz` can represent.
 const MAX_INTERVAL_MICROS: i64 = 1000 * 366 * 24 * 60 * 60 * 1_000_000;
-
-/// How many times an insert runs again when the record that stopped it was deleted
-/// before it could be read: each time another writer deleted it, so this only runs out
-/// under a storm of claims and releases of one key.
-const INSERT_ATTEMPTS: usize = 8;
 
 /// The records of one table (see the module docs).
 pub(super) struct PgRecords {
@@ -148,18 +143,12 @@ impl PgRecords {
                 .bind(to_column(version))
         };
         Ok(match *change {
-            Change::Claim {
-                fingerprint,
-                token,
-                ttl,
-                lease,
-                keep_steps,
-            } => cas(&self.sql.claim)
-                .bind(&fingerprint.digest[..])
-                .bind(fingerprint.version)
-                .bind(token.0)
-                .bind(interval(ttl))
-                .bind(interval(lease))
+            Change::TakeOver { claim, keep_steps } => cas(&self.sql.claim)
+                .bind(&claim.fingerprint.digest[..])
+                .bind(claim.fingerprint.version)
+                .bind(claim.token.0)
+                .bind(interval(claim.ttl))
+                .bind(interval(claim.lease))
                 .bind(keep_steps),
             Change::Renew { lease, ttl } => cas(&self.sql.renew)
                 .bind(interval(lease))
@@ -179,43 +168,25 @@ impl PgRecords {
 
 #[async_trait]
 impl RecordStore for PgRecords {
-    async fn insert(
-        &self,
-        scope: &str,
-        key: &str,
-        claim: &Change<'_>,
-    ) -> Result<Inserted, StoreError> {
-        let Change::Claim {
-            fingerprint,
-            token,
-            ttl,
-            lease,
-            ..
-        } = *claim
-        else {
-            return Err(StoreError::backend("an insert takes a claim"));
-        };
-        let queued = || QueuedInsert {
+    async fn insert(&self, claim: &ClaimRequest<'_>) -> Result<Inserted, StoreError> {
+        let (scope, key) = (claim.scope, claim.key);
+        let queued = QueuedInsert {
             scope: scope.to_owned(),
             key: key.to_owned(),
-            fingerprint: *fingerprint,
-            token: token.0,
-            ttl: interval(ttl),
-            lease: interval(lease),
+            fingerprint: *claim.fingerprint,
+            token: claim.token.0,
+            ttl: interval(claim.ttl),
+            lease: interval(claim.lease),
         };
-        for _ in 0..INSERT_ATTEMPTS {
-            if let Some(inserted) = self.inserts.ask(queued()).await? {
-                return Ok(inserted);
-            }
-            // Committed after the snapshot (see the module docs): read it.
-            tracing::debug!(event = "store_reread", "record inserted under an insert");
-            if let (Some(record), now) = self.read(scope, key).await? {
-                return Ok(Inserted::Exists(record, now));
-            }
+        if let Some(inserted) = self.inserts.ask(queued).await? {
+            return Ok(inserted);
         }
-        Err(StoreError::backend(format!(
-            "the record of ({scope:?}, {key:?}) kept appearing and going under {INSERT_ATTEMPTS} inserts"
-        )))
+        // Committed after the snapshot (see the module docs): read it.
+        tracing::debug!(event = "store_reread", "record inserted under an insert");
+        Ok(match self.read(scope, key).await? {
+            (Some(record), now) => Inserted::Exists(record, now),
+            (None, _) => Inserted::Gone,
+        })
     }
 
     async fn read(&self, scope: &str, key: &str) -> Result<(Option<Record>, StoreNow), StoreError> {

@@ -15,8 +15,8 @@ use super::scripts;
 use crate::clock::millis;
 use crate::fingerprint::Fingerprint;
 use crate::store::{
-    Change, FencingToken, Inserted, KeyedRecord, Record, RecordBody, RecordStore, StoreError,
-    StoreNow, StoredResponse, Updated, decode_headers, encode_headers,
+    Change, ClaimRequest, FencingToken, Inserted, KeyedRecord, Record, RecordBody, RecordStore,
+    StoreError, StoreNow, StoredResponse, Updated, decode_headers, encode_headers,
 };
 
 /// TTLs and leases are clamped to 1000 years, far inside the range in which the scripts'
@@ -145,18 +145,10 @@ impl RedisRecords {
 
 #[async_trait]
 impl RecordStore for RedisRecords {
-    async fn insert(
-        &self,
-        scope: &str,
-        key: &str,
-        claim: &Change<'_>,
-    ) -> Result<Inserted, StoreError> {
-        let Change::Claim { token, .. } = *claim else {
-            return Err(StoreError::backend("an insert takes a claim"));
-        };
-        let record_key = self.keys.record(scope, key);
+    async fn insert(&self, claim: &ClaimRequest<'_>) -> Result<Inserted, StoreError> {
+        let record_key = self.keys.record(claim.scope, claim.key);
         let mut script = scripts::INSERT.key(&record_key);
-        script.arg(Record::first_version(token));
+        script.arg(Record::first_version(claim.token));
         claim_args(&mut script, claim);
         let reply = Reply::decode(self.run(&script).await?, &record_key)?;
         Ok(match reply.record {
@@ -184,9 +176,9 @@ impl RecordStore for RedisRecords {
         let mut script = scripts::UPDATE.key(&record_key);
         script.arg(version).arg(next);
         match *change {
-            Change::Claim { keep_steps, .. } => {
+            Change::TakeOver { claim, keep_steps } => {
                 script.arg("claim");
-                claim_args(&mut script, change);
+                claim_args(&mut script, claim);
                 script.arg(if keep_steps { "1" } else { "0" });
             }
             Change::Renew { lease, ttl } => {
@@ -317,22 +309,13 @@ impl RecordStore for RedisRecords {
 }
 
 /// A claim's arguments, in the order the prelude's `claim` reads them.
-fn claim_args(script: &mut ScriptInvocation<'_>, claim: &Change<'_>) {
-    if let Change::Claim {
-        fingerprint,
-        token,
-        ttl,
-        lease,
-        ..
-    } = *claim
-    {
-        script
-            .arg(&fingerprint.digest[..])
-            .arg(fingerprint.version)
-            .arg(token.0)
-            .arg(clamped_millis(ttl))
-            .arg(clamped_millis(lease));
-    }
+fn claim_args(script: &mut ScriptInvocation<'_>, claim: &ClaimRequest<'_>) {
+    script
+        .arg(&claim.fingerprint.digest[..])
+        .arg(claim.fingerprint.version)
+        .arg(claim.token.0)
+        .arg(clamped_millis(claim.ttl))
+        .arg(clamped_millis(claim.lease));
 }
 
 fn clamped_millis(d: Duration) -> i64 {

@@ -31,18 +31,14 @@ use crate::clock::{Clock, millis};
 use crate::fingerprint::Fingerprint;
 use crate::store::sql::{CompletionColumns, decode_completed};
 use crate::store::{
-    Capabilities, Change, FencingToken, Inserted, KeyedRecord, Record, RecordBody, RecordStore,
-    StoreError, StoreNow, TxRecords, Updated,
+    Capabilities, Change, ClaimRequest, FencingToken, Inserted, KeyedRecord, Record, RecordBody,
+    RecordStore, StoreError, StoreNow, TxRecords, Updated,
 };
 
 /// How many records one write of a purge deletes: on a table whose key index is larger
 /// than the cache, each dirties a page of it, so a slice holds the writer for a few
 /// milliseconds at most.
 const PURGE_SLICE: usize = 100;
-
-/// How often an insert is tried when the record it conflicted with was gone by the time
-/// it was read back.
-const INSERT_ATTEMPTS: usize = 4;
 
 /// The columns of a record, in the order [`record_at`] reads them.
 macro_rules! record_columns {
@@ -161,12 +157,8 @@ fn store_now(now: Now) -> StoreNow {
 
 #[async_trait]
 impl RecordStore for SqliteRecords {
-    async fn insert(
-        &self,
-        scope: &str,
-        key: &str,
-        claim: &Change<'_>,
-    ) -> Result<Inserted, StoreError> {
+    async fn insert(&self, claim: &ClaimRequest<'_>) -> Result<Inserted, StoreError> {
+        let (scope, key) = (claim.scope, claim.key);
         if let (Some(record), now) = self.reader.read(scope, key, &self.clock).await? {
             return Ok(Inserted::Exists(record, store_now(now)));
         }
@@ -175,21 +167,13 @@ impl RecordStore for SqliteRecords {
         // A record inserted by a racing claim may be deleted again (released, forgotten)
         // before this insert's read-back sees it (a write alone commits by itself): then
         // the key is free again.
-        for _ in 0..INSERT_ATTEMPTS {
-            let values = insert_values(scope, key, claim, now)?;
-            let write =
-                Write::one(WriteKind::Claim, INSERT, values).reading_back(self.clock.clone());
-            match self.writer.write(write).await? {
-                Written::Changed(_) => return Ok(Inserted::Inserted),
-                Written::Found(Some(record), now) => {
-                    return Ok(Inserted::Exists(record, store_now(now)));
-                }
-                Written::Found(None, _) => {}
-            }
-        }
-        Err(StoreError::backend(format!(
-            "the record of ({scope:?}, {key:?}) came and went under {INSERT_ATTEMPTS} inserts"
-        )))
+        let write = Write::one(WriteKind::Claim, INSERT, insert_values(claim, now))
+            .reading_back(self.clock.clone());
+        Ok(match self.writer.write(write).await? {
+            Written::Changed(_) => Inserted::Inserted,
+            Written::Found(Some(record), now) => Inserted::Exists(record, store_now(now)),
+            Written::Found(None, _) => Inserted::Gone,
+        })
     }
 
     async fn read(&self, scope: &str, key: &str) -> Result<(Option<Record>, StoreNow), StoreError> {
@@ -345,49 +329,28 @@ impl TxRecords<Sqlite> for SqliteRecords {
 }
 
 /// The parameters of [`INSERT`] for `claim` at `now`.
-fn insert_values(
-    scope: &str,
-    key: &str,
-    claim: &Change<'_>,
-    now: Now,
-) -> Result<Vec<Value>, StoreError> {
-    let Change::Claim {
-        fingerprint,
-        token,
-        ttl,
-        lease,
-        ..
-    } = *claim
-    else {
-        return Err(StoreError::backend("an insert takes a claim"));
-    };
+fn insert_values(claim: &ClaimRequest<'_>, now: Now) -> Vec<Value> {
     let mut values = vec![
-        Value::Text(scope.to_owned()),
-        Value::Text(key.to_owned()),
-        version_value(Record::first_version(token)),
+        Value::Text(claim.scope.to_owned()),
+        Value::Text(claim.key.to_owned()),
+        version_value(Record::first_version(claim.token)),
     ];
-    values.extend(claim_values(fingerprint, token, ttl, lease, now));
-    Ok(values)
+    values.extend(claim_values(claim, now));
+    values
 }
 
 /// A claim's columns, in the order of [`INSERT`] and [`CLAIM`]: fingerprint, its
 /// version, token, created, expires, then the lease's.
-fn claim_values(
-    fingerprint: &Fingerprint,
-    token: FencingToken,
-    ttl: Duration,
-    lease: Duration,
-    now: Now,
-) -> impl Iterator<Item = Value> {
+fn claim_values(claim: &ClaimRequest<'_>, now: Now) -> impl Iterator<Item = Value> {
     [
-        Value::Blob(fingerprint.digest.to_vec()),
-        Value::Int(i64::from(fingerprint.version)),
-        Value::Int(token.0),
+        Value::Blob(claim.fingerprint.digest.to_vec()),
+        Value::Int(i64::from(claim.fingerprint.version)),
+        Value::Int(claim.token.0),
         Value::Int(now.wall),
-        Value::Int(now.wall.saturating_add(millis(ttl))),
+        Value::Int(now.wall.saturating_add(millis(claim.ttl))),
     ]
     .into_iter()
-    .chain(lease_values(now, lease))
+    .chain(lease_values(now, claim.lease))
 }
 
 /// A lease of `lease` from `now`: its end on the wall clock, the boot, and its end on
@@ -425,14 +388,8 @@ fn update_values(
     let mut values = delete_values(scope, key, version);
     values.push(version_value(version.wrapping_add(1)));
     let (kind, statement) = match *change {
-        Change::Claim {
-            fingerprint,
-            token,
-            ttl,
-            lease,
-            keep_steps,
-        } => {
-            values.extend(claim_values(fingerprint, token, ttl, lease, now));
+        Change::TakeOver { claim, keep_steps } => {
+            values.extend(claim_values(claim, now));
             values.push(Value::Int(i64::from(keep_steps)));
             (WriteKind::TakeOver, CLAIM)
         }

@@ -1,5 +1,5 @@
 //! The record register under [`RedisStore`]: each change applied exactly as
-//! [`Record::changed`] defines it, compare-and-set on the version, and records written by
+//! [`Record::claimed`] and [`Record::changed`] define it, compare-and-set on the version, and records written by
 //! the previous release (no `version` field) read, resumed and completed, their version
 //! moved by the previous release's own writes during a rolling upgrade.
 
@@ -9,7 +9,7 @@ use idempotent_runtime::store::{
     Change, Inserted, Record, RecordBody, RecordStore, RedisStore, StoreNow, Updated,
     encode_headers, encode_step,
 };
-use idempotent_runtime::store::{ClaimOutcome, FencingToken, StoredResponse};
+use idempotent_runtime::store::{ClaimOutcome, ClaimRequest, FencingToken, StoredResponse};
 use idempotent_runtime::{Fingerprint, Store};
 use redis::AsyncCommands;
 
@@ -31,7 +31,7 @@ async fn read(store: &RedisStore, key: &str) -> (Option<Record>, StoreNow) {
 /// the change does not depend on it).
 fn applied_at(change: &Change<'_>, after: &Record) -> Option<i64> {
     match (change, &after.body) {
-        (Change::Claim { .. }, _) => Some(after.created_at),
+        (Change::TakeOver { .. }, _) => Some(after.created_at),
         (
             Change::Renew { lease, .. },
             RecordBody::InProgress {
@@ -54,18 +54,9 @@ pub(crate) async fn the_register_applies_each_change_as_the_seam_defines_it() {
     let store = prefix.store().await;
     let records = store.records();
     let token = FencingToken::random();
-    let claim = Change::Claim {
-        fingerprint: &FINGERPRINT,
-        token,
-        ttl: TTL,
-        lease: LEASE,
-        keep_steps: false,
-    };
+    let claim = claim_request("k", token);
     let (_, before) = read(&store, "k").await;
-    assert_eq!(
-        records.insert(SCOPE, "k", &claim).await.unwrap(),
-        Inserted::Inserted
-    );
+    assert_eq!(records.insert(&claim).await.unwrap(), Inserted::Inserted);
     let (inserted, after) = read(&store, "k").await;
     let inserted = inserted.expect("the record");
     let at = inserted.created_at;
@@ -74,10 +65,10 @@ pub(crate) async fn the_register_applies_each_change_as_the_seam_defines_it() {
         wall_millis: at,
         lease_millis: at,
     };
-    assert_eq!(inserted, Record::changed(None, &claim, now));
+    assert_eq!(inserted, Record::claimed(&claim, now));
     assert_eq!(inserted.version, Record::first_version(token));
     // A second insert writes nothing and answers the record.
-    match records.insert(SCOPE, "k", &claim).await.unwrap() {
+    match records.insert(&claim).await.unwrap() {
         Inserted::Exists(record, _) => assert_eq!(record, inserted),
         other => panic!("expected Exists, got {other:?}"),
     }
@@ -92,6 +83,14 @@ pub(crate) async fn the_register_applies_each_change_as_the_seam_defines_it() {
         headers: vec![("x-a".to_owned(), b"1".to_vec())],
         body: None,
     };
+    let retry = || claim_request("k", FencingToken::random());
+    let (second, third) = (retry(), retry());
+    let other_claim = ClaimRequest {
+        fingerprint: &other,
+        ttl: Duration::from_secs(5),
+        lease: Duration::from_secs(1),
+        ..retry()
+    };
     let changes = [
         Change::AppendStep(&a),
         Change::AppendStep(&b),
@@ -100,11 +99,8 @@ pub(crate) async fn the_register_applies_each_change_as_the_seam_defines_it() {
             ttl: Duration::from_secs(7200),
         },
         Change::EndLease,
-        Change::Claim {
-            fingerprint: &FINGERPRINT,
-            token: FencingToken::random(),
-            ttl: TTL,
-            lease: LEASE,
+        Change::TakeOver {
+            claim: &second,
             keep_steps: true,
         },
         Change::Complete(&response),
@@ -115,19 +111,13 @@ pub(crate) async fn the_register_applies_each_change_as_the_seam_defines_it() {
         },
         Change::AppendStep(&a),
         Change::EndLease,
-        Change::Claim {
-            fingerprint: &other,
-            token: FencingToken::random(),
-            ttl: Duration::from_secs(5),
-            lease: Duration::from_secs(1),
+        Change::TakeOver {
+            claim: &other_claim,
             keep_steps: true,
         },
         Change::AppendStep(&a),
-        Change::Claim {
-            fingerprint: &FINGERPRINT,
-            token: FencingToken::random(),
-            ttl: TTL,
-            lease: LEASE,
+        Change::TakeOver {
+            claim: &third,
             keep_steps: false,
         },
         Change::Complete(&stored(b"")),
@@ -153,7 +143,7 @@ pub(crate) async fn the_register_applies_each_change_as_the_seam_defines_it() {
         };
         assert_eq!(
             written,
-            Record::changed(Some(&previous), change, now),
+            previous.changed(change, now),
             "change {i}: {change:?}"
         );
         // The version it was at is stale now: nothing changes, the record comes back.

@@ -46,7 +46,7 @@ local function answer(outcome, now, record)
   return { outcome, now }
 end
 
--- A new claim (Change::Claim): in progress under this fingerprint and token, created now,
+-- A claim (RecordStore::insert, Change::TakeOver): in progress under this fingerprint and token, created now,
 -- at `version`; steps kept only when `keep_steps`, a response never. ARGV from `at`:
 -- fingerprint digest, fingerprint version, token, ttl ms, lease ms.
 local function claim(key, now, version, at, keep_steps)
