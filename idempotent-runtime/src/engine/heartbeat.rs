@@ -2,8 +2,6 @@
 //! then the recording of its outcome), in the same task, and the lease signal raised
 //! when the lease is lost.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -13,56 +11,20 @@ use super::execution::Execution;
 use super::store_call::store_call;
 use crate::metrics::StoreOperation;
 
-/// Runs `work` while renewing `execution`'s lease alongside it, in the same task: no
-/// task is spawned per request, and a slow renewal never stalls `work` (both are polled
-/// whenever the task wakes). The heartbeat is only built once `work` has to wait: a
-/// handler that answers at its first poll costs no timer and no allocation.
-pub(super) fn with_heartbeat<W: Future>(execution: &Execution, work: W) -> WithHeartbeat<'_, W> {
-    WithHeartbeat {
-        work,
-        execution,
-        heartbeat: Heartbeat::NotStarted,
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// `work` with the lease renewed alongside it; see [`with_heartbeat`].
-    pub(super) struct WithHeartbeat<'a, W> {
-        #[pin]
-        work: W,
-        execution: &'a Execution,
-        heartbeat: Heartbeat<'a>,
-    }
-}
-
-/// The heartbeat of a [`WithHeartbeat`].
-enum Heartbeat<'a> {
-    /// `work` has not had to wait yet.
-    NotStarted,
-    /// Renewing (boxed: most requests never get here, so their futures stay small).
-    Running(Pin<Box<dyn Future<Output = ()> + Send + 'a>>),
-    /// The claim is no longer held (completed, released or taken over): nothing left to
-    /// renew.
-    Ended,
-}
-
-impl<W: Future> Future for WithHeartbeat<'_, W> {
-    type Output = W::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<W::Output> {
-        let this = self.project();
-        if let Poll::Ready(done) = this.work.poll(cx) {
-            return Poll::Ready(done);
+/// Runs `work` while renewing `execution`'s lease alongside it, in the same task, so a
+/// slow renewal never stalls `work`. `work` is polled first: the heartbeat (and its
+/// timer) starts only once `work` has had to wait.
+pub(super) async fn with_heartbeat<W: Future>(execution: &Execution, work: W) -> W::Output {
+    let heartbeat = heartbeat(execution);
+    tokio::pin!(work, heartbeat);
+    let mut beating = true;
+    loop {
+        tokio::select! {
+            biased;
+            done = &mut work => return done,
+            // Ended: the claim is no longer held, nothing is left to renew.
+            () = &mut heartbeat, if beating => beating = false,
         }
-        if let Heartbeat::NotStarted = this.heartbeat {
-            *this.heartbeat = Heartbeat::Running(Box::pin(heartbeat(this.execution)));
-        }
-        if let Heartbeat::Running(heartbeat) = this.heartbeat
-            && heartbeat.as_mut().poll(cx).is_ready()
-        {
-            *this.heartbeat = Heartbeat::Ended;
-        }
-        Poll::Pending
     }
 }
 
