@@ -48,9 +48,6 @@ pub(super) trait Batches: Send + Sync + 'static {
     /// What its caller gets back.
     type Reply: Send + 'static;
 
-    /// A statement run once on each connection the task takes, before its first batch.
-    const SETUP: Option<&'static str> = None;
-
     /// What a caller is told when its batch could not run at all (no connection, or one
     /// stuck in a transaction).
     const FAILED: &'static str;
@@ -84,13 +81,6 @@ pub(super) async fn serve<B: Batches>(
                 continue;
             }
         };
-        if let Some(setup) = B::SETUP
-            && let Err(e) = sqlx::Executor::execute(&mut conn, setup).await
-        {
-            fail::<B>(&mut batch, e);
-            let _ = conn.close().await;
-            continue;
-        }
         batch = serve_on(&mut conn, &work, batch, &mut waiting).await;
         // Broken, or every sender dropped.
         let _ = conn.close().await;

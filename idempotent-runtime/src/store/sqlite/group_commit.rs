@@ -66,7 +66,6 @@ use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use sqlx::SqlitePool;
 
-use super::checkpoint::{self, Checkpointer, Checkpoints};
 use super::dedicated::{self, Batch, BatchEnd, Batches};
 use super::lease_time::Now;
 use super::raw_connection::{Param, RawConnection, SqliteFailure};
@@ -227,10 +226,6 @@ pub struct GroupCommitStats {
     pub mixed_batches: u64,
     /// Writes waiting in the queue now.
     pub queued: usize,
-    /// WAL checkpoints the store's checkpointer ran (the writer's commits run none).
-    pub checkpoints: u64,
-    /// WAL checkpoints that failed (retried after the next batch).
-    pub failed_checkpoints: u64,
     kinds_in_mixed_batches: u8,
 }
 
@@ -274,7 +269,6 @@ type Pending = Queued<Write, Written>;
 pub(super) struct GroupCommit {
     writer: Batcher<Write, Written>,
     counters: Arc<Counters>,
-    checkpoints: Arc<Checkpoints>,
 }
 
 /// What a write's caller is told when its transaction failed.
@@ -288,17 +282,14 @@ impl GroupCommit {
             "the SQLite store's writer did not answer (it stopped, or its batch failed unexpectedly); the write was not committed",
         );
         let counters = Arc::new(Counters::default());
-        let checkpoints = Arc::new(Checkpoints::default());
         let writer = Writer {
             writes,
             counters: counters.clone(),
-            checkpointer: Checkpointer::start(pool.clone(), checkpoints.clone()),
         };
         tokio::spawn(dedicated::serve(pool, writer, waiting));
         Self {
             writer: batcher,
             counters,
-            checkpoints,
         }
     }
 
@@ -315,8 +306,6 @@ impl GroupCommit {
             largest_batch: c.largest_batch.load(Ordering::Relaxed),
             mixed_batches: c.mixed_batches.load(Ordering::Relaxed),
             queued: self.writer.queued(),
-            checkpoints: self.checkpoints.done(),
-            failed_checkpoints: self.checkpoints.failed(),
             kinds_in_mixed_batches: c.kinds_in_mixed_batches.load(Ordering::Relaxed),
         }
     }
@@ -326,15 +315,11 @@ impl GroupCommit {
 struct Writer {
     writes: Arc<StoreWrites>,
     counters: Arc<Counters>,
-    /// Checkpoints the WAL its commits grow (they run none themselves).
-    checkpointer: Checkpointer,
 }
 
 impl Batches for Writer {
     type Item = Write;
     type Reply = Written;
-
-    const SETUP: Option<&'static str> = Some(checkpoint::WRITER_SETUP);
 
     const FAILED: &'static str = FAILED;
 
@@ -344,7 +329,6 @@ impl Batches for Writer {
         in_batch_order(batch);
         if !batch.is_empty() {
             self.counters.count(batch);
-            self.checkpointer.batch_begins();
         }
     }
 

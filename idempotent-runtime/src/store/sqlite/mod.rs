@@ -64,10 +64,10 @@
 //!   (`group_read.rs`). The writer and the reader each run every batch on a connection of
 //!   their own, in one call on its C handle on Tokio's blocking pool, not statement by
 //!   statement through sqlx's connection thread (`dedicated.rs`, `raw_connection.rs`).
-//! - **Checkpoints off the write path.** The writer's commits never copy the WAL back
-//!   into the database file (SQLite would, inside the commit that passes 1,000 pages,
-//!   with two fsyncs, holding up the batch); a checkpointer task does, `PASSIVE`, on a
-//!   pool connection shortly after writes (`checkpoint.rs`).
+//! - **Checkpoints are SQLite's own.** The commit that takes the WAL past 1,000 pages
+//!   copies it back into the database file. A task of their own, off the writer's
+//!   commits, measured slower on the mix of fresh keys and retries
+//!   (`bench/http/README.md`).
 
 use std::path::Path;
 use std::str::FromStr;
@@ -84,7 +84,6 @@ use super::{Capabilities, Fenced, Forward, RecordStore, Store, StoreError, TxSup
 use crate::clock::{Clock, SystemClock};
 use records::SqliteRecords;
 
-mod checkpoint;
 mod dedicated;
 mod group_commit;
 mod group_read;

@@ -49,8 +49,8 @@ pub(crate) fn trials() -> Vec<Trial> {
             a_connection_handed_over_inside_a_transaction_still_commits,
         ),
         async_trial(
-            "group_commit::the_store_checkpoints_its_wal_after_writes_and_never_when_idle",
-            the_store_checkpoints_its_wal_after_writes_and_never_when_idle,
+            "group_commit::the_wal_is_reused_under_writes",
+            the_wal_is_reused_under_writes,
         ),
         Trial::test(
             "group_commit::a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound",
@@ -966,24 +966,14 @@ fn a_runtime_shut_down_mid_batch_deadlocks_nothing_and_leaves_the_file_sound() {
     });
 }
 
-/// The writer's commits run no WAL checkpoint (it would hold up a whole batch); the
-/// store's checkpointer runs them after writes, so the WAL keeps being reused instead of
-/// growing, and an idle store runs none. Rounds of concurrent claims and completions of
-/// large responses, each round waiting for the checkpoint after it.
-async fn the_store_checkpoints_its_wal_after_writes_and_never_when_idle() {
-    const ROUNDS: usize = 4;
+/// The WAL keeps being reused instead of growing: SQLite's automatic checkpoints run in
+/// the writer's commits. Rounds of concurrent claims and completions of large responses.
+async fn the_wal_is_reused_under_writes() {
+    const ROUNDS: usize = 8;
     const TASKS: usize = 16;
     const KEYS_EACH: usize = 25;
     let setup = setup().await;
     let store = &setup.store;
-    // A fixed wait, as nothing is to happen: twice the checkpointer's delay after
-    // opening, which wrote only through the pool (the migrations), not the writer.
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(
-        store.group_commit_stats().checkpoints,
-        0,
-        "an idle store checkpoints nothing"
-    );
     let wal = std::path::PathBuf::from(format!("{}-wal", setup.path));
     let body = Bytes::from(vec![b'x'; 4096]);
     let mut wal_sizes = Vec::new();
@@ -1015,28 +1005,16 @@ async fn the_store_checkpoints_its_wal_after_writes_and_never_when_idle() {
             writer.await.expect("writer task");
         }
         let written = store.group_commit_stats();
-        // Bounded: the checkpoint runs a fraction of a second after the last batch.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while store.group_commit_stats().checkpoints <= written.checkpoints {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "round {round}: no checkpoint after its writes: {:?}",
-                store.group_commit_stats()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
         assert!(written.batches > before.batches);
         wal_sizes.push(std::fs::metadata(&wal).expect("the WAL file").len());
     }
-    let stats = store.group_commit_stats();
-    assert_eq!(stats.failed_checkpoints, 0, "{stats:?}");
     // Each round writes well over 2 MiB of responses: a WAL never checkpointed would
-    // hold every round's pages, one reused after each checkpoint only about one round's.
+    // hold every round's pages, one checkpointed every 1,000 pages about two rounds'.
     let first = wal_sizes[0];
     let last = *wal_sizes.last().unwrap();
     assert!(first > 2 << 20, "a round's WAL: {wal_sizes:?}");
     assert!(
-        last < first * 2,
+        last < first * 4,
         "the WAL grew round after round instead of being reused: {wal_sizes:?}"
     );
 }
