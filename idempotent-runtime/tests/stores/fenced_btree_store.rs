@@ -4,13 +4,15 @@
 //! what a store of any other database needs to do as well.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idempotent_runtime::clock::{Clock, ManualClock};
 use idempotent_runtime::store::{
-    Capabilities, Change, ClaimRequest, Fenced, Inserted, KeyedRecord, Record, RecordStore,
-    StoreNow, Updated,
+    Capabilities, Change, ClaimOutcome, ClaimRequest, Fenced, Inserted, KeyedRecord, Record,
+    RecordStore, StoreNow, Updated,
 };
 use idempotent_runtime::testing::Trial;
 use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};
@@ -24,6 +26,9 @@ type Records = BTreeMap<(String, String), Record>;
 struct BTreeRecords {
     records: Mutex<Records>,
     clock: Arc<dyn Clock>,
+    /// How many inserts to come answer [`Inserted::Gone`] without writing, as a store
+    /// whose record vanished between its insert and its read does.
+    vanishing: AtomicUsize,
 }
 
 impl BTreeRecords {
@@ -31,6 +36,7 @@ impl BTreeRecords {
         Self {
             records: Mutex::new(BTreeMap::new()),
             clock,
+            vanishing: AtomicUsize::new(0),
         }
     }
 
@@ -52,6 +58,12 @@ fn id(scope: &str, key: &str) -> (String, String) {
 #[async_trait::async_trait]
 impl RecordStore for BTreeRecords {
     async fn insert(&self, claim: &ClaimRequest<'_>) -> Result<Inserted, StoreError> {
+        let vanished = self
+            .vanishing
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+        if vanished.is_ok() {
+            return Ok(Inserted::Gone);
+        }
         let (mut records, now) = self.lock();
         if let Some(record) = records.get(&id(claim.scope, claim.key)) {
             return Ok(Inserted::Exists(record.clone(), now));
@@ -148,8 +160,45 @@ impl RecordsHarness for FencedBTreeHarness {
     }
 }
 
+/// A record that vanished under an insert (`Inserted::Gone`) sends the claim back to an
+/// insert, decided by `Fenced` and not by the store, until one lands.
+async fn an_insert_that_finds_its_record_gone_inserts_again() {
+    let harness = FencedBTreeHarness::new().await;
+    harness.store.records().vanishing.store(5, SeqCst);
+    let fingerprint = idempotent_runtime::Fingerprint {
+        version: 1,
+        digest: [3; 32],
+    };
+    let token = idempotent_runtime::store::FencingToken::random();
+    let claim = ClaimRequest {
+        scope: "acct_alice",
+        key: "k",
+        fingerprint: &fingerprint,
+        ttl: Duration::from_secs(60),
+        lease: Duration::from_secs(10),
+        token,
+    };
+    let answer = harness.store.claim(&claim).await.expect("the claim");
+    assert!(
+        matches!(answer.outcome, ClaimOutcome::Claimed { token: won, .. } if won == token),
+        "{answer:?}"
+    );
+    assert_eq!(harness.store.records().vanishing.load(SeqCst), 0);
+    let (record, _) = harness
+        .store
+        .records()
+        .read("acct_alice", "k")
+        .await
+        .unwrap();
+    assert_eq!(record.map(|record| record.token), Some(token));
+}
+
 pub(crate) fn trials() -> Vec<Trial> {
     let mut trials = conformance::trials::<FencedBTreeHarness>();
     trials.extend(conformance::record_trials::<FencedBTreeHarness>());
+    trials.push(idempotent_runtime::testing::async_trial(
+        "fenced_btree_store::an_insert_that_finds_its_record_gone_inserts_again",
+        an_insert_that_finds_its_record_gone_inserts_again,
+    ));
     trials
 }
