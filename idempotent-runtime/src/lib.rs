@@ -167,6 +167,7 @@ pub mod config;
 #[cfg(any(feature = "nats", feature = "rabbitmq"))]
 pub mod doors;
 pub mod engine;
+pub mod fenced;
 pub mod fingerprint;
 pub mod guide;
 pub mod key;
@@ -193,7 +194,7 @@ pub mod transaction;
 pub mod webhook;
 
 // The root holds what an application names; what only a store's author (or a test of
-// the engine) needs stays in its module: `store::`, `clock::`, `fingerprint::`, `key::`.
+// the engine) needs stays in its module: `store::`, `fenced::`, `clock::`, `fingerprint::`, `key::`.
 pub use config::{HandlerConfig, OnServerError};
 pub use engine::{Idempotency, IdempotencyBuilder, Outcome};
 pub use fingerprint::{Fingerprint, FingerprintMode};

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! A record also keeps the [steps](RecordedStep) its handler completed (recovery points,
-//! see [`RecordedStep`]'s module rules: [`steps_survive`], [`release_keeps_record`]).
+//! see [`RecordedStep`]; the protocol's rules for them are [`crate::fenced::rules`]).
 //!
 //! Operators look at and delete single records with [`Store::inspect`] and
 //! [`Store::forget`] (or the engine's `Idempotency::inspect` / `Idempotency::forget`).
@@ -33,7 +33,6 @@ use bytes::Bytes;
 use crate::fingerprint::Fingerprint;
 
 mod capabilities;
-pub(crate) mod fenced;
 mod forward;
 mod memory;
 mod memory_usage;
@@ -43,6 +42,7 @@ mod operator;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+mod record_store;
 #[cfg(any(feature = "sql", feature = "redis"))]
 mod redact;
 #[cfg(feature = "redis")]
@@ -52,25 +52,25 @@ mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod steps;
-pub(crate) mod takeover;
 mod tx_support;
 
 pub use capabilities::{Capabilities, ClaimWatch, WatchClaims};
-#[cfg(feature = "sql")]
-pub use fenced::TxRecords;
-pub use fenced::{
-    Change, Fenced, Inserted, KeyedRecord, Record, RecordBody, RecordStore, StoreNow, Updated,
-};
 pub use forward::Forward;
 pub use memory::{MemoryRecords, MemoryStore};
 pub use memory_usage::MemoryUsage;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
 pub use operator::{ForgetOutcome, RecordInfo, RecordState};
+pub(crate) use operator::{lease_left_from_millis, system_time_from_millis};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub(crate) use record::CompactResponse;
 pub use record::{decode_headers, encode_headers};
+#[cfg(feature = "sql")]
+pub use record_store::TxRecords;
+pub use record_store::{
+    Change, Inserted, KeyedRecord, Record, RecordBody, RecordStore, StoreNow, Updated,
+};
 #[cfg(any(feature = "sql", feature = "redis"))]
 pub use redact::redacted_url;
 #[cfg(feature = "redis")]
@@ -80,11 +80,7 @@ pub use sqlite::SqliteStore;
 #[cfg(feature = "sqlite")]
 #[doc(hidden)]
 pub use sqlite::{GroupCommitStats, WriteKind};
-pub use steps::{
-    MAX_STEP_NAME, RecordedStep, decode_steps, encode_step, release_keeps_record, steps_survive,
-    unsettled_intents,
-};
-pub use takeover::Takeover;
+pub use steps::{MAX_STEP_NAME, RecordedStep, decode_steps, encode_step, unsettled_intents};
 pub use tx_support::TxSupport;
 #[cfg(feature = "sql")]
 pub use tx_support::{TxDatabase, TxStore};
@@ -97,7 +93,7 @@ pub struct FencingToken(pub i64);
 
 impl FencingToken {
     /// The token a released record that keeps its steps holds
-    /// ([`release_keeps_record`]): no claim ever carries it, so the released owner is
+    /// ([`rules::release`](crate::fenced::rules::release)): no claim ever carries it, so the released owner is
     /// fenced off like any other, and only a takeover acts on the record.
     pub const RELEASED: Self = Self(0);
 
@@ -143,7 +139,8 @@ pub enum ClaimOutcome {
         takeover: Option<Takeover>,
         /// The steps the earlier execution of this request completed, in the order they
         /// were recorded, read in the claim's own atomic operation: non-empty only for a
-        /// [`Takeover::LeaseLost`] of a record that holds steps ([`steps_survive`]).
+        /// [`Takeover::LeaseLost`] of a record that holds steps
+        /// ([`steps_survive`](crate::fenced::rules::steps_survive)).
         steps: Vec<RecordedStep>,
     },
     /// Completed earlier with the same fingerprint: answer with this.
@@ -155,6 +152,34 @@ pub enum ClaimOutcome {
     },
     /// The key was used for a request with another fingerprint.
     Mismatch,
+}
+
+/// Why a claim took over an earlier record of the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Takeover {
+    /// The record's TTL ran out (and, if it was still in progress, its lease too): the
+    /// key counts as new, whatever the earlier request's fingerprint.
+    Expired,
+    /// The record was still within its TTL, but the claim holding it stopped renewing its
+    /// lease (its owner crashed or stalled): a retry with the same fingerprint takes over.
+    LeaseLost,
+}
+
+impl Takeover {
+    /// A stable lower-case name for logs and metrics: `expired`, `lease_lost`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::LeaseLost => "lease_lost",
+        }
+    }
+}
+
+impl std::fmt::Display for Takeover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A response as recorded for replay.
@@ -270,7 +295,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<bool, StoreError>;
 
     /// Gives up the in-progress claim the token owns: deletes it, or, when it holds
-    /// steps ([`release_keeps_record`]), keeps it in progress with its lease ended now and
+    /// steps ([`rules::release`](crate::fenced::rules::release)), keeps it in progress with its lease ended now and
     /// its token set to [`FencingToken::RELEASED`] (the released owner is fenced off as
     /// after a delete), so that the next claim of the same request takes it over and
     /// resumes. `Ok(false)`: it owned nothing.

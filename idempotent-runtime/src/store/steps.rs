@@ -7,15 +7,17 @@
 //!
 //! - [`Store::record_step`](super::Store::record_step) appends one step, fenced by the
 //!   claim's token (one atomic operation on the record, like `complete`);
-//! - a claim that takes a record over because its lease ran out ([`Takeover::LeaseLost`],
-//!   same fingerprint only) gets the steps back in its answer, read in the same atomic
-//!   operation; a takeover of an expired record starts a new lifetime without them
-//!   ([`steps_survive`]);
+//! - a claim that takes a record over because its lease ran out
+//!   ([`Takeover::LeaseLost`](super::Takeover::LeaseLost), same fingerprint only) gets
+//!   the steps back in its answer, read in the same atomic operation; a takeover of an
+//!   expired record starts a new lifetime without them
+//!   ([`steps_survive`](crate::fenced::rules::steps_survive));
 //! - `release` of a record that holds steps keeps it, in progress with its lease ended
 //!   now and its token [`FencingToken::RELEASED`](super::FencingToken::RELEASED) (so the
-//!   released owner can act on it no more) ([`release_keeps_record`]): the next claim with the same request takes it over and
-//!   resumes, one with another request is a mismatch (`422`) until the TTL ends, because
-//!   the completed steps belong to the first request;
+//!   released owner can act on it no more) ([`release`](crate::fenced::rules::release)):
+//!   the next claim with the same request takes it over and resumes, one with another
+//!   request is a mismatch (`422`) until the TTL ends, because the completed steps belong
+//!   to the first request;
 //! - `complete` drops them (the response replays from then on) and `forget` deletes them
 //!   with the record.
 //!
@@ -26,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use super::{StoreError, Takeover};
+use super::StoreError;
 
 /// One step a handler completed under a record: its name and its output, as the engine
 /// serialised it (JSON) — or, for an at-most-once step about to be called, its *intent*:
@@ -77,24 +79,6 @@ pub fn unsettled_intents(steps: &[RecordedStep]) -> Vec<&str> {
 
 /// The longest step name, in bytes.
 pub const MAX_STEP_NAME: usize = 255;
-
-/// Whether a claim that took a record over for `reason` keeps the record's steps: only
-/// the retry of a request whose lease was lost resumes it; an expired record's steps end
-/// with its lifetime.
-pub fn steps_survive(reason: Takeover) -> bool {
-    match reason {
-        Takeover::LeaseLost => true,
-        Takeover::Expired => false,
-    }
-}
-
-/// Whether `release` keeps a record (in progress, its lease ended now) instead of
-/// deleting it, given whether it `holds_steps`: it keeps exactly the records with steps,
-/// so a released request resumes, and a key that recorded nothing is free again as
-/// before.
-pub fn release_keeps_record(holds_steps: bool) -> bool {
-    holds_steps
-}
 
 /// The bytes [`Store::record_step`](super::Store::record_step) appends to a record's
 /// steps: a `u8`-length-prefixed name, the recording time in milliseconds since the Unix
@@ -189,13 +173,5 @@ mod tests {
                 "{len}"
             );
         }
-    }
-
-    #[test]
-    fn the_rules() {
-        assert!(steps_survive(Takeover::LeaseLost));
-        assert!(!steps_survive(Takeover::Expired));
-        assert!(!release_keeps_record(false));
-        assert!(release_keeps_record(true));
     }
 }

@@ -6,10 +6,9 @@
 //! [`decide`] (of which [`takeover`] is the first step), the engine runs a claim, raises
 //! `lease_lost` and times its renewals by [`licence_holds`] and [`renewal_timeout`], and
 //! stops recording an answer only when [`may_stop_recording`] says so. [`rules`] holds
-//! the decisions [`Fenced`](crate::store::Fenced) takes about one record over the fenced
-//! record seam (claims, ownership, release, expiry, `forget`, `inspect`).
+//! the decisions [`Fenced`](crate::fenced::Fenced) takes about one record over the fenced
+//! record seam (claims, ownership, which steps a takeover keeps, release, expiry,
+//! `forget`, `inspect`).
 
+pub use crate::fenced::rules::{self, Decision, Found, decide, steps_survive, takeover};
 pub use crate::lease::{licence_holds, may_stop_recording, renewal_timeout};
-pub use crate::store::fenced::rules;
-pub use crate::store::takeover::{Decision, Found, decide, takeover};
-pub use crate::store::{release_keeps_record, steps_survive};

@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idempotent_runtime::clock::{Clock, ManualClock};
+use idempotent_runtime::fenced::Fenced;
 use idempotent_runtime::store::{
-    Capabilities, Change, ClaimOutcome, ClaimRequest, Fenced, Inserted, KeyedRecord, Record,
-    RecordStore, StoreNow, Updated,
+    Capabilities, Change, ClaimOutcome, ClaimRequest, Inserted, KeyedRecord, Record, RecordStore,
+    StoreNow, Updated,
 };
 use idempotent_runtime::testing::Trial;
 use idempotent_runtime::testing::conformance::{self, Harness, RecordsHarness};

@@ -16,10 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Capabilities, ClaimAnswer, ClaimRequest, Fenced, FencingToken, ForgetOutcome, MemoryUsage,
-    RecordInfo, RecordedStep, Store, StoreError, StoredResponse,
+    Capabilities, ClaimAnswer, ClaimRequest, FencingToken, ForgetOutcome, MemoryUsage, RecordInfo,
+    RecordedStep, Store, StoreError, StoredResponse,
 };
 use crate::clock::{Clock, SystemClock};
+use crate::fenced::Fenced;
 
 mod records;
 

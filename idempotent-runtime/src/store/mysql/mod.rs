@@ -12,7 +12,7 @@
 //! compare-and-set on the `version` column, delete by version, the sweeper's candidates)
 //! and [`Fenced`] runs the protocol over it. The takeover rule, which steps survive,
 //! whether a release keeps a record and what operators see are the engine's
-//! (`store/fenced/rules.rs`), as for every store on the seam.
+//! ([`crate::fenced::rules`]), as for every store on the seam.
 //!
 //! Round trips: a fresh key one (the insert) and its completion one; a replay, an
 //! in-progress duplicate or a mismatch one (the insert answers the record it found); a
@@ -128,7 +128,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOpti
 use sqlx::{ConnectOptions, Connection, MySql};
 
 use super::sql::{self, EmbeddedMigration};
-use super::{Capabilities, Fenced, Forward, RecordStore, Store, StoreError, TxSupport};
+use super::{Capabilities, Forward, RecordStore, Store, StoreError, TxSupport};
+use crate::fenced::Fenced;
 
 mod completion;
 mod group_commit;

@@ -1,7 +1,7 @@
 //! [`MySqlRecords`]: the idempotency records in one MySQL/MariaDB table, as a fenced record
 //! register ([`RecordStore`]): insert-unless-present, read, compare-and-set on the
 //! `version` column, delete-if-version, the sweeper's candidates. The protocol's decisions
-//! are [`Fenced`](crate::store::Fenced)'s; the statements (`sql/`) only store.
+//! are [`Fenced`](crate::fenced::Fenced)'s; the statements (`sql/`) only store.
 //!
 //! - **Insert**: one request of two statements, `INSERT IGNORE` then a read of the
 //!   record (`sql/insert_batch.sql`), shared by concurrent inserts (group commit,

@@ -11,7 +11,7 @@
 //! compare-and-set on the `version` column, delete by version, the sweeper's candidates),
 //! one statement each (`sql/`), and [`Fenced`] runs the protocol over it. The takeover
 //! rule, which steps survive, whether a release keeps a record and what operators see are
-//! the engine's (`store/fenced/rules.rs`), as for every store on the seam.
+//! the engine's ([`crate::fenced::rules`]), as for every store on the seam.
 //!
 //! Round trips: a fresh key one (the insert) and its completion one; a replay, an
 //! in-progress duplicate or a mismatch one (the insert answers the record it found); a
@@ -80,9 +80,9 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Postgres, Row, SqlStr};
 
 use super::sql::{self, EmbeddedMigration};
 use super::{
-    Capabilities, ClaimWatch, Fenced, Forward, RecordStore, Store, StoreError, TxSupport,
-    WatchClaims,
+    Capabilities, ClaimWatch, Forward, RecordStore, Store, StoreError, TxSupport, WatchClaims,
 };
+use crate::fenced::Fenced;
 use connections::StatementConnections;
 use records::PgRecords;
 use schema::Schema;

@@ -2,7 +2,7 @@
 //! register ([`RecordStore`]): insert-unless-present, read, compare-and-set on the
 //! `version` column, delete-if-version (one record, or the sweeper's batch), the
 //! sweeper's candidates. Each is one statement (`sql/`), one round trip, and answers with
-//! the database's clock; the protocol's decisions are [`Fenced`](crate::store::Fenced)'s.
+//! the database's clock; the protocol's decisions are [`Fenced`](crate::fenced::Fenced)'s.
 //! Inserts and completions outside a transaction share their statements with concurrent
 //! ones (`group.rs`).
 //!

@@ -152,9 +152,10 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 
-use super::{Fenced, Forward, Store, StoreError};
+use super::{Forward, Store, StoreError};
 #[cfg(doc)]
 use super::{RecordedStep, encode_headers, encode_step};
+use crate::fenced::Fenced;
 
 mod connection;
 mod keys;

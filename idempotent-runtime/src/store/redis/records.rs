@@ -1,6 +1,6 @@
 //! [`RedisRecords`]: the fenced record register on Redis. One hash per record, one script
 //! per operation (insert, read, compare-and-set, delete), each answering with the
-//! server's `TIME`; [`Fenced`](crate::store::Fenced) decides everything else.
+//! server's `TIME`; [`Fenced`](crate::fenced::Fenced) decides everything else.
 
 use std::time::Duration;
 

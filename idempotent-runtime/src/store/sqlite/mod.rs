@@ -19,7 +19,7 @@
 //!   `CLOCK_BOOTTIME`, stored with the kernel's boot id, and a lease written in another
 //!   boot has run out. A clock with no boot id (other systems) leaves leases on the wall
 //!   clock, exposed to its steps. See `lease_time.rs`.
-//! - **The protocol is the engine's** ([`Fenced`](crate::store::Fenced)): the table is a
+//! - **The protocol is the engine's** ([`Fenced`](crate::fenced::Fenced)): the table is a
 //!   register of records (`records.rs`) that inserts a record unless the key has one,
 //!   reads one, changes one only at the version its caller read (every write bumps
 //!   `version`, migration 0004) and deletes by version. Which claim takes a record over,
@@ -80,8 +80,9 @@ use sqlx::sqlite::{
 };
 
 use super::sql::{self, EmbeddedMigration};
-use super::{Capabilities, Fenced, Forward, RecordStore, Store, StoreError, TxSupport};
+use super::{Capabilities, Forward, RecordStore, Store, StoreError, TxSupport};
 use crate::clock::{Clock, SystemClock};
+use crate::fenced::Fenced;
 use records::SqliteRecords;
 
 mod dedicated;

@@ -1,5 +1,5 @@
 //! [`SqliteRecords`]: the `idempotency_records` table as the fenced seam's register
-//! ([`RecordStore`]); the protocol over it is [`Fenced`](crate::store::Fenced)'s, and
+//! ([`RecordStore`]); the protocol over it is [`Fenced`](crate::fenced::Fenced)'s, and
 //! nothing here decides anything: an insert unless the key has a record, a read, a
 //! compare-and-set on the record's version, a delete by version.
 //!

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use super::{Harness, LEASE, SCOPE, TTL, claim_with, fp, must_claim, response};
 use crate::store::{ClaimOutcome, ClaimRequest, FencingToken, RecordStore, Takeover};
 
-/// A backend whose [`Store`](crate::Store) is [`Fenced`](crate::store::Fenced) over a
+/// A backend whose [`Store`](crate::Store) is [`Fenced`](crate::fenced::Fenced) over a
 /// [`RecordStore`] it can hand out, so that the checks of the seam run on it too
 /// ([`record_trials`](super::record_trials)).
 pub trait RecordsHarness: Harness {

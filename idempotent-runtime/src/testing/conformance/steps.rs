@@ -1,6 +1,6 @@
 //! Conformance checks of recovery points: [`Store::record_step`] and the steps a claim,
 //! a release, a completion, `inspect` and `forget` carry (the rules are in
-//! [`crate::store::RecordedStep`]'s module: `steps_survive`, `release_keeps_record`).
+//! [`crate::fenced::rules`]: `steps_survive`, `release`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

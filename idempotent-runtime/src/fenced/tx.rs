@@ -1,4 +1,4 @@
-//! Transactional handlers over the seam: a [`TxRecords`] register offers its read and
+//! Transactional handlers over the seam: a [`TxRecords`](crate::store::TxRecords) register offers its read and
 //! compare-and-set on a handler's connection, and [`Fenced::transactions`] turns it into
 //! the [`TxStore`] the engine runs `Tx<DB>` handlers with. The completion and an atomic
 //! step inside the transaction are then the same owner's write as outside it (one
@@ -11,47 +11,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Access, Change, Fenced, Owned, Record, RecordStore, StoreNow, Updated, owner_writes};
+use super::{Access, Fenced, Owned, owner_writes};
 use crate::store::{
-    FencingToken, RecordedStep, StoreError, StoredResponse, TxDatabase, TxStore, TxSupport,
-    encode_step,
+    Change, FencingToken, Record, RecordStore, RecordedStep, StoreError, StoreNow, StoredResponse,
+    TxDatabase, TxRecords, TxStore, TxSupport, Updated, encode_step,
 };
-
-/// A [`RecordStore`] whose records live in database `DB`, which can read and change them
-/// on a connection of a transaction it began: what [`Fenced::transactions`] needs.
-#[async_trait]
-pub trait TxRecords<DB: TxDatabase>: RecordStore {
-    /// Begins a handler's transaction (see [`TxStore::begin`]).
-    async fn begin(&self) -> Result<sqlx::Transaction<'static, DB>, StoreError>;
-
-    /// [`RecordStore::read`] on `conn`.
-    async fn read_in(
-        &self,
-        conn: &mut DB::Connection,
-        scope: &str,
-        key: &str,
-    ) -> Result<(Option<Record>, StoreNow), StoreError>;
-
-    /// [`RecordStore::update`] on `conn`: committed or rolled back with its transaction.
-    async fn update_in(
-        &self,
-        conn: &mut DB::Connection,
-        scope: &str,
-        key: &str,
-        version: u64,
-        change: &Change<'_>,
-    ) -> Result<Updated, StoreError>;
-
-    /// [`TxStore::concurrency`]; unbounded by default.
-    fn concurrency(&self) -> Option<Arc<tokio::sync::Semaphore>> {
-        None
-    }
-
-    /// [`TxStore::max_hold`]; unbounded by default.
-    fn max_hold(&self) -> Option<Duration> {
-        None
-    }
-}
 
 impl<R: RecordStore> Fenced<R> {
     /// What transactional handlers on `DB` need: a [`TxSupport`] whose writes are the
