@@ -48,14 +48,13 @@ pub(crate) fn is_secret_param(name: &str) -> bool {
     name.contains("password") || name == "pass"
 }
 
-/// A database URL for messages (see [`redacted_url`]), with a placeholder for one that
-/// does not parse.
-#[cfg(feature = "sql")]
+/// A store URL for messages (see [`redacted_url`]), with a placeholder for one that does
+/// not parse.
 pub(crate) fn redact_url(raw: &str) -> String {
-    redacted_url(raw).unwrap_or_else(|| "<a database URL that does not parse>".to_owned())
+    redacted_url(raw).unwrap_or_else(|| "<a store URL that does not parse>".to_owned())
 }
 
-#[cfg(all(test, feature = "sql"))]
+#[cfg(test)]
 mod tests {
     use super::redact_url;
 
@@ -92,14 +91,23 @@ mod tests {
             redact_url("postgres://user@host/db"),
             "postgres://user@host/db"
         );
+        assert_eq!(
+            redact_url("redis+unix:///run/redis.sock?db=1&pass=hunter2"),
+            "redis+unix:///run/redis.sock?db=1&pass=***"
+        );
     }
 
     #[test]
     fn hides_what_does_not_parse() {
-        for raw in ["not a url", "postgres://u:secret@[bad/db", ""] {
+        for raw in [
+            "not a url",
+            "postgres://u:secret@[bad/db",
+            "redis://u:secret@host:port",
+            "",
+        ] {
             let shown = redact_url(raw);
             assert!(!shown.contains("secret"), "{shown}");
-            assert_eq!(shown, "<a database URL that does not parse>");
+            assert_eq!(shown, "<a store URL that does not parse>");
         }
     }
 }

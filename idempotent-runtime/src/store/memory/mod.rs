@@ -212,7 +212,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::fingerprint::Fingerprint;
-    use crate::store::{ClaimOutcome, RecordState, encode_headers};
+    use crate::store::{ClaimOutcome, encode_headers};
 
     fn claim<'a>(scope: &'a str, key: &'a str, fingerprint: &'a Fingerprint) -> ClaimRequest<'a> {
         ClaimRequest {
@@ -223,90 +223,6 @@ mod tests {
             lease: Duration::from_secs(10),
             token: FencingToken::random(),
         }
-    }
-
-    #[tokio::test]
-    async fn scope_and_key_are_framed_apart() {
-        let store = MemoryStore::new();
-        let fingerprint = Fingerprint {
-            version: 1,
-            digest: [1; 32],
-        };
-        for (scope, key) in [("ab", "c"), ("a", "bc"), ("", "abc"), ("abc", "")] {
-            let outcome = store
-                .claim(&claim(scope, key, &fingerprint))
-                .await
-                .map(|answer| answer.outcome);
-            assert!(
-                matches!(outcome, Ok(ClaimOutcome::Claimed { takeover: None, .. })),
-                "{scope:?} {key:?}: {outcome:?}"
-            );
-        }
-        assert_eq!(store.len(), 4);
-    }
-
-    /// Interleaving 3 of the protocol review: a wall-clock step larger than the lease
-    /// left must not hand a live claim to a retry; a backward step must not keep a dead
-    /// owner's lease alive. TTLs stay on wall time.
-    #[tokio::test]
-    async fn wall_clock_steps_move_ttls_not_leases() {
-        let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(Arc::new(clock.clone()));
-        let fingerprint = Fingerprint {
-            version: 1,
-            digest: [3; 32],
-        };
-        let first = claim("s", "k", &fingerprint);
-        store.claim(&first).await.unwrap();
-        // Forward by far more than the 10 s lease (within the 60 s TTL): still held.
-        clock.step_wall(30_000);
-        let retry = store
-            .claim(&claim("s", "k", &fingerprint))
-            .await
-            .unwrap()
-            .outcome;
-        assert!(
-            matches!(retry, ClaimOutcome::InProgress { .. }),
-            "a forward step took a live lease over: {retry:?}"
-        );
-        let info = store.inspect("s", "k").await.unwrap().expect("live");
-        assert!(matches!(
-            info.state,
-            RecordState::InProgress {
-                holder_alive: true,
-                ..
-            }
-        ));
-        // Past the TTL by the wall clock, but the lease is live: a running claim keeps it.
-        clock.step_wall(60_000);
-        let retry = store
-            .claim(&claim("s", "k", &fingerprint))
-            .await
-            .unwrap()
-            .outcome;
-        assert!(
-            matches!(retry, ClaimOutcome::InProgress { .. }),
-            "{retry:?}"
-        );
-        // Backwards by an hour, then the lease's time passes: the crashed owner's lease
-        // is over, and the record (now within its TTL by the wall clock) is taken over.
-        clock.step_wall(-3_600_000);
-        clock.advance(Duration::from_secs(11));
-        let retry = store
-            .claim(&claim("s", "k", &fingerprint))
-            .await
-            .unwrap()
-            .outcome;
-        assert!(
-            matches!(
-                retry,
-                ClaimOutcome::Claimed {
-                    takeover: Some(crate::store::Takeover::LeaseLost),
-                    ..
-                }
-            ),
-            "{retry:?}"
-        );
     }
 
     #[tokio::test]

@@ -152,6 +152,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 
+use super::redact::{is_secret_param, redact_url};
 use super::{Forward, Store, StoreError};
 #[cfg(doc)]
 use super::{RecordedStep, encode_headers, encode_step};
@@ -542,12 +543,6 @@ fn cluster_seeds(url: &str) -> Option<Result<Vec<String>, String>> {
     Some(Ok(seeds))
 }
 
-/// `url` for messages (see [`redacted_url`](super::redacted_url)); an unparseable URL is
-/// not echoed at all.
-fn redact_url(url: &str) -> String {
-    super::redacted_url(url).unwrap_or_else(|| "<invalid URL>".to_owned())
-}
-
 /// The password forms in `url` (raw and percent-decoded), to scrub from error messages.
 fn url_secrets(url: &str) -> Vec<String> {
     let Ok(parsed) = url::Url::parse(url) else {
@@ -561,7 +556,7 @@ fn url_secrets(url: &str) -> Vec<String> {
         }
     }
     for (name, value) in parsed.query_pairs() {
-        if super::redact::is_secret_param(&name) {
+        if is_secret_param(&name) {
             secrets.push(value.into_owned());
         }
     }
@@ -580,27 +575,6 @@ fn scrub(mut message: String, secrets: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_passwords_in_user_info_and_query() {
-        assert_eq!(
-            redact_url("redis://user:s3cr%40t@cache.example:6379/2"),
-            "redis://user:***@cache.example:6379/2"
-        );
-        assert_eq!(
-            redact_url("redis://:hunter2@127.0.0.1:6379"),
-            "redis://:***@127.0.0.1:6379"
-        );
-        assert_eq!(
-            redact_url("redis+unix:///run/redis.sock?db=1&pass=hunter2"),
-            "redis+unix:///run/redis.sock?db=1&pass=***"
-        );
-        assert_eq!(
-            redact_url("redis://127.0.0.1:6379/"),
-            "redis://127.0.0.1:6379/"
-        );
-        assert_eq!(redact_url("redis://u:pw@host:notaport"), "<invalid URL>");
-    }
 
     #[test]
     fn scrubs_raw_and_decoded_passwords() {
