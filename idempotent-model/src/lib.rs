@@ -16,8 +16,9 @@
 //! [`Change::Renew`] as [`SeamRecord::changed`] applies it, the engine runs a claim, raises
 //! `lease_lost` and times its renewals by [`licence_holds`] and [`renewal_timeout`], and
 //! gives up recording an answer by [`may_stop_recording`]. What it adds is the
-//! sequencing around them, written after `engine/mod.rs` (claim), `engine/execution.rs`
-//! (run, heartbeat, completion retries) and the stores' single-record operations.
+//! sequencing around them, written after the runtime's `engine/protocol.rs` (claim and
+//! run), `engine/heartbeat.rs`, `engine/record.rs` (completion retries) and `fenced/`
+//! (each store operation as the protocol runs it over the seam).
 //!
 //! Recovery points: a handler runs [`Protocol::steps`] named steps in order. It skips a
 //! step whose output came back in its claim's answer; otherwise it checks its licence as
