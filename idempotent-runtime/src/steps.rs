@@ -372,7 +372,10 @@ pub(crate) struct StepLog {
     #[cfg(feature = "sql")]
     transactions: Option<TxSupport>,
     token: FencingToken,
-    lease: Arc<LeaseSignal>,
+    /// The lease as the execution holds it: the log is what every holder of the
+    /// execution (the engine, the heartbeat, the handler's key) shares, so the lease
+    /// rides in its allocation.
+    lease: LeaseSignal,
     /// The handler's name, for metrics.
     handler: Option<&'static str>,
     store_timeout: Duration,
@@ -421,7 +424,7 @@ pub(crate) struct StepContext {
     #[cfg(feature = "sql")]
     pub(crate) transactions: Option<TxSupport>,
     pub(crate) token: FencingToken,
-    pub(crate) lease: Arc<LeaseSignal>,
+    pub(crate) lease: LeaseSignal,
     pub(crate) handler: Option<&'static str>,
     pub(crate) store_timeout: Duration,
     pub(crate) max_output: usize,
@@ -458,6 +461,11 @@ impl StepLog {
                 answer: None,
             }),
         }
+    }
+
+    /// The lease the execution holds.
+    pub(crate) fn lease(&self) -> &LeaseSignal {
+        &self.lease
     }
 
     /// Runs step `name` of `(scope, key)` (see

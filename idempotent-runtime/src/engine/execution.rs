@@ -37,9 +37,8 @@ pub(super) struct Execution {
     /// When the store answered the claim: the handler's run is timed from here, so the
     /// clock is not read again as the handler starts.
     pub(super) claim_answered_at: Instant,
-    /// The lease as held: when its last grant was sent; raised when it is lost.
-    pub(super) lease_signal: Arc<LeaseSignal>,
-    /// The steps earlier executions of the request recorded, and this one's.
+    /// The steps earlier executions of the request recorded, and this one's; and the
+    /// lease as held (when its last grant was sent; raised when it is lost).
     pub(super) steps: Arc<StepLog>,
 }
 
@@ -56,13 +55,18 @@ impl Execution {
 
     /// From when on the lease no longer licenses a run (see [`crate::lease`]).
     pub(super) fn lease_deadline(&self) -> Instant {
-        self.lease_signal.licence_ends()
+        self.lease_signal().licence_ends()
     }
 
     /// Counts this request as `lease_lost`, unless it already was (the heartbeat and the
     /// completion may both notice).
     pub(super) fn count_lease_lost(&self) {
-        self.lease_signal.count_loss_once(self.config.name);
+        self.lease_signal().count_loss_once(self.config.name);
+    }
+
+    /// The lease as held.
+    pub(super) fn lease_signal(&self) -> &LeaseSignal {
+        self.steps.lease()
     }
 
     /// Feeds how long this handler took, from its claim until `finished`, into the

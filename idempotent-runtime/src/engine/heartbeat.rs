@@ -43,7 +43,7 @@ pub(super) async fn with_heartbeat<W: Future>(execution: &Execution, work: W) ->
 /// [`IdempotencyKey::lease_lost`]: crate::key::IdempotencyKey::lease_lost
 async fn heartbeat(execution: &Execution) {
     let period = (execution.lease / 3).max(Duration::from_millis(10));
-    let first_tick = execution.lease_signal.granted_at() + period;
+    let first_tick = execution.lease_signal().granted_at() + period;
     // One timer until the first renewal is due (or the licence ends first).
     tokio::time::sleep_until(first_tick.min(execution.lease_deadline())).await;
     renew_until_released(execution, first_tick, period).await;
@@ -57,7 +57,7 @@ async fn renew_until_released(execution: &Execution, first_tick: Instant, period
     let (scope, key) = (execution.name.scope(), execution.name.key());
     let (token, lease) = (execution.token, execution.lease);
     let ttl = execution.inner.ttl_for(&execution.config);
-    let signal = &execution.lease_signal;
+    let signal = execution.lease_signal();
     let deadline = || execution.lease_deadline();
     let lose = || {
         if !signal.is_raised() {

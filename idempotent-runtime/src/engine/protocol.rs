@@ -222,9 +222,8 @@ where
             // would each keep their bytes in this future beside the one awaited.
             let run = match claim_key(&engine, &config, &name, &fingerprint).await {
                 Claim::Won(execution) => {
-                    let lease = execution.lease_signal.clone();
                     let steps = execution.steps.clone();
-                    let key = IdempotencyKey::claimed(name, fingerprint, lease, steps);
+                    let key = IdempotencyKey::claimed(name, fingerprint, steps);
                     execute(execution, key)
                 }
                 Claim::Answered(settled, settlement) => {
@@ -361,7 +360,6 @@ async fn claim_key(
                     "an earlier execution of this request recorded steps; resuming after them"
                 );
             }
-            let lease_signal = Arc::new(LeaseSignal::new(sent_at, lease));
             // Only handlers whose duplicates wait are tracked: nobody else listens.
             let registration = inner
                 .wait_for(config)
@@ -383,14 +381,13 @@ async fn claim_key(
                         #[cfg(feature = "sql")]
                         transactions: inner.capabilities.transactions.clone(),
                         token,
-                        lease: lease_signal.clone(),
+                        lease: LeaseSignal::new(sent_at, lease),
                         handler: config.name,
                         store_timeout: inner.store_timeout,
                         max_output: inner.max_stored_body,
                     },
                     steps,
                 )),
-                lease_signal,
             })
         }
     }

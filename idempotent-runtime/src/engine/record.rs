@@ -170,7 +170,7 @@ pub(super) fn complete_with_retries(
                 // Each renewal keeps the record a TTL past it: it ends a TTL after the last
                 // grant.
                 let ttl = execution.inner.ttl_for(&execution.config);
-                let ttl_ends = || execution.lease_signal.granted_at() + ttl;
+                let ttl_ends = || execution.lease_signal().granted_at() + ttl;
                 let retries = async {
                     let mut said_still_trying = false;
                     let mut delay = Duration::from_millis(250);
@@ -184,7 +184,7 @@ pub(super) fn complete_with_retries(
                         let stop = crate::lease::may_stop_recording(
                             next > deadline,
                             next > ttl_ends(),
-                            execution.lease_signal.is_lost(),
+                            execution.lease_signal().is_lost(),
                         );
                         if stop {
                             error!(

@@ -51,7 +51,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::fingerprint::Fingerprint;
-use crate::lease::LeaseSignal;
 use crate::steps::{StepError, StepLog, Verified};
 #[cfg(feature = "sql")]
 use crate::transaction::{Tx, TxDatabase};
@@ -66,10 +65,8 @@ pub use header::{KeyError, MAX_KEY_LEN, parse_header, quote};
 pub struct IdempotencyKey {
     name: ScopedKey,
     fingerprint: Option<Fingerprint>,
-    /// Raised by the engine when this request's lease is lost.
-    lease: Option<Arc<LeaseSignal>>,
-    /// The claimed execution's steps (recovery points); `None` for a key the engine did
-    /// not hand out.
+    /// The claimed execution's steps (recovery points) and its lease, raised by the
+    /// engine when lost; `None` for a key the engine did not hand out.
     steps: Option<Arc<StepLog>>,
 }
 
@@ -91,7 +88,6 @@ impl std::fmt::Debug for IdempotencyKey {
             .field("scope", &self.scope())
             .field("key", &self.as_str())
             .field("fingerprint", &self.fingerprint)
-            .field("lease", &self.lease)
             .field("steps", &self.steps)
             .finish()
     }
@@ -103,7 +99,6 @@ impl IdempotencyKey {
         Self {
             name: ScopedKey::new(&scope, &key),
             fingerprint: None,
-            lease: None,
             steps: None,
         }
     }
@@ -114,23 +109,16 @@ impl IdempotencyKey {
         Self {
             name: ScopedKey::new(&scope, &key),
             fingerprint: Some(fingerprint),
-            lease: None,
             steps: None,
         }
     }
 
-    /// The key the engine hands a running handler: it also carries the lease signal and
-    /// the execution's steps.
-    pub(crate) fn claimed(
-        name: ScopedKey,
-        fingerprint: Fingerprint,
-        lease: Arc<LeaseSignal>,
-        steps: Arc<StepLog>,
-    ) -> Self {
+    /// The key the engine hands a running handler: it also carries the execution's steps
+    /// and, with them, its lease.
+    pub(crate) fn claimed(name: ScopedKey, fingerprint: Fingerprint, steps: Arc<StepLog>) -> Self {
         Self {
             name,
             fingerprint: Some(fingerprint),
-            lease: Some(lease),
             steps: Some(steps),
         }
     }
@@ -353,14 +341,16 @@ impl IdempotencyKey {
     /// deduplicated downstream checks this right before it, and answers `503` instead when
     /// it is `true`. Always `false` for a key the engine did not hand out.
     pub fn lease_lost(&self) -> bool {
-        self.lease.as_ref().is_some_and(|lease| lease.is_lost())
+        self.steps
+            .as_ref()
+            .is_some_and(|steps| steps.lease().is_lost())
     }
 
     /// Completes when [`lease_lost`](Self::lease_lost) becomes `true` (never, for a key
     /// the engine did not hand out): race it against slow work with `tokio::select!`.
     pub async fn until_lease_lost(&self) {
-        match &self.lease {
-            Some(lease) => lease.lost().await,
+        match &self.steps {
+            Some(steps) => steps.lease().lost().await,
             None => std::future::pending().await,
         }
     }
