@@ -1059,8 +1059,9 @@ pub async fn check_claims_racing_releases_never_share_a_key(backend: Backend) {
 /// round's winner of a key recording a step, renewing and completing, then forgetting the
 /// record, or renewing and releasing it, while the other claimers keep claiming (their
 /// claims of all four keys batched together, on a store that batches). Never an error,
-/// never two owners of a key, and every fenced write of an owner takes effect
-/// ([`race_claims_against_fenced_writes`] on the one store).
+/// never two owners of a key, and every fenced write of an owner takes effect. (The
+/// same race over several instances is
+/// [`check_instances_claims_racing_fenced_writes_never_fail`].)
 pub async fn check_claims_racing_fenced_writes_never_fail(backend: Backend) {
     let (_h, store) = setup(backend).await;
     race_claims_against_fenced_writes(&[store]).await;
@@ -1076,7 +1077,7 @@ pub async fn check_claims_racing_fenced_writes_never_fail(backend: Backend) {
 /// `UPDATE` or `DELETE` of that next key waiting for the same entry closes a cycle, and
 /// InnoDB rolls the owner's write back (a deadlock) now and then over this many rounds,
 /// which the store must send again, not report.
-pub async fn race_claims_against_fenced_writes(instances: &[Arc<dyn Store>]) {
+async fn race_claims_against_fenced_writes(instances: &[Arc<dyn Store>]) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     const CLAIMERS: usize = 16;
     const KEYS: usize = 4;
