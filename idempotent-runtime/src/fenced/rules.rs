@@ -120,8 +120,8 @@ pub fn owned_by(record: &Record, token: FencingToken) -> bool {
 }
 
 /// Whether the record is expired at `now`: a claim would take it over as
-/// [`Takeover::Expired`], whatever its request, so the
-/// sweeper may delete it and operators no longer see it.
+/// [`Takeover::Expired`], whatever its request, so the sweeper may delete it and
+/// operators no longer see it.
 pub fn expired(record: &Record, now: StoreNow) -> bool {
     let found = Found {
         same_fingerprint: false,
