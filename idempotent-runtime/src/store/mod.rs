@@ -24,6 +24,10 @@
 //! host, the embedded default), `PostgresStore` and `MySqlStore` (many instances, one
 //! shared database), `RedisStore` (many instances on Redis/Valkey; weaker durability, see
 //! its module docs). All pass one conformance suite.
+//!
+//! Each of them is a [`RecordStore`] (the fenced record seam: records kept and changed by
+//! compare-and-set, no rule decided) behind [`Fenced`](crate::fenced::Fenced), the
+//! protocol that makes it a [`Store`].
 
 use std::time::Duration;
 
